@@ -1,0 +1,39 @@
+"""leasework: leased background jobs in Postgres, for Python."""
+
+from __future__ import annotations
+
+from .app import App, Task
+from .config import Config
+from .errors import (
+    Aborted,
+    ConfigError,
+    LeaseLost,
+    LeaseworkError,
+    Partial,
+    PayloadError,
+    Retry,
+    SchemaMissing,
+    UnknownKind,
+)
+from .workers.context import Context
+from .workers.worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Aborted",
+    "App",
+    "Config",
+    "ConfigError",
+    "Context",
+    "LeaseLost",
+    "LeaseworkError",
+    "Partial",
+    "PayloadError",
+    "Retry",
+    "SchemaMissing",
+    "Task",
+    "UnknownKind",
+    "Worker",
+    "__version__",
+]

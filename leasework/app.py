@@ -1,0 +1,240 @@
+"""The user's entry point: `App` holds the registered task kinds (per instance, never a global
+registry) and enqueues or cancels runs inside the caller's own transaction."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+import psycopg
+from psycopg.types.json import Jsonb
+
+from .config import Config
+from .errors import ConfigError, LeaseworkError, PayloadError, UnknownKind
+from .queries import load
+from .workers.context import Context
+
+Q = load("leasework", "runs.sql")
+F = TypeVar("F", bound=Callable[[Context, Any], Any])
+Conn = psycopg.Connection[Any]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,200}$")
+_MAX_LABEL = 200
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str
+    fn: Callable[[Context, Any], Any]
+    max_attempts: int | None = None
+    lease: float | None = None
+    timeout: float | None = None
+
+
+def check_kind(kind: object) -> str:
+    if not isinstance(kind, str) or not _NAME_RE.match(kind):
+        raise ConfigError(
+            f"kind {kind!r} is not valid: use 1-200 characters from letters, digits and _ . : / @ + -"
+        )
+    return kind
+
+
+def _check_label(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > _MAX_LABEL:
+        raise ConfigError(
+            f"{name} must be a non-empty string of at most {_MAX_LABEL} characters, got {value!r}"
+        )
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in value):
+        raise ConfigError(f"{name} {value!r} contains control characters")
+    return value
+
+
+def _check_seconds(name: str, value: object, *, allow_zero: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(
+            f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}"
+        )
+    return float(value)
+
+
+def _check_attempts(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise ConfigError(f"max_attempts must be an integer from 1 to 1000, got {value!r}")
+    return value
+
+
+def encode_payload(payload: Any, max_bytes: int) -> bytes:
+    """JSON via orjson (never pickle), capped at `max_bytes`."""
+    try:
+        data = orjson.dumps(payload)
+    except (orjson.JSONEncodeError, TypeError) as exc:
+        raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
+    if len(data) > max_bytes:
+        raise PayloadError(f"payload is {len(data)} bytes, over the cap of {max_bytes} bytes")
+    if b"\\u0000" in data:
+        raise PayloadError(
+            "payload contains a NUL character (\\u0000), which Postgres jsonb cannot store"
+        )
+    return data
+
+
+class App:
+    """Registered task kinds plus the configuration they run with."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or Config()
+        self.tasks: dict[str, Task] = {}
+
+    # -- registration -------------------------------------------------------------------------
+
+    def task(
+        self,
+        kind: str,
+        *,
+        max_attempts: int | None = None,
+        lease: float | None = None,
+        timeout: float | None = None,
+    ) -> Callable[[F], F]:
+        """Register `fn(ctx, payload)` as the handler of `kind`."""
+        check_kind(kind)
+        _check_attempts(max_attempts)
+        _check_seconds("lease", lease, allow_zero=False)
+        _check_seconds("timeout", timeout, allow_zero=False)
+
+        def register(fn: F) -> F:
+            if kind in self.tasks:
+                raise ConfigError(f"kind {kind!r} is registered twice")
+            self.tasks[kind] = Task(kind, fn, max_attempts, lease, timeout)
+            return fn
+
+        return register
+
+    def kinds(self) -> list[str]:
+        return sorted(self.tasks)
+
+    def handler(self, kind: str) -> Callable[[Context, Any], Any]:
+        try:
+            return self.tasks[kind].fn
+        except KeyError:
+            raise UnknownKind(self._unknown(kind)) from None
+
+    def _unknown(self, kind: str) -> str:
+        known = ", ".join(self.kinds()) or "none registered"
+        return f"unknown kind {kind!r}; known kinds: {known}"
+
+    def with_config(self, config: Config) -> App:
+        """The same tasks under another configuration (the CLI applies file, env and flags)."""
+        other = App(config)
+        other.tasks = dict(self.tasks)
+        return other
+
+    # -- enqueue and cancel -----------------------------------------------------------------
+
+    def enqueue(
+        self,
+        conn: Conn,
+        kind: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        tenant: str | None = None,
+        group: str | None = None,
+        exclusive: bool = False,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+    ) -> int:
+        """Enqueue a run inside the caller's transaction and return its id.
+
+        With a `key`, at most one run per key is active (queued or running): a second enqueue
+        returns the existing run's id. An `exclusive` run whose key is busy waits and is
+        promoted once the key is idle; a second one returns the waiting run's id.
+        """
+        if kind not in self.tasks:
+            raise UnknownKind(self._unknown(kind))
+        task = self.tasks[kind]
+        params = {
+            "kind": kind,
+            "key": _check_label("key", key),
+            "tenant": _check_label("tenant", tenant),
+            "group": _check_label("group", group),
+            "exclusive": bool(exclusive),
+            "priority": self._check_priority(priority),
+            "payload": Jsonb(payload if payload is not None else {}, dumps=self._dumps),
+            "max_attempts": _check_attempts(max_attempts)
+            or task.max_attempts
+            or self.config.max_attempts,
+            "lease": task.lease,
+            "timeout": task.timeout,
+            "delay": _check_seconds("delay", delay, allow_zero=True) or 0.0,
+        }
+        self._dumps(payload if payload is not None else {})  # refuse before touching the database
+        return self._insert(conn, params)
+
+    def _dumps(self, obj: Any) -> bytes:
+        return encode_payload(obj, self.config.payload_max_bytes)
+
+    @staticmethod
+    def _check_priority(priority: object) -> int:
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not -(2**31) <= priority < 2**31
+        ):
+            raise ConfigError(
+                f"priority must be a 32-bit integer (lower runs first), got {priority!r}"
+            )
+        return priority
+
+    def _insert(self, conn: Conn, params: dict[str, Any]) -> int:
+        for _ in range(10):
+            row = conn.execute(Q["enqueue_run"], params).fetchone()
+            if row is not None:
+                return int(row[0])
+            if params["key"] is None:
+                raise LeaseworkError("enqueue inserted nothing")  # cannot happen without a key
+            if params["exclusive"]:
+                row = conn.execute(Q["enqueue_waiting_run"], params).fetchone()
+                if row is not None:
+                    return int(row[0])
+                statuses = ["waiting"]
+            else:
+                statuses = ["queued", "running"]
+            row = conn.execute(
+                Q["find_run_by_key"], {"key": params["key"], "statuses": statuses}
+            ).fetchone()
+            if row is not None:
+                return int(row[0])
+            # The run that held the key finished between our two statements: try again.
+        raise LeaseworkError(f"could not enqueue for key {params['key']!r}: it kept changing")
+
+    def cancel(self, conn: Conn, run_id: int) -> str:
+        """Cancel a run. Queued or waiting: `cancelled` now. Running: the cancel is requested
+        and its worker stops at its next control check; returns `running`. Finished: its final
+        status, unchanged."""
+        if isinstance(run_id, bool) or not isinstance(run_id, int) or run_id < 1:
+            raise ConfigError(f"run id must be a positive integer, got {run_id!r}")
+        row = conn.execute(Q["cancel_run"], {"id": run_id}).fetchone()
+        if row is not None:
+            return str(row[0])
+        row = conn.execute(Q["run_status"], {"id": run_id}).fetchone()
+        if row is None:
+            raise ConfigError(f"no run with id {run_id}")
+        return str(row[0])
+
+    def get_run(self, conn: Conn, run_id: int) -> dict[str, Any] | None:
+        with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            cur.execute(Q["get_run"], {"id": run_id})
+            return cur.fetchone()

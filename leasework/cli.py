@@ -1,0 +1,245 @@
+"""The `leasework` command. Parses flags, loads config and the user's app, and maps errors to
+exit codes: 0 ok, 2 bad usage or bad config (one line on stderr), 1 anything else."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import orjson
+
+from . import config as configmod
+from . import db, log
+from .app import App
+from .config import Config
+from .errors import ConfigError, LeaseworkError, SchemaMissing
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad usage as one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{self.prog.removeprefix('leasework').strip() or 'usage'}: {message}")
+
+
+def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
+    """Import MODULE:ATTR (an App instance, or a callable returning one)."""
+    if not spec:
+        if required:
+            raise ConfigError("no app given: pass --app MODULE:ATTR or set LEASEWORK_APP")
+        return App(cfg)
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"--app {spec!r} must look like MODULE:ATTR, e.g. myproject.jobs:app")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module failing to import is a config error
+        raise ConfigError(
+            f"--app {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"
+        ) from None
+    try:
+        obj: Any = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigError(f"--app {spec!r}: {module_name} has no attribute {attr!r}") from None
+    if callable(obj) and not isinstance(obj, App):
+        obj = obj()
+    if not isinstance(obj, App):
+        raise ConfigError(f"--app {spec!r} is a {type(obj).__name__}, not a leasework.App")
+    return obj.with_config(cfg)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dsn", help="database (else LEASEWORK_DSN, DATABASE_URL, libpq defaults)")
+    p.add_argument("--config", help="TOML config file (else LEASEWORK_CONFIG)")
+
+
+def _with_app(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--app", help="MODULE:ATTR of your App (else LEASEWORK_APP)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="leasework", description="Leased background jobs in Postgres.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("migrate", help="apply schema.sql (idempotent)")
+    _common(p)
+
+    p = sub.add_parser("worker", help="run one worker in the foreground")
+    _common(p)
+    _with_app(p)
+    p.add_argument("--once", action="store_true", help="run a single poll and exit")
+
+    p = sub.add_parser("enqueue", help="enqueue a run and print its id")
+    _common(p)
+    _with_app(p)
+    p.add_argument("kind")
+    p.add_argument("--payload", default=None, help="JSON payload (default {})")
+    p.add_argument("--key")
+    p.add_argument("--tenant")
+    p.add_argument("--group")
+    p.add_argument("--exclusive", action="store_true")
+    p.add_argument("--priority", type=int, default=0, help="lower runs first (default 0)")
+    p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS")
+    p.add_argument("--max-attempts", type=int, default=None)
+
+    p = sub.add_parser("cancel", help="cancel a run: queued now, running at its next check")
+    _common(p)
+    p.add_argument("run_id", type=int)
+
+    p = sub.add_parser("status", help="workers, runs by status, running runs with progress")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("demo", help="run the sample pipeline end to end")
+    _common(p)
+    _with_app(p)
+    return parser
+
+
+def _config(args: argparse.Namespace, **overrides: Any) -> Config:
+    return configmod.load(
+        getattr(args, "config", None),
+        overrides={
+            "dsn": getattr(args, "dsn", None),
+            "app": getattr(args, "app", None),
+            **overrides,
+        },
+    )
+
+
+def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
+    with db.connect(cfg.dsn) as conn:
+        version = db.migrate(conn)
+    print(f"schema leasework is at version {version}")
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
+    from .workers.worker import Worker
+
+    app = load_app(cfg.app, cfg, required=False)
+    worker = Worker(app, cfg)
+    if args.once:
+        worker.open()
+        try:
+            worker.running = True
+            handled = worker.poll()
+        finally:
+            worker.close()
+        print(f"poll handled {handled} item(s)")
+        return EXIT_OK
+    import signal
+
+    def on_signal(signum: int, frame: object) -> None:
+        worker.stop(graceful=not worker.stopping)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    worker.run()
+    return EXIT_OK
+
+
+def _parse_payload(text: str | None) -> Any:
+    if text is None:
+        return {}
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"--payload is not valid JSON: {exc}") from None
+
+
+def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
+    app = load_app(cfg.app, cfg)
+    payload = _parse_payload(args.payload)
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        with conn.transaction():
+            run_id = app.enqueue(
+                conn,
+                args.kind,
+                payload,
+                key=args.key,
+                tenant=args.tenant,
+                group=args.group,
+                exclusive=args.exclusive,
+                priority=args.priority,
+                delay=args.delay,
+                max_attempts=args.max_attempts,
+            )
+    print(run_id)
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace, cfg: Config) -> int:
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        status = App(cfg).cancel(conn, args.run_id)
+    if status == "running":
+        print(f"run {args.run_id}: cancel requested; it stops at its next control check")
+    elif status == "cancelled":
+        print(f"run {args.run_id}: cancelled")
+    else:
+        print(f"run {args.run_id}: already finished ({status})")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
+    from . import status
+
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        snapshot = status.collect(conn, heartbeat_interval=cfg.heartbeat_interval)
+    if args.json:
+        sys.stdout.write(orjson.dumps(snapshot, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        sys.stdout.write(status.render(snapshot))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace, cfg: Config) -> int:
+    from . import demo
+
+    return demo.main(cfg)
+
+
+_RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
+    "migrate": cmd_migrate,
+    "worker": cmd_worker,
+    "enqueue": cmd_enqueue,
+    "cancel": cmd_cancel,
+    "status": cmd_status,
+    "demo": cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        cfg = _config(args)
+        log.setup(cfg.log_level)
+        return _RUNNERS[args.command](args, cfg)
+    except ConfigError as exc:
+        print(f"leasework: {log.redact_dsn(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    except SchemaMissing as exc:
+        print(f"leasework: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LeaseworkError as exc:
+        print(f"leasework: {log.redact_dsn(str(exc))}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a one-line report, not a traceback, for anything unexpected
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"leasework: {type(exc).__name__}: {log.redact_dsn(first)}", file=sys.stderr)
+        return EXIT_ERROR

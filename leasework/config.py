@@ -1,0 +1,213 @@
+"""Configuration: one TOML file, overridden by LEASEWORK_* environment variables, overridden by
+flags. Read and validated here, once, then passed explicitly; there are no global settings.
+
+Every default equals the seed's figure. Unknown keys, wrong types and impossible values are
+refused at start-up with the key's name and where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+ENV_PREFIX = "LEASEWORK_"
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class Config:
+    dsn: str | None = field(
+        default=None,
+        metadata=_doc("libpq connection string or URL; else DATABASE_URL, else libpq defaults"),
+    )
+    app: str | None = field(default=None, metadata=_doc("MODULE:ATTR of the user's App"))
+    poll_interval: float = field(
+        default=2.0, metadata=_doc("seconds an idle worker waits between polls")
+    )
+    lease: float = field(default=120.0, metadata=_doc("lease length in seconds (database time)"))
+    renew_interval: float = field(
+        default=40.0,
+        metadata=_doc("renew the lease after this many seconds (a third of the lease)"),
+    )
+    control_interval: float = field(
+        default=2.0, metadata=_doc("seconds between control queries (lost / cancel requested)")
+    )
+    heartbeat_interval: float = field(
+        default=15.0, metadata=_doc("seconds between worker heartbeats")
+    )
+    pool_size: int = field(
+        default=4,
+        metadata=_doc("connections per worker process, one reserved for renewal and control"),
+    )
+    max_attempts: int = field(
+        default=3, metadata=_doc("attempts per run unless the task says otherwise")
+    )
+    backoff: tuple[float, ...] = field(
+        default=(5.0, 30.0, 120.0),
+        metadata=_doc("retry delays in seconds by attempt; the last repeats"),
+    )
+    backoff_jitter: float = field(
+        default=0.2, metadata=_doc("each delay is multiplied by uniform(1 - jitter, 1 + jitter)")
+    )
+    payload_max_bytes: int = field(
+        default=1 << 20, metadata=_doc("largest accepted payload, in bytes")
+    )
+    runs_limit: int = field(
+        default=10, metadata=_doc("runs the `runs` stage executes per poll at most")
+    )
+    settle_limit: int = field(
+        default=100, metadata=_doc("expired or waiting runs settled per poll at most")
+    )
+    processes: int = field(default=2, metadata=_doc("worker processes the supervisor forks"))
+    graceful_timeout: float = field(
+        default=30.0, metadata=_doc("seconds a stopping worker lets its current job finish")
+    )
+    log_level: str = field(default="info", metadata=_doc("debug, info, warning or error"))
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    """Convert one raw value (TOML value or env string) to the field's type, or refuse it."""
+    kind = FIELDS[name].type
+    from_env = isinstance(value, str) and where.startswith("env")
+    try:
+        if kind in ("str | None", "str"):
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+        if kind == "float":
+            if isinstance(value, bool):
+                raise TypeError
+            number = float(value) if from_env else value
+            if not isinstance(number, int | float) or not math.isfinite(number):
+                raise TypeError
+            return float(number)
+        if kind == "int":
+            if isinstance(value, bool):
+                raise TypeError
+            number = int(value) if from_env else value
+            if not isinstance(number, int):
+                raise TypeError
+            return number
+        if kind == "tuple[float, ...]":
+            items = value.split(",") if from_env else value
+            if not isinstance(items, list | tuple) or not items:
+                raise TypeError
+            out = tuple(float(x) if from_env else x for x in items)
+            if any(isinstance(x, bool) or not isinstance(x, int | float) for x in out):
+                raise TypeError
+            return tuple(float(x) for x in out)
+    except (TypeError, ValueError):
+        pass
+    expected = {
+        "float": "a number",
+        "int": "an integer",
+        "tuple[float, ...]": "a non-empty list of numbers",
+    }.get(str(kind), "a string")
+    raise ConfigError(f"{where}: {name} must be {expected}, got {value!r}")
+
+
+def validate(cfg: Config) -> Config:
+    """Refuse impossible combinations, naming the key."""
+
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"config: {key} {why}")
+
+    for key in (
+        "poll_interval",
+        "lease",
+        "renew_interval",
+        "control_interval",
+        "heartbeat_interval",
+    ):
+        if getattr(cfg, key) <= 0:
+            raise bad(key, f"must be > 0 seconds, got {getattr(cfg, key)}")
+    if cfg.graceful_timeout < 0:
+        raise bad("graceful_timeout", f"must be >= 0 seconds, got {cfg.graceful_timeout}")
+    if cfg.renew_interval >= cfg.lease / 2:
+        raise bad(
+            "renew_interval",
+            f"must be shorter than half the lease ({cfg.lease / 2:g} s), got {cfg.renew_interval:g}",
+        )
+    if cfg.control_interval >= cfg.renew_interval:
+        raise bad(
+            "control_interval",
+            f"must be shorter than renew_interval ({cfg.renew_interval:g} s), got {cfg.control_interval:g}",
+        )
+    for key in (
+        "pool_size",
+        "max_attempts",
+        "payload_max_bytes",
+        "runs_limit",
+        "settle_limit",
+        "processes",
+    ):
+        if getattr(cfg, key) < 1:
+            raise bad(key, f"must be a positive integer, got {getattr(cfg, key)}")
+    if cfg.pool_size < 2:
+        raise bad(
+            "pool_size", f"must be at least 2 (one is reserved for renewal), got {cfg.pool_size}"
+        )
+    if any(d < 0 for d in cfg.backoff):
+        raise bad("backoff", f"delays must be >= 0 seconds, got {list(cfg.backoff)}")
+    if not 0 <= cfg.backoff_jitter < 1:
+        raise bad("backoff_jitter", f"must be in [0, 1), got {cfg.backoff_jitter}")
+    if cfg.log_level.lower() not in _LOG_LEVELS:
+        raise bad("log_level", f"must be one of {', '.join(_LOG_LEVELS)}, got {cfg.log_level!r}")
+    return cfg
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """File, then environment, then flags (None values in `overrides` are ignored)."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    if path is None and env.get(ENV_PREFIX + "CONFIG"):
+        path = env[ENV_PREFIX + "CONFIG"]
+    if path is not None:
+        where = str(path)
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {where} not found") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {where} cannot be read: {exc.strerror}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {where} is not valid TOML: {exc}") from None
+        for key, value in raw.items():
+            if key not in FIELDS:
+                raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(FIELDS)}")
+            values[key] = _coerce(key, value, where)
+    for name in FIELDS:
+        var = ENV_PREFIX + name.upper()
+        if var in env and env[var] != "":
+            values[name] = _coerce(name, env[var], f"env {var}")
+    if "dsn" not in values and env.get("DATABASE_URL"):
+        values["dsn"] = env["DATABASE_URL"]
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in FIELDS:
+            raise ConfigError(f"unknown setting {key!r}")
+        values[key] = _coerce(key, value, f"--{key.replace('_', '-')}")
+    return validate(Config(**values))

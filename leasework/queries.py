@@ -1,0 +1,34 @@
+"""Named SQL queries loaded once from the `.sql` files beside the modules that run them.
+
+A file holds blocks that start with `-- name: some_query`; the Python function that runs a query
+carries the same name, so one grep finds both. Never builds SQL from values.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+from psycopg import sql
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+def parse(text: str) -> dict[str, str]:
+    """Split a `.sql` text into {name: statement}; comment lines inside a block are kept."""
+    queries: dict[str, str] = {}
+    matches = list(_NAME.finditer(text))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        body = text[m.end() : end].strip().rstrip(";").strip()
+        if m.group(1) in queries:
+            raise ValueError(f"duplicate query name {m.group(1)!r}")
+        queries[m.group(1)] = body
+    return queries
+
+
+@cache
+def load(package: str, filename: str) -> dict[str, sql.SQL]:
+    text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
+    return {name: sql.SQL(body) for name, body in parse(text).items()}

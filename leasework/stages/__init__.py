@@ -1,0 +1,30 @@
+"""The job families, one module each, and the fixed order a poll walks them in.
+
+A stage has a name, a per-poll limit and one method doing one bounded step that returns how many
+items it handled. Adding a job family is one file, its queries, and one line in `default_stages`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..config import Config
+    from ..workers.worker import Worker
+
+
+class Stage(Protocol):
+    name: str
+    limit: int
+
+    def step(self, worker: Worker) -> int:
+        """Do at most `limit` items of work; return how many were handled."""
+        ...
+
+
+def default_stages(app: App, config: Config) -> list[Stage]:
+    """The poll order: schedule, runs, ingest, expand, maintenance (those that exist)."""
+    from .runs import RunsStage
+
+    return [RunsStage(app, limit=config.runs_limit, settle_limit=config.settle_limit)]

@@ -1,0 +1,40 @@
+"""The `runs` stage: settle expired and waiting runs, then claim and execute up to `limit` runs
+of the app's task kinds, one at a time, inline."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..workers import lease
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..workers.worker import Worker
+
+
+class RunsStage:
+    name = "runs"
+
+    def __init__(self, app: App, *, limit: int = 10, settle_limit: int = 100) -> None:
+        self.app = app
+        self.limit = limit
+        self.settle_limit = settle_limit
+
+    def step(self, worker: Worker) -> int:
+        kinds = self.app.kinds()
+        with worker.pool_connection() as conn:
+            ended, promoted = lease.settle_runs(conn, self.settle_limit)
+        handled = ended + promoted
+        for _ in range(self.limit):
+            if not worker.running and worker.stopping:
+                break
+            with worker.pool_connection() as conn:
+                claims = lease.claim_runs(
+                    conn, kinds, worker=worker.id, lease=worker.config.lease, limit=1
+                )
+            if not claims:
+                break
+            for claim in claims:
+                worker.execute(claim, self.app.handler(claim.kind))
+                handled += 1
+        return handled

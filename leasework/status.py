@@ -1,0 +1,83 @@
+"""`leasework status`: one read-only snapshot of workers, queue depth and running runs, rendered
+as text (80 columns) or returned as JSON-ready data. Never writes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from .queries import load
+
+Q = load("leasework", "status.sql")
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
+
+
+def collect(conn: psycopg.Connection[Any], *, heartbeat_interval: float = 15.0) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        workers = cur.execute(Q["status_workers"], {"stale": heartbeat_interval * 3}).fetchall()
+        counts = cur.execute(Q["status_counts"]).fetchall()
+        running = cur.execute(Q["status_running"]).fetchall()
+        failures = cur.execute(Q["status_failures"]).fetchall()
+    by_status: dict[str, int] = {}
+    by_kind: dict[str, dict[str, int]] = {}
+    for row in counts:
+        by_status[row["status"]] = by_status.get(row["status"], 0) + row["n"]
+        by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
+    return {
+        "workers": [_plain(w) for w in workers],
+        "runs_by_status": by_status,
+        "runs_by_kind": by_kind,
+        "running": [_plain(r) for r in running],
+        "recent_failures": [_plain(f) for f in failures],
+    }
+
+
+def bar(done: int, total: int | None, width: int = 20) -> str:
+    """A text progress bar: `[#######.............]  35%`, or a blank one when total is unknown."""
+    if not total:
+        return "[" + "?" * width + "]     "
+    frac = min(1.0, max(0.0, done / total))
+    filled = round(frac * width)
+    return "[" + "#" * filled + "." * (width - filled) + f"] {frac * 100:3.0f}%"
+
+
+def render(snap: dict[str, Any]) -> str:
+    out: list[str] = []
+    workers = snap["workers"]
+    alive = sum(1 for w in workers if w["alive"])
+    out.append(f"workers: {alive} alive, {len(workers) - alive} gone")
+    for w in workers[:20]:
+        state = "alive" if w["alive"] else "gone "
+        run = f"run {w['current_run']}" if w["current_run"] else "idle"
+        out.append(
+            f"  {state} {w['host'][:24]:<24} pid {w['pid']:<7} {run:<12} beat {w['heartbeat_age']:.0f}s ago"
+        )
+    out.append("")
+    order = ["waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled"]
+    totals = snap["runs_by_status"]
+    out.append("runs: " + "  ".join(f"{s} {totals.get(s, 0)}" for s in order))
+    for kind, per in sorted(snap["runs_by_kind"].items()):
+        live = " ".join(f"{s}={per[s]}" for s in order if per.get(s))
+        out.append(f"  {kind[:30]:<30} {live}"[:80])
+    if snap["running"]:
+        out.append("")
+        out.append("running:")
+        for r in snap["running"]:
+            total = r["total_units"]
+            progress = bar(r["processed_units"], total)
+            units = f"{r['processed_units']}/{total if total is not None else '?'}"
+            flag = " cancel requested" if r["cancel_requested"] else ""
+            out.append(f"  #{r['id']:<7} {r['kind'][:16]:<16} {progress} {units}{flag}"[:80])
+    if snap["recent_failures"]:
+        out.append("")
+        out.append("recent failures:")
+        for f in snap["recent_failures"]:
+            first = (f["error"] or "").splitlines()[0] if f["error"] else ""
+            out.append(f"  #{f['id']:<7} {f['kind'][:16]:<16} {first}"[:80])
+    return "\n".join(out) + "\n"

@@ -1,0 +1,32 @@
+-- Read-only queries behind `leasework status`.
+
+-- name: status_workers
+SELECT id, host, pid, started_at, heartbeat_at, stopped_at, current_run,
+       stopped_at IS NULL AND heartbeat_at > leasework.now() - make_interval(secs => %(stale)s) AS alive,
+       extract(epoch FROM leasework.now() - heartbeat_at)::float8 AS heartbeat_age
+  FROM leasework.workers
+ ORDER BY stopped_at IS NOT NULL, started_at DESC
+ LIMIT 50
+
+-- name: status_counts
+SELECT kind, status, count(*)::bigint AS n
+  FROM leasework.runs
+ GROUP BY kind, status
+ ORDER BY kind, status
+
+-- name: status_running
+SELECT id, kind, key, tenant, attempts, max_attempts, processed_units, total_units, lease_worker,
+       extract(epoch FROM lease_expires_at - leasework.now())::float8 AS lease_left,
+       extract(epoch FROM leasework.now() - started_at)::float8 AS running_for,
+       cancel_requested_at IS NOT NULL AS cancel_requested
+  FROM leasework.runs
+ WHERE status = 'running'
+ ORDER BY started_at
+ LIMIT 50
+
+-- name: status_failures
+SELECT id, kind, key, attempts, finished_at, left(coalesce(error, ''), 200) AS error
+  FROM leasework.runs
+ WHERE status = 'failed'
+ ORDER BY finished_at DESC
+ LIMIT 10

@@ -1,0 +1,1 @@
+"""The worker child: the poll loop over stages, the lease, the abort signal and the context."""

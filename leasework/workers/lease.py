@@ -1,0 +1,211 @@
+"""The lease: claim, renew, control, finish, requeue, release, checkpoint and the fence.
+
+The only module that writes lease columns. Every statement after the claim is scoped by the
+claim's owner token, so a stale worker's write matches nothing; a lost lease is a normal return
+value (False / None), never an exception. Never runs job code.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from ..queries import load
+
+Q = load("leasework.workers", "lease.sql")
+
+Conn = psycopg.Connection[Any]
+ControlState = Literal["ok", "lost", "cancelled", "expired"]
+TERMINAL = ("succeeded", "partial", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claimed run, as the claim statement returned it."""
+
+    id: int
+    kind: str
+    key: str | None
+    tenant: str | None
+    group: str | None
+    exclusive: bool
+    priority: int
+    payload: Any
+    result: Any
+    attempts: int
+    max_attempts: int
+    owner: uuid.UUID
+    lease_expires_at: datetime
+    lease_seconds: float
+    timeout_seconds: float | None
+    processed_units: int
+    total_units: int | None
+    created_at: datetime
+    queued_at: datetime
+    started_at: datetime
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.attempts >= self.max_attempts
+
+
+def _params(claim: Claim, **extra: Any) -> dict[str, Any]:
+    return {"id": claim.id, "owner": claim.owner, **extra}
+
+
+def _jsonb(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
+
+
+def claim_runs(
+    conn: Conn, kinds: Sequence[str], *, worker: str, lease: float, limit: int = 1
+) -> list[Claim]:
+    """Claim up to `limit` due runs of `kinds` (queued, or running with an expired lease).
+
+    Runs in its own short transaction on `conn` (which must be idle): the claim statement, then
+    the limiter's re-check under the tenant locks; a conflict found there rolls the claim back.
+    """
+    if not kinds:
+        return []
+    with conn.transaction() as tx, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            Q["claim_runs"],
+            {"kinds": list(kinds), "worker": worker, "lease": lease, "limit": limit},
+            prepare=True,
+        )
+        rows = cur.fetchall()
+        if any(r["tenant"] is not None for r in rows):
+            cur.execute(Q["verify_limiter"], {"ids": [r["id"] for r in rows]})
+            if cur.fetchall():
+                rows = []
+                raise psycopg.Rollback(tx)
+    return [
+        Claim(
+            id=r["id"],
+            kind=r["kind"],
+            key=r["key"],
+            tenant=r["tenant"],
+            group=r["group"],
+            exclusive=r["exclusive"],
+            priority=r["priority"],
+            payload=r["payload"],
+            result=r["result"],
+            attempts=r["attempts"],
+            max_attempts=r["max_attempts"],
+            owner=r["lease_owner"],
+            lease_expires_at=r["lease_expires_at"],
+            lease_seconds=r["lease_seconds"] if r["lease_seconds"] is not None else lease,
+            timeout_seconds=r["timeout_seconds"],
+            processed_units=r["processed_units"],
+            total_units=r["total_units"],
+            created_at=r["created_at"],
+            queued_at=r["queued_at"],
+            started_at=r["started_at"],
+        )
+        for r in sorted(rows, key=lambda r: (r["priority"], r["queued_at"], r["id"]))
+    ]
+
+
+def settle_runs(conn: Conn, limit: int) -> tuple[int, int]:
+    """End expired runs that must not be reclaimed and promote waiting runs whose key is idle.
+
+    Returns (ended, promoted)."""
+    row = conn.execute(Q["settle_runs"], {"limit": limit}, prepare=True).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def renew(conn: Conn, claim: Claim) -> datetime | None:
+    """Extend the lease by its length from database now. None: the run is no longer ours."""
+    row = conn.execute(
+        Q["renew_lease"], _params(claim, lease=claim.lease_seconds), prepare=True
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def control(conn: Conn, claim: Claim) -> ControlState:
+    """The control query: lost, cancel requested, lease expired (renew now), or carry on."""
+    row = conn.execute(Q["control_run"], _params(claim), prepare=True).fetchone()
+    if row is None:
+        return "lost"
+    if row[0]:
+        return "cancelled"
+    return "expired" if row[1] else "ok"
+
+
+def finish(
+    conn: Conn,
+    claim: Claim,
+    status: Literal["succeeded", "partial", "failed", "cancelled"],
+    *,
+    result: Any = None,
+    error: str | None = None,
+) -> bool:
+    """Seal the run. False: it was no longer ours and nothing was written."""
+    row = conn.execute(
+        Q["finish_run"],
+        _params(claim, status=status, result=_jsonb(result), error=error),
+        prepare=True,
+    ).fetchone()
+    return row is not None
+
+
+def requeue(
+    conn: Conn,
+    claim: Claim,
+    *,
+    delay: float,
+    error: str | None,
+    outcome: str = "failed",
+    result: Any = None,
+) -> str | None:
+    """Retry in place after `delay` seconds. Returns the run's new status: `queued`, or
+    `cancelled` (cancel requested meanwhile) or `failed` (no attempts left); None if lost."""
+    row = conn.execute(
+        Q["requeue_run"],
+        _params(claim, delay=max(0.0, delay), error=error, outcome=outcome, result=_jsonb(result)),
+        prepare=True,
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def release(conn: Conn, claim: Claim, reason: str = "shutdown") -> str | None:
+    """Give the run back without charging the attempt. Returns the new status or None if lost."""
+    row = conn.execute(Q["release_run"], _params(claim, reason=reason), prepare=True).fetchone()
+    return None if row is None else str(row[0])
+
+
+def checkpoint(conn: Conn, claim: Claim, processed: int, total: int | None = None) -> bool:
+    """Record progress and renew. False: the run is no longer ours."""
+    row = conn.execute(
+        Q["checkpoint_run"],
+        _params(claim, processed=processed, total=total, lease=claim.lease_seconds),
+        prepare=True,
+    ).fetchone()
+    return row is not None
+
+
+def fence(conn: Conn, claim: Claim) -> bool:
+    """Inside an open transaction: lock the run against reclaim if it is still ours with a live
+    lease. False: it is not, and the caller must write nothing."""
+    row = conn.execute(Q["fence_run"], _params(claim), prepare=True).fetchone()
+    return row is not None
+
+
+def expire_worker_leases(conn: Conn, worker: str, reason: str) -> list[int]:
+    """Expire every lease held by a worker known to be dead (the supervisor reaped it)."""
+    rows = conn.execute(Q["expire_worker_leases"], {"worker": worker, "reason": reason}).fetchall()
+    return [r[0] for r in rows]
+
+
+def db_now(conn: Conn) -> datetime:
+    row = conn.execute(Q["db_now"]).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]

@@ -1,0 +1,266 @@
+-- The lease: every statement that writes lease columns lives here, and every one after the claim
+-- is scoped by the claim's owner token (unique per claim), so a stale worker's write matches
+-- nothing. All times are database time: leasework.now(), never the worker's clock.
+
+-- name: claim_runs
+-- Claim up to %(limit)s runs of %(kinds)s in one statement: queued and due, or running with an
+-- expired lease (crash recovery is this WHERE clause). Cancel beats reclaim: an expired run with a
+-- cancel request is never reclaimed (settle_runs ends it), nor one that used its last attempt.
+--
+-- The rate limiter: a run with a tenant is not claimable while another run of that tenant holds
+-- a live lease and either one is exclusive or both share a group. The tenant row is locked with
+-- the run (FOR UPDATE OF r, t SKIP LOCKED) so claim decisions for one tenant are serialized;
+-- verify_limiter then re-checks under that lock with a fresh snapshot. DISTINCT ON (tenant)
+-- takes at most one run per tenant per statement, since the NOT EXISTS cannot see this
+-- statement's own claims. Runs without a tenant skip the limiter and lock no tenant row (FOR
+-- UPDATE cannot lock the nullable side of an outer join, hence two branches).
+--
+-- Each branch is AS MATERIALIZED so the LIMIT and the row locks are evaluated exactly once: inlined
+-- into the UPDATE, the planner may re-run the subquery per joined row and claim more than the limit.
+WITH tenanted AS MATERIALIZED (
+    SELECT DISTINCT ON (c.tenant) c.id, c.priority, c.queued_at
+      FROM (
+        SELECT r.id, r.tenant, r.priority, r.queued_at
+          FROM leasework.runs r
+          JOIN leasework.tenants t ON t.name = r.tenant
+         WHERE r.kind = ANY(%(kinds)s)
+           AND ((r.status = 'queued' AND r.queued_at <= leasework.now())
+             OR (r.status = 'running' AND r.lease_expires_at < leasework.now()
+                 AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts))
+           AND NOT EXISTS (
+                SELECT 1
+                  FROM leasework.runs o
+                 WHERE o.tenant = r.tenant
+                   AND o.status = 'running'
+                   AND o.id <> r.id
+                   AND o.lease_expires_at >= leasework.now()
+                   AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
+         ORDER BY r.priority, r.queued_at, r.id
+         LIMIT %(limit)s
+           FOR UPDATE OF r, t SKIP LOCKED
+      ) c
+     ORDER BY c.tenant, c.priority, c.queued_at, c.id
+), untenanted AS MATERIALIZED (
+    SELECT r.id, r.priority, r.queued_at
+      FROM leasework.runs r
+     WHERE r.tenant IS NULL
+       AND r.kind = ANY(%(kinds)s)
+       AND ((r.status = 'queued' AND r.queued_at <= leasework.now())
+         OR (r.status = 'running' AND r.lease_expires_at < leasework.now()
+             AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts))
+     ORDER BY r.priority, r.queued_at, r.id
+     LIMIT %(limit)s
+       FOR UPDATE OF r SKIP LOCKED
+), chosen AS MATERIALIZED (
+    SELECT id
+      FROM (SELECT * FROM tenanted UNION ALL SELECT * FROM untenanted) u
+     ORDER BY priority, queued_at, id
+     LIMIT %(limit)s
+)
+UPDATE leasework.runs r
+   SET status = 'running',
+       attempts = r.attempts + 1,
+       lease_owner = gen_random_uuid(),
+       lease_worker = %(worker)s,
+       lease_expires_at = leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)),
+       started_at = leasework.now(),
+       -- A reclaimed run records the attempt that died holding it (unless the supervisor's fast
+       -- release already did).
+       history = CASE
+           WHEN r.status = 'running' AND coalesce((r.history -> -1 ->> 'attempt')::int, 0) < r.attempts
+           THEN r.history || jsonb_build_array(jsonb_build_object(
+                'attempt', r.attempts, 'owner', r.lease_owner, 'worker', r.lease_worker,
+                'started_at', r.started_at, 'ended_at', r.lease_expires_at,
+                'outcome', 'expired', 'error', 'lease expired'))
+           ELSE r.history
+       END
+  FROM chosen
+ WHERE r.id = chosen.id
+RETURNING r.id, r.kind, r.key, r.tenant, r."group", r.exclusive, r.priority, r.payload, r.result,
+          r.attempts, r.max_attempts, r.lease_owner, r.lease_expires_at, r.lease_seconds,
+          r.timeout_seconds, r.processed_units, r.total_units, r.created_at, r.queued_at,
+          r.started_at
+
+-- name: verify_limiter
+-- Runs just claimed (in this transaction, tenant rows still locked) that another live lease of
+-- their tenant now conflicts with. A fresh statement sees every claim committed before we took
+-- the tenant lock, which the claim's own snapshot may not have: any row here means roll back.
+SELECT r.id
+  FROM leasework.runs r
+ WHERE r.id = ANY(%(ids)s)
+   AND r.tenant IS NOT NULL
+   AND EXISTS (
+        SELECT 1
+          FROM leasework.runs o
+         WHERE o.tenant = r.tenant
+           AND o.status = 'running'
+           AND o.id <> r.id
+           AND o.lease_expires_at >= leasework.now()
+           AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
+
+-- name: settle_runs
+-- The poll's bookkeeping, bounded by %(limit)s, in one round trip (no reaper process):
+-- an expired run with a cancel request ends `cancelled` (cancel beats reclaim); an expired run on
+-- its last attempt ends `failed` (nothing stays `running` forever); a waiting run is promoted to
+-- `queued` once nothing else is active for its key.
+WITH expired AS MATERIALIZED (
+    SELECT r.id
+      FROM leasework.runs r
+     WHERE r.status = 'running'
+       AND r.lease_expires_at < leasework.now()
+       AND (r.cancel_requested_at IS NOT NULL OR r.attempts >= r.max_attempts)
+     ORDER BY r.lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), ended AS (
+    UPDATE leasework.runs r
+       SET status = CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'failed' END,
+           error = CASE WHEN r.cancel_requested_at IS NOT NULL THEN r.error ELSE 'lease expired' END,
+           finished_at = leasework.now(),
+           lease_owner = NULL,
+           lease_expires_at = NULL,
+           lease_worker = NULL,
+           history = CASE
+               WHEN coalesce((r.history -> -1 ->> 'attempt')::int, 0) < r.attempts
+               THEN r.history || jsonb_build_array(jsonb_build_object(
+                    'attempt', r.attempts, 'owner', r.lease_owner, 'worker', r.lease_worker,
+                    'started_at', r.started_at, 'ended_at', r.lease_expires_at,
+                    'outcome', 'expired', 'error', 'lease expired'))
+               ELSE r.history
+           END
+      FROM expired
+     WHERE r.id = expired.id
+    RETURNING r.id
+), promotable AS MATERIALIZED (
+    SELECT w.id
+      FROM leasework.runs w
+     WHERE w.status = 'waiting'
+       AND w.key IS NOT NULL
+       AND NOT EXISTS (
+            SELECT 1 FROM leasework.runs a
+             WHERE a.key = w.key AND a.status IN ('queued', 'running'))
+     ORDER BY w.id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), promoted AS (
+    UPDATE leasework.runs r
+       SET status = 'queued',
+           queued_at = greatest(r.queued_at, leasework.now())
+      FROM promotable
+     WHERE r.id = promotable.id
+    RETURNING r.id
+)
+SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM promoted) AS promoted
+
+-- name: renew_lease
+-- Zero rows means the run is no longer ours: stop at once.
+UPDATE leasework.runs
+   SET lease_expires_at = leasework.now() + make_interval(secs => %(lease)s)
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+RETURNING lease_expires_at, cancel_requested_at IS NOT NULL AS cancel_requested
+
+-- name: control_run
+-- One query answers both questions: no row = lease lost; cancel_requested = the user cancelled.
+SELECT cancel_requested_at IS NOT NULL AS cancel_requested,
+       lease_expires_at < leasework.now() AS expired
+  FROM leasework.runs
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+
+-- name: finish_run
+-- Terminal: succeeded, partial, failed or cancelled. A NULL result keeps the one gathered so far.
+UPDATE leasework.runs
+   SET status = %(status)s,
+       result = coalesce(%(result)s::jsonb, result),
+       error = %(error)s::text,
+       finished_at = leasework.now(),
+       lease_owner = NULL,
+       lease_expires_at = NULL,
+       lease_worker = NULL,
+       history = history || jsonb_build_array(jsonb_build_object(
+           'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
+           'started_at', started_at, 'ended_at', leasework.now(),
+           'outcome', %(status)s::text, 'error', %(error)s::text))
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+RETURNING status
+
+-- name: requeue_run
+-- Retry in place on the same row, due after %(delay)s seconds. Re-checks the world: a cancel
+-- requested meanwhile ends the run `cancelled`; no attempts left ends it `failed`.
+UPDATE leasework.runs
+   SET status = CASE
+           WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+           WHEN attempts >= max_attempts THEN 'failed'
+           ELSE 'queued' END,
+       queued_at = CASE
+           WHEN cancel_requested_at IS NULL AND attempts < max_attempts
+           THEN leasework.now() + make_interval(secs => %(delay)s)
+           ELSE queued_at END,
+       finished_at = CASE
+           WHEN cancel_requested_at IS NOT NULL OR attempts >= max_attempts
+           THEN leasework.now() END,
+       result = coalesce(%(result)s::jsonb, result),
+       error = %(error)s::text,
+       lease_owner = NULL,
+       lease_expires_at = NULL,
+       lease_worker = NULL,
+       history = history || jsonb_build_array(jsonb_build_object(
+           'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
+           'started_at', started_at, 'ended_at', leasework.now(),
+           'outcome', %(outcome)s::text, 'error', %(error)s::text))
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+RETURNING status, queued_at
+
+-- name: release_run
+-- Shutdown: back to `queued` at once, the attempt not charged, so another worker takes it now.
+-- A run whose cancel was requested ends `cancelled` instead.
+UPDATE leasework.runs
+   SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'queued' END,
+       finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN leasework.now() END,
+       queued_at = leasework.now(),
+       attempts = CASE WHEN cancel_requested_at IS NOT NULL THEN attempts ELSE attempts - 1 END,
+       lease_owner = NULL,
+       lease_expires_at = NULL,
+       lease_worker = NULL,
+       history = history || jsonb_build_array(jsonb_build_object(
+           'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
+           'started_at', started_at, 'ended_at', leasework.now(),
+           'outcome', 'released', 'error', %(reason)s::text))
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+RETURNING status
+
+-- name: expire_worker_leases
+-- The supervisor reaped a dead worker: expire its leases now, so the next poll anywhere reclaims
+-- them instead of waiting out the lease. The attempt stays charged and is recorded as a crash.
+UPDATE leasework.runs
+   SET lease_expires_at = leasework.now() - interval '1 millisecond',
+       history = history || jsonb_build_array(jsonb_build_object(
+           'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
+           'started_at', started_at, 'ended_at', leasework.now(),
+           'outcome', 'crashed', 'error', %(reason)s::text))
+ WHERE lease_worker = %(worker)s AND status = 'running'
+RETURNING id
+
+-- name: checkpoint_run
+-- Progress (and a renewal). Inside ctx.transaction() this runs on the fenced transaction's
+-- connection, so it commits together with the step's effects.
+UPDATE leasework.runs
+   SET processed_units = %(processed)s,
+       total_units = coalesce(%(total)s, total_units),
+       lease_expires_at = leasework.now() + make_interval(secs => %(lease)s)
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+RETURNING lease_expires_at
+
+-- name: fence_run
+-- Opens a fenced transaction: the run must still be ours with a live lease. FOR KEY SHARE is
+-- enough to fence: every claim and settle locks with FOR UPDATE ... SKIP LOCKED, which skips this
+-- row until we commit, so nobody can take the run while our effects are uncommitted. It does not
+-- conflict with the plain UPDATEs of renewal or cancel, so the reserved control connection can
+-- still renew while a handler holds a transaction open.
+SELECT lease_expires_at
+  FROM leasework.runs
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+   AND lease_expires_at > leasework.now()
+   FOR KEY SHARE
+
+-- name: db_now
+SELECT leasework.now()

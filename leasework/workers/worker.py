@@ -1,0 +1,376 @@
+"""One worker: `poll()` runs every stage once, in a fixed order, each bounded and wrapped in its
+own try/except; `run()` is `while running: poll(); sleep`, woken early by NOTIFY. One job at a
+time, awaited inline. Opens its connections itself, after any fork."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from .. import db, log
+from ..config import Config
+from ..errors import Aborted, LeaseLost, Partial, Retry, is_transient
+from . import lease, registry
+from .backoff import retry_delay
+from .context import Context, describe_error
+from .lease import Claim
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..stages import Stage
+
+Conn = psycopg.Connection[Any]
+Handler = Callable[[Context, Any], Any]
+
+
+def new_worker_id() -> str:
+    """Unique per process start, never reused: host, pid and a random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        app: App,
+        config: Config | None = None,
+        *,
+        worker_id: str | None = None,
+        stages: Sequence[Stage] | None = None,
+        on_beat: Callable[[Worker, Context | None], None] | None = None,
+        rand: random.Random | None = None,
+        register: bool = True,
+    ) -> None:
+        from ..stages import default_stages
+
+        self.app = app
+        self.config = config or app.config
+        self.id = worker_id or new_worker_id()
+        self.stages: list[Stage] = (
+            list(stages) if stages is not None else default_stages(app, self.config)
+        )
+        self.on_beat = on_beat
+        self.rand = rand or random.Random()
+        self.running = False
+        self.jobs_done = 0
+        self.current: Context | None = None
+        self._pool: ConnectionPool[Any] | None = None
+        self._control: Conn | None = None
+        self._stop_at: float | None = None  # monotonic time the current job must be aborted by
+        self._listening = False
+        # A standalone worker keeps its own row in the workers table; under the supervisor the
+        # parent writes the rows instead (register=False).
+        self.register = register
+        self._last_heartbeat: float | None = None
+
+    # -- connections ------------------------------------------------------------------------
+
+    def open(self) -> Worker:
+        """Open the pool (pool_size - 1 connections) and the reserved control connection."""
+        if self._pool is None:
+            self._pool = db.make_pool(
+                self.config.dsn, self.config.pool_size - 1, f"leasework:{self.id}"
+            )
+        conn = self.control_conn()
+        db.check_schema(conn)
+        self.heartbeat(force=True)
+        return self
+
+    def heartbeat(self, force: bool = False, now: float | None = None) -> None:
+        """Upsert this worker's row every heartbeat_interval (standalone workers only)."""
+        if not self.register:
+            return
+        now = time.monotonic() if now is None else now
+        last = self._last_heartbeat
+        if not force and last is not None and now - last < self.config.heartbeat_interval:
+            return
+        run_id = self.current.claim.id if self.current is not None else None
+        try:
+            registry.upsert_worker(
+                self.control_conn(), self.id, socket.gethostname(), os.getpid(), run_id
+            )
+            self._last_heartbeat = now
+        except psycopg.Error as exc:
+            log.event(
+                "heartbeat_failed",
+                level=30,
+                error=str(exc).splitlines()[0] if str(exc) else repr(exc),
+            )
+            self.drop_control_conn()
+
+    def close(self) -> None:
+        if self.register and self._control is not None and not self._control.closed:
+            with suppress(psycopg.Error):
+                registry.stop_worker(self._control, self.id)
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        self.drop_control_conn()
+
+    def __enter__(self) -> Worker:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def control_conn(self) -> Conn:
+        """The connection reserved for renewal, control and LISTEN; reopened if it broke."""
+        if self._control is None or self._control.closed or self._control.broken:
+            self.drop_control_conn()
+            self._control = db.connect(
+                self.config.dsn, application_name=f"leasework:{self.id}:control"
+            )
+            self._listening = False
+        return self._control
+
+    def drop_control_conn(self) -> None:
+        if self._control is not None:
+            with suppress(Exception):
+                self._control.close()
+        self._control = None
+        self._listening = False
+
+    @contextmanager
+    def pool_connection(self) -> Iterator[Conn]:
+        if self._pool is None:
+            self.open()
+        assert self._pool is not None
+        with self._pool.connection() as conn:
+            yield conn
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Run every stage once, in order. Returns how many items the stages handled."""
+        done = 0
+        for stage in self.stages:
+            if self.stopping:
+                break
+            try:
+                done += stage.step(self)
+            except Exception as exc:  # one failing stage never skips the ones after it
+                level = 30 if is_transient(exc) else 40
+                log.event(
+                    "stage_failed", level=level, stage=stage.name, error=describe_error(exc, 3)
+                )
+        self.beat(None)
+        return done
+
+    def run(self, *, once: bool = False) -> None:
+        """Poll until stopped. Does not sleep after a poll that found work; an idle sleep wakes
+        at once on a NOTIFY from enqueue (polling stays the fallback)."""
+        self.open()
+        self.running = True
+        log.event(
+            "worker_started", worker=self.id, pid=os.getpid(), stages=[s.name for s in self.stages]
+        )
+        try:
+            while self.running:
+                try:
+                    found = self.poll()
+                except Exception as exc:  # poll() already isolates stages; this is belt and braces
+                    log.event("poll_failed", level=40, error=describe_error(exc, 3))
+                    found = 0
+                if once:
+                    break
+                if found == 0 and self.running:
+                    self.idle_wait(self.config.poll_interval)
+        finally:
+            self.running = False
+            log.event("worker_stopped", worker=self.id, jobs=self.jobs_done)
+            self.close()
+
+    def idle_wait(self, seconds: float) -> None:
+        """Sleep up to `seconds`, returning early on a NOTIFY. Re-LISTENs after a reconnect."""
+        try:
+            conn = self.control_conn()
+            if not self._listening:
+                conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
+                self._listening = True
+            for _ in conn.notifies(timeout=seconds, stop_after=1):
+                break
+        except psycopg.Error as exc:
+            log.event(
+                "listen_failed", level=30, error=str(exc).splitlines()[0] if str(exc) else repr(exc)
+            )
+            self.drop_control_conn()
+            time.sleep(min(seconds, 1.0))
+
+    def stop(self, graceful: bool = True, now: float | None = None) -> None:
+        """Stop claiming. Graceful: the current job gets `graceful_timeout` to finish, then its
+        signal trips with `shutdown` and the run is released. Not graceful: trip it now."""
+        now = time.monotonic() if now is None else now
+        self.running = False
+        deadline = now + (self.config.graceful_timeout if graceful else 0.0)
+        self._stop_at = deadline if self._stop_at is None else min(self._stop_at, deadline)
+        if self.current is not None and not graceful:
+            self.current.signal.trip("shutdown")
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_at is not None
+
+    def shutdown_reason(self, now: float) -> str | None:
+        if self._stop_at is not None and now >= self._stop_at:
+            return "shutdown"
+        return None
+
+    def beat(self, ctx: Context | None) -> None:
+        """Liveness: called after each poll and each ctx.check(); the supervisor listens."""
+        self.heartbeat()
+        if self.on_beat is not None:
+            self.on_beat(self, ctx)
+
+    # -- executing one claimed run ------------------------------------------------------------
+
+    def execute(self, claim: Claim, handler: Handler) -> str | None:
+        """Run the handler inline under the claim's lease and record the outcome (owner-scoped).
+        Returns the run's new status, or None when the lease was lost and nothing was written."""
+        cfg = self.config
+        ratio = claim.lease_seconds / cfg.lease
+        ctx = Context(
+            claim,
+            self,
+            renew_every=cfg.renew_interval * ratio,
+            control_every=min(cfg.control_interval, cfg.renew_interval * ratio / 2),
+        )
+        self.current = ctx
+        log.event(
+            "run_claimed", run_id=claim.id, kind=claim.kind, attempt=claim.attempts, worker=self.id
+        )
+        try:
+            try:
+                value = handler(ctx, claim.payload)
+            except LeaseLost:
+                ctx.signal.trip("lost")
+                return self._settle_aborted(ctx)
+            except Aborted:
+                return self._settle_aborted(ctx)
+            except Retry as exc:
+                if ctx.signal.tripped:
+                    return self._settle_aborted(ctx)
+                return self._retry(ctx, exc.after, f"Retry: {exc}", "retry")
+            except Partial as partial:
+                ctx.result = partial.result
+                if ctx.signal.tripped:
+                    return self._settle_aborted(ctx)
+                if partial.retryable:
+                    return self._retry(
+                        ctx, None, f"Partial: {partial}", "partial", result=partial.result
+                    )
+                sealed, why = partial.result, str(partial)
+                return self._record(
+                    lambda c: lease.finish(c, claim, "partial", result=sealed, error=why),
+                    ctx,
+                    "partial",
+                )
+            except Exception as exc:
+                if ctx.signal.tripped:
+                    return self._settle_aborted(ctx)
+                return self._retry(ctx, None, describe_error(exc), "failed")
+            except BaseException:
+                # KeyboardInterrupt, SystemExit: give the run back before leaving.
+                ctx.signal.trip("shutdown")
+                self._settle_aborted(ctx)
+                raise
+            ctx.poke()
+            if ctx.signal.tripped:
+                ctx.result = value if value is not None else ctx.result
+                return self._settle_aborted(ctx)
+            return self._record(
+                lambda c: lease.finish(c, claim, "succeeded", result=value), ctx, "succeeded"
+            )
+        finally:
+            self.current = None
+            self.jobs_done += 1
+
+    def _retry(
+        self, ctx: Context, after: float | None, error: str, outcome: str, result: Any = None
+    ) -> str | None:
+        cfg = self.config
+        delay = retry_delay(ctx.claim.attempts, after, cfg.backoff, cfg.backoff_jitter, self.rand)
+        status: list[str | None] = [None]
+
+        def write(c: Conn) -> bool:
+            status[0] = lease.requeue(
+                c, ctx.claim, delay=delay, error=error, outcome=outcome, result=result
+            )
+            return status[0] is not None
+
+        self._record(write, ctx, "requeued")
+        return status[0]
+
+    def _settle_aborted(self, ctx: Context) -> str | None:
+        claim = ctx.claim
+        reason = ctx.signal.reason
+        if reason == "lost":
+            log.event(
+                "lease_lost",
+                run_id=claim.id,
+                owner=str(claim.owner),
+                action="stopped, wrote nothing",
+            )
+            return None
+        if reason == "cancelled":
+            return self._record(
+                lambda c: lease.finish(c, claim, "cancelled", result=ctx.result, error="cancelled"),
+                ctx,
+                "cancelled",
+            )
+        if reason == "timeout":
+            return self._retry(
+                ctx,
+                None,
+                f"timeout after {claim.timeout_seconds:g} s",
+                "timeout",
+                result=ctx.result,
+            )
+        status: list[str | None] = [None]
+
+        def write(c: Conn) -> bool:
+            status[0] = lease.release(c, claim, reason or "shutdown")
+            return status[0] is not None
+
+        self._record(write, ctx, "released")
+        return status[0]
+
+    def _record(self, write: Callable[[Conn], bool], ctx: Context, what: str) -> str | None:
+        """Write an outcome on the control connection, retrying transient errors a few times.
+        If it never lands, the lease lapses and another worker redoes the run (at least once)."""
+        for attempt in range(3):
+            try:
+                ok = write(self.control_conn())
+            except psycopg.Error as exc:
+                if not is_transient(exc) or attempt == 2:
+                    log.event(
+                        "outcome_not_recorded",
+                        level=40,
+                        run_id=ctx.claim.id,
+                        outcome=what,
+                        error=str(exc),
+                    )
+                    return None
+                self.drop_control_conn()
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            if not ok:
+                log.event(
+                    "lease_lost",
+                    run_id=ctx.claim.id,
+                    owner=str(ctx.claim.owner),
+                    action=f"{what} matched nothing",
+                )
+                return None
+            log.event(
+                "run_" + what, run_id=ctx.claim.id, kind=ctx.claim.kind, attempt=ctx.claim.attempts
+            )
+            return what
+        return None

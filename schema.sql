@@ -1,0 +1,110 @@
+-- leasework schema. Idempotent: `leasework migrate` applies it as a whole, any number of times.
+-- Everything lives in the `leasework` schema, never in the user's `public`.
+-- Each index names the query (in leasework/**/*.sql) that it serves.
+
+CREATE SCHEMA IF NOT EXISTS leasework;
+
+-- Singleton row (CHECK on a boolean primary key) recording which schema version is applied.
+CREATE TABLE IF NOT EXISTS leasework.schema_version (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    version    integer NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The database's idea of "now", shifted by the session setting leasework.now_offset (an interval,
+-- empty by default). Production never sets it; tests move time with it instead of sleeping.
+-- Every lease decision reads this, never the worker's clock.
+CREATE OR REPLACE FUNCTION leasework.now() RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT now() + coalesce(nullif(current_setting('leasework.now_offset', true), '')::interval,
+                            interval '0');
+$$;
+
+-- One row per tenant, made on enqueue. The claim locks it (FOR UPDATE OF r, t SKIP LOCKED) so two
+-- workers cannot both pass the rate limiter for the same tenant.
+CREATE TABLE IF NOT EXISTS leasework.tenants (
+    name       text PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS leasework.runs (
+    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind                text NOT NULL,
+    key                 text,
+    -- Not a foreign key: an enqueue's FK check would KEY SHARE-lock the tenant row for the whole
+    -- of the caller's transaction, and the claim (FOR UPDATE OF t SKIP LOCKED) would skip every
+    -- run of that tenant meanwhile. Enqueue makes the tenant row in the same statement instead.
+    tenant              text,
+    "group"             text,
+    exclusive           boolean NOT NULL DEFAULT false,
+    priority            integer NOT NULL DEFAULT 0,
+    status              text NOT NULL DEFAULT 'queued',
+    payload             jsonb NOT NULL DEFAULT '{}'::jsonb,
+    result              jsonb,
+    error               text,
+    attempts            integer NOT NULL DEFAULT 0,
+    max_attempts        integer NOT NULL DEFAULT 3,
+    lease_seconds       double precision,
+    timeout_seconds     double precision,
+    queued_at           timestamptz NOT NULL DEFAULT now(),
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    started_at          timestamptz,
+    finished_at         timestamptz,
+    lease_owner         uuid,
+    lease_expires_at    timestamptz,
+    lease_worker        text,
+    cancel_requested_at timestamptz,
+    processed_units     bigint NOT NULL DEFAULT 0,
+    total_units         bigint,
+    -- One entry per attempt: {attempt, owner, worker, started_at, ended_at, outcome, error}.
+    history             jsonb NOT NULL DEFAULT '[]'::jsonb,
+    CONSTRAINT runs_status_valid CHECK (
+        status IN ('waiting', 'queued', 'running', 'succeeded', 'partial', 'failed', 'cancelled')),
+    -- running <=> the lease columns are set
+    CONSTRAINT runs_running_has_lease CHECK (
+        (status = 'running') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
+    -- terminal <=> finished_at is set
+    CONSTRAINT runs_terminal_has_finished_at CHECK (
+        (status IN ('succeeded', 'partial', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
+    CONSTRAINT runs_attempts_valid CHECK (attempts >= 0 AND max_attempts >= 1),
+    CONSTRAINT runs_units_valid CHECK (processed_units >= 0 AND (total_units IS NULL OR total_units >= 0)),
+    CONSTRAINT runs_lease_positive CHECK (lease_seconds IS NULL OR lease_seconds > 0),
+    CONSTRAINT runs_timeout_positive CHECK (timeout_seconds IS NULL OR timeout_seconds > 0)
+);
+
+-- At most one active (queued or running) run per key: racing enqueues give one run.
+-- Serves: enqueue_run (ON CONFLICT), promote in settle_runs.
+CREATE UNIQUE INDEX IF NOT EXISTS runs_one_active_per_key
+    ON leasework.runs (key) WHERE status IN ('queued', 'running') AND key IS NOT NULL;
+
+-- At most one waiting (exclusive, draining) run per key. Serves: enqueue_waiting_run.
+CREATE UNIQUE INDEX IF NOT EXISTS runs_one_waiting_per_key
+    ON leasework.runs (key) WHERE status = 'waiting' AND key IS NOT NULL;
+
+-- The claim walks this in (priority, queued_at, id) order; only non-terminal rows are in it, so it
+-- stays small however many finished runs accumulate. Serves: claim_runs, settle_runs.
+CREATE INDEX IF NOT EXISTS runs_claimable
+    ON leasework.runs (priority, queued_at, id, lease_expires_at)
+    WHERE status IN ('waiting', 'queued', 'running');
+
+-- The rate limiter's look-up of live leases in one tenant. Serves: claim_runs, verify_limiter.
+CREATE INDEX IF NOT EXISTS runs_running_by_tenant
+    ON leasework.runs (tenant, lease_expires_at) WHERE status = 'running';
+
+-- Finished runs by age, for pruning. Serves: maintenance pruning.
+CREATE INDEX IF NOT EXISTS runs_finished_at
+    ON leasework.runs (finished_at) WHERE finished_at IS NOT NULL;
+
+-- One row per worker process start; the id is never reused after a restart.
+CREATE TABLE IF NOT EXISTS leasework.workers (
+    id           text PRIMARY KEY,
+    host         text NOT NULL,
+    pid          integer NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    stopped_at   timestamptz,
+    current_run  bigint
+);
+
+INSERT INTO leasework.schema_version (id, version) VALUES (true, 1)
+ON CONFLICT (id) DO UPDATE SET version = greatest(leasework.schema_version.version, EXCLUDED.version);

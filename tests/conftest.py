@@ -1,0 +1,156 @@
+"""Shared fixtures. Tests talk to a real Postgres: LEASEWORK_TEST_DSN, else the server on
+127.0.0.1:5432, else an embedded one (the `embedded` extra). Each test session makes its own
+database and drops it at the end; each database test starts from empty leasework tables."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from leasework import App, Config, db
+from leasework.workers.worker import Worker
+
+DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _server_dsn() -> str:
+    explicit = os.environ.get("LEASEWORK_TEST_DSN")
+    if explicit:
+        return explicit
+    try:
+        with psycopg.connect(DEFAULT_SERVER, connect_timeout=3):
+            return DEFAULT_SERVER
+    except psycopg.OperationalError:
+        pass
+    try:
+        import pgserver  # type: ignore[import-not-found]
+    except ImportError:
+        pytest.exit("no Postgres: set LEASEWORK_TEST_DSN or run one on 127.0.0.1:5432", 2)
+    server = pgserver.get_server(
+        os.path.join(os.getcwd(), ".leasework", "testdb"), cleanup_mode="stop"
+    )
+    return str(server.get_uri())
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> str:
+    return _server_dsn()
+
+
+@pytest.fixture(scope="session")
+def dsn(server_dsn: str) -> Iterator[str]:
+    """A fresh database for this test session, migrated, dropped at the end."""
+    name = f"leasework_test_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(server_dsn)
+    params["dbname"] = name
+    test_dsn = make_conninfo(**params)
+    with psycopg.connect(test_dsn, autocommit=True) as conn:
+        db.migrate(conn)
+    yield test_dsn
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def truncate_all(conn: psycopg.Connection[Any]) -> None:
+    """Empty every leasework table except the schema version."""
+    tables = [
+        r[0]
+        for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'leasework' AND tablename <> 'schema_version'"
+        ).fetchall()
+    ]
+    if tables:
+        conn.execute(
+            sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
+                sql.SQL(", ").join(sql.Identifier("leasework", t) for t in tables)
+            )
+        )
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to an emptied test database."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        truncate_all(c)
+        yield c
+
+
+def fast_config(dsn: str, **overrides: Any) -> Config:
+    """Seed semantics with timings small enough for tests (never used to sleep out a lease)."""
+    base: dict[str, Any] = {
+        "dsn": dsn,
+        "poll_interval": 0.05,
+        "lease": 30.0,
+        "renew_interval": 10.0,
+        "control_interval": 0.5,
+        "pool_size": 3,
+    }
+    base.update(overrides)
+    return Config(**base)
+
+
+@pytest.fixture
+def make_worker(dsn: str, conn: psycopg.Connection[Any]) -> Iterator[Callable[..., Worker]]:
+    """make_worker(app, **config_overrides) -> an opened Worker, closed after the test."""
+    made: list[Worker] = []
+
+    def factory(app: App, **overrides: Any) -> Worker:
+        cfg = fast_config(dsn, **overrides)
+        worker = Worker(app.with_config(cfg), cfg)
+        worker.open()
+        worker.running = True
+        made.append(worker)
+        return worker
+
+    yield factory
+    for w in made:
+        w.close()
+
+
+def expire_lease(conn: psycopg.Connection[Any], run_id: int) -> None:
+    """Move a run's lease into the past, as if its holder had gone silent for the whole lease."""
+    conn.execute(
+        "UPDATE leasework.runs SET lease_expires_at = leasework.now() - interval '1 second' WHERE id = %s",
+        (run_id,),
+    )
+
+
+def make_due(conn: psycopg.Connection[Any], run_id: int) -> None:
+    """Move a requeued run's queued_at to now, as if its backoff had passed."""
+    conn.execute("UPDATE leasework.runs SET queued_at = leasework.now() WHERE id = %s", (run_id,))
+
+
+def shift_clock(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """Move this connection's idea of database time (leasework.now()) by `seconds` from real now."""
+    conn.execute("SELECT set_config('leasework.now_offset', %s, false)", (f"{seconds} seconds",))
+
+
+def get_run(conn: psycopg.Connection[Any], run_id: int) -> dict[str, Any]:
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        row = cur.execute("SELECT * FROM leasework.runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None, f"run {run_id} not found"
+    return row
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Wait on a condition with a deadline (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)

@@ -33,6 +33,9 @@ class Task:
     max_attempts: int | None = None
     lease: float | None = None
     timeout: float | None = None
+    # The stage that claims and executes this kind: "runs" for user tasks, syncs and purges;
+    # built-in families with a stage of their own (e.g. "ingest") name it here.
+    stage: str = "runs"
 
 
 def check_kind(kind: object) -> str:
@@ -114,15 +117,20 @@ class App:
         _check_seconds("timeout", timeout, allow_zero=False)
 
         def register(fn: F) -> F:
-            if kind in self.tasks:
-                raise ConfigError(f"kind {kind!r} is registered twice")
-            self.tasks[kind] = Task(kind, fn, max_attempts, lease, timeout)
+            self.register(Task(kind, fn, max_attempts, lease, timeout))
             return fn
 
         return register
 
-    def kinds(self) -> list[str]:
-        return sorted(self.tasks)
+    def register(self, task: Task) -> None:
+        """Add a task kind (the decorators and built-in job families call this)."""
+        if task.kind in self.tasks:
+            raise ConfigError(f"kind {task.kind!r} is registered twice")
+        self.tasks[task.kind] = task
+
+    def kinds(self, stage: str | None = None) -> list[str]:
+        """Registered kinds, or only those executed by `stage`."""
+        return sorted(k for k, t in self.tasks.items() if stage is None or t.stage == stage)
 
     def handler(self, kind: str) -> Callable[[Context, Any], Any]:
         try:

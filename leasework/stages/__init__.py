@@ -27,4 +27,8 @@ def default_stages(app: App, config: Config) -> list[Stage]:
     """The poll order: schedule, runs, ingest, expand, maintenance (those that exist)."""
     from .runs import RunsStage
 
-    return [RunsStage(app, limit=config.runs_limit, settle_limit=config.settle_limit)]
+    stages: list[Stage] = []
+    # 1. schedule (enqueue due recurring work) goes here
+    stages.append(RunsStage(app, limit=config.runs_limit, settle_limit=config.settle_limit))
+    # 3. ingest, 4. expand, 5. maintenance go here, in that order
+    return stages

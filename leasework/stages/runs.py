@@ -21,7 +21,7 @@ class RunsStage:
         self.settle_limit = settle_limit
 
     def step(self, worker: Worker) -> int:
-        kinds = self.app.kinds()
+        kinds = self.app.kinds(stage=self.name)
         with worker.pool_connection() as conn:
             ended, promoted = lease.settle_runs(conn, self.settle_limit)
         handled = ended + promoted

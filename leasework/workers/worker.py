@@ -281,7 +281,9 @@ class Worker:
                 ctx.signal.trip("shutdown")
                 self._settle_aborted(ctx)
                 raise
-            ctx.poke()
+            # A handler that swallowed Aborted still ends by the signal's reason; one that simply
+            # finished is recorded as succeeded (finish is owner-scoped, so a lost lease writes
+            # nothing).
             if ctx.signal.tripped:
                 ctx.result = value if value is not None else ctx.result
                 return self._settle_aborted(ctx)

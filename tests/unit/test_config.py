@@ -1,0 +1,172 @@
+"""Configuration: TOML file, overridden by LEASEWORK_* environment, overridden by flags; defaults
+equal the seed's figures; every refusal names its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leasework.config import Config, load
+from leasework.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "leasework.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_are_the_seed_figures() -> None:
+    cfg = load(env={})
+    assert cfg.poll_interval == 2.0
+    assert cfg.lease == 120.0
+    assert cfg.renew_interval == 40.0  # a third of the lease
+    assert cfg.control_interval == 2.0
+    assert cfg.heartbeat_interval == 15.0
+    assert cfg.pool_size == 4
+    assert cfg.max_attempts == 3
+    assert cfg.backoff == (5.0, 30.0, 120.0)
+    assert cfg.backoff_jitter == 0.2
+    assert cfg.payload_max_bytes == 1 << 20
+    assert cfg.dsn is None
+
+
+def test_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        'lease = 100\nrenew_interval = 20\npool_size = 6\nbackoff = [1, 2.5]\ndsn = "dbname=file"\n',
+    )
+    cfg = load(path, env={})
+    assert (cfg.lease, cfg.renew_interval, cfg.pool_size) == (100.0, 20.0, 6)
+    assert cfg.backoff == (1.0, 2.5)
+    assert cfg.dsn == "dbname=file"
+
+    env = {"LEASEWORK_LEASE": "90", "LEASEWORK_POOL_SIZE": "5", "LEASEWORK_BACKOFF": "3,4,5"}
+    cfg = load(path, env=env)
+    assert (cfg.lease, cfg.renew_interval, cfg.pool_size) == (90.0, 20.0, 5)
+    assert cfg.backoff == (3.0, 4.0, 5.0)
+
+    cfg = load(path, env=env, overrides={"lease": 60, "dsn": "dbname=flag", "pool_size": None})
+    assert (cfg.lease, cfg.pool_size, cfg.dsn) == (60.0, 5, "dbname=flag")
+
+
+def test_config_file_from_env(tmp_path: Path) -> None:
+    path = write(tmp_path, "max_attempts = 7\n")
+    assert load(env={"LEASEWORK_CONFIG": str(path)}).max_attempts == 7
+
+
+def test_dsn_precedence() -> None:
+    assert load(env={"DATABASE_URL": "dbname=url"}).dsn == "dbname=url"
+    env = {"DATABASE_URL": "dbname=url", "LEASEWORK_DSN": "dbname=env"}
+    assert load(env=env).dsn == "dbname=env"
+    assert load(env=env, overrides={"dsn": "dbname=flag"}).dsn == "dbname=flag"
+
+
+def test_empty_env_values_are_ignored() -> None:
+    assert load(env={"LEASEWORK_LEASE": ""}).lease == 120.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("poll_interval", 0),
+        ("lease", -1),
+        ("control_interval", 0),
+        ("heartbeat_interval", -5),
+        ("graceful_timeout", -1),
+        ("pool_size", 1),
+        ("pool_size", 0),
+        ("max_attempts", 0),
+        ("payload_max_bytes", 0),
+        ("runs_limit", 0),
+        ("settle_limit", 0),
+        ("processes", 0),
+        ("backoff", [5, -1]),
+        ("backoff_jitter", 1.0),
+        ("backoff_jitter", -0.1),
+        ("log_level", "loud"),
+    ],
+)
+def test_impossible_values_name_their_key(key: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(env={}, overrides={key: value})
+    assert key in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_renewal_must_be_shorter_than_half_the_lease() -> None:
+    with pytest.raises(ConfigError, match="renew_interval"):
+        load(env={}, overrides={"lease": 60, "renew_interval": 30})
+    with pytest.raises(ConfigError, match="renew_interval"):
+        load(env={}, overrides={"lease": 60, "renew_interval": 60})
+    assert load(env={}, overrides={"lease": 60, "renew_interval": 20}).renew_interval == 20
+
+
+def test_control_must_be_shorter_than_renewal() -> None:
+    with pytest.raises(ConfigError, match="control_interval"):
+        load(env={}, overrides={"control_interval": 40})
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('lease = "long"\n', "lease"),
+        ("lease = true\n", "lease"),
+        ("pool_size = 2.5\n", "pool_size"),
+        ('pool_size = "4"\n', "pool_size"),
+        ("backoff = 5\n", "backoff"),
+        ("backoff = []\n", "backoff"),
+        ('backoff = [1, "x"]\n', "backoff"),
+        ("log_level = 3\n", "log_level"),
+        ("bogus_knob = 1\n", "bogus_knob"),
+    ],
+)
+def test_file_wrong_types_and_unknown_keys_name_key_and_file(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load(path, env={})
+    assert key in str(err.value)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "key"),
+    [
+        ("LEASEWORK_LEASE", "abc", "lease"),
+        ("LEASEWORK_LEASE", "nan", "lease"),
+        ("LEASEWORK_LEASE", "inf", "lease"),
+        ("LEASEWORK_POOL_SIZE", "3.5", "pool_size"),
+        ("LEASEWORK_BACKOFF", "1,x", "backoff"),
+    ],
+)
+def test_env_wrong_types_name_key_and_variable(var: str, value: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(env={var: value})
+    assert key in str(err.value)
+    assert var in str(err.value)
+
+
+def test_flag_wrong_type_and_unknown_flag() -> None:
+    with pytest.raises(ConfigError, match="lease"):
+        load(env={}, overrides={"lease": "soon"})
+    with pytest.raises(ConfigError, match="no_such_setting"):
+        load(env={}, overrides={"no_such_setting": 1})
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load(tmp_path / "absent.toml", env={})
+    path = write(tmp_path, "lease = = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(path, env={})
+
+
+def test_config_is_frozen() -> None:
+    cfg = Config()
+    with pytest.raises(AttributeError):
+        cfg.lease = 1.0  # type: ignore[misc]
+    assert cfg.replace(lease=10.0).lease == 10.0

@@ -81,11 +81,22 @@ CREATE UNIQUE INDEX IF NOT EXISTS runs_one_active_per_key
 CREATE UNIQUE INDEX IF NOT EXISTS runs_one_waiting_per_key
     ON leasework.runs (key) WHERE status = 'waiting' AND key IS NOT NULL;
 
--- The claim walks this in (priority, queued_at, id) order; only non-terminal rows are in it, so it
--- stays small however many finished runs accumulate. Serves: claim_runs, settle_runs.
-CREATE INDEX IF NOT EXISTS runs_claimable
+-- The claim walks these in (priority, queued_at, id) order; only non-terminal rows are in them,
+-- so they stay small however many finished runs accumulate. One per claim branch, so that the
+-- tenanted branch never scans past untenanted runs and the other way round.
+-- Serves: claim_runs (tenanted branch).
+CREATE INDEX IF NOT EXISTS runs_claimable_tenanted
     ON leasework.runs (priority, queued_at, id, lease_expires_at)
-    WHERE status IN ('waiting', 'queued', 'running');
+    WHERE status IN ('queued', 'running') AND tenant IS NOT NULL;
+
+-- Serves: claim_runs (untenanted branch).
+CREATE INDEX IF NOT EXISTS runs_claimable_untenanted
+    ON leasework.runs (priority, queued_at, id, lease_expires_at)
+    WHERE status IN ('queued', 'running') AND tenant IS NULL;
+
+-- Serves: settle_runs (expired runs to end).
+CREATE INDEX IF NOT EXISTS runs_running_by_expiry
+    ON leasework.runs (lease_expires_at) WHERE status = 'running';
 
 -- The rate limiter's look-up of live leases in one tenant. Serves: claim_runs, verify_limiter.
 CREATE INDEX IF NOT EXISTS runs_running_by_tenant

@@ -10,8 +10,6 @@ import re
 from functools import cache
 from importlib import resources
 
-from psycopg import sql
-
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
 
@@ -29,6 +27,8 @@ def parse(text: str) -> dict[str, str]:
 
 
 @cache
-def load(package: str, filename: str) -> dict[str, sql.SQL]:
+def load(package: str, filename: str) -> dict[str, bytes]:
+    """{name: statement} for a `.sql` file of a package. Statements are bytes, which psycopg
+    accepts as a query and caches the parsing of (a `sql.SQL` object is re-parsed per call)."""
     text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
-    return {name: sql.SQL(body) for name, body in parse(text).items()}
+    return {name: body.encode() for name, body in parse(text).items()}

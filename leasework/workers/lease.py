@@ -69,12 +69,13 @@ def claim_runs(
 ) -> list[Claim]:
     """Claim up to `limit` due runs of `kinds` (queued, or running with an expired lease).
 
-    Runs in its own short transaction on `conn` (which must be idle): the claim statement, then
-    the limiter's re-check under the tenant locks; a conflict found there rolls the claim back.
+    One statement in autocommit (one round trip). A claim of a tenant's run is then re-checked
+    against the limiter with a fresh snapshot and given back if it conflicts, before any job
+    code runs (see verify_limiter in lease.sql).
     """
     if not kinds:
         return []
-    with conn.transaction() as tx, conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
             Q["claim_runs"],
             {"kinds": list(kinds), "worker": worker, "lease": lease, "limit": limit},
@@ -82,10 +83,12 @@ def claim_runs(
         )
         rows = cur.fetchall()
         if any(r["tenant"] is not None for r in rows):
-            cur.execute(Q["verify_limiter"], {"ids": [r["id"] for r in rows]})
-            if cur.fetchall():
-                rows = []
-                raise psycopg.Rollback(tx)
+            cur.execute(Q["verify_limiter"], {"ids": [r["id"] for r in rows]}, prepare=True)
+            conflicts = {r["id"] for r in cur.fetchall()}
+            for r in rows:
+                if r["id"] in conflicts:
+                    cur.execute(Q["unclaim_run"], {"id": r["id"], "owner": r["lease_owner"]})
+            rows = [r for r in rows if r["id"] not in conflicts]
     return [
         Claim(
             id=r["id"],

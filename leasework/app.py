@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -227,6 +227,87 @@ class App:
                 return int(row[0])
             # The run that held the key finished between our two statements: try again.
         raise LeaseworkError(f"could not enqueue for key {params['key']!r}: it kept changing")
+
+    def enqueue_many(
+        self,
+        conn: Conn,
+        kind: str,
+        payloads: Iterable[Any],
+        *,
+        keys: Sequence[str | None] | None = None,
+        tenant: str | None = None,
+        group: str | None = None,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+    ) -> list[int]:
+        """Enqueue many runs of one kind in one statement, inside the caller's transaction.
+
+        Without `keys` the rows are streamed with COPY. With `keys` (one per payload, None for
+        no key) a payload whose key already has an active run is skipped, as `enqueue` would;
+        the ids returned are those of the rows actually inserted, in payload order.
+        """
+        if kind not in self.tasks:
+            raise UnknownKind(self._unknown(kind))
+        task = self.tasks[kind]
+        encoded = [self._dumps(p if p is not None else {}) for p in payloads]
+        if keys is not None:
+            if len(keys) != len(encoded):
+                raise ConfigError(f"enqueue_many got {len(encoded)} payloads but {len(keys)} keys")
+            checked_keys = [_check_label("key", k) for k in keys]
+        attempts = _check_attempts(max_attempts) or task.max_attempts or self.config.max_attempts
+        common = {
+            "kind": kind,
+            "tenant": _check_label("tenant", tenant),
+            "group": _check_label("group", group),
+            "priority": self._check_priority(priority),
+            "max_attempts": attempts,
+            "lease": task.lease,
+            "timeout": task.timeout,
+            "delay": _check_seconds("delay", delay, allow_zero=True) or 0.0,
+        }
+        if not encoded:
+            return []
+        if common["tenant"] is not None:
+            conn.execute(Q["ensure_tenant"], {"tenant": common["tenant"]})
+        if keys is None:
+            return self._copy_many(conn, common, encoded)
+        rows = conn.execute(
+            Q["enqueue_many"],
+            {**common, "payloads": [p.decode() for p in encoded], "keys": checked_keys},
+        ).fetchall()
+        conn.execute(Q["notify"], {"kind": kind})
+        return [int(r[0]) for r in rows]
+
+    def _copy_many(self, conn: Conn, common: dict[str, Any], encoded: list[bytes]) -> list[int]:
+        """COPY the rows in with ids drawn from the sequence first, so they can be returned."""
+        ids = [int(r[0]) for r in conn.execute(Q["reserve_ids"], {"n": len(encoded)}).fetchall()]
+        due = conn.execute(Q["due_at"], {"delay": common["delay"]}).fetchone()
+        assert due is not None
+        columns = (
+            'id, kind, tenant, "group", priority, payload, max_attempts, lease_seconds, '
+            "timeout_seconds, queued_at"
+        )
+        with conn.cursor().copy(
+            f"COPY leasework.runs ({columns}) FROM STDIN"  # type: ignore[arg-type]
+        ) as copy:
+            for run_id, payload in zip(ids, encoded, strict=True):
+                copy.write_row(
+                    (
+                        run_id,
+                        common["kind"],
+                        common["tenant"],
+                        common["group"],
+                        common["priority"],
+                        payload.decode(),
+                        common["max_attempts"],
+                        common["lease"],
+                        common["timeout"],
+                        due[0],
+                    )
+                )
+        conn.execute(Q["notify"], {"kind": common["kind"]})
+        return ids
 
     def cancel(self, conn: Conn, run_id: int) -> str:
         """Cancel a run. Queued or waiting: `cancelled` now. Running: the cancel is requested

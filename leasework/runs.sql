@@ -63,3 +63,27 @@ SELECT id, kind, key, tenant, "group", exclusive, priority, status, payload, res
        lease_worker, lease_expires_at, cancel_requested_at, processed_units, total_units, history
   FROM leasework.runs
  WHERE id = %(id)s
+
+-- name: ensure_tenant
+INSERT INTO leasework.tenants (name) VALUES (%(tenant)s) ON CONFLICT (name) DO NOTHING
+
+-- name: notify
+SELECT pg_notify('leasework', %(kind)s)
+
+-- name: due_at
+SELECT leasework.now() + make_interval(secs => %(delay)s)
+
+-- name: reserve_ids
+-- Draw n run ids from the identity sequence for a COPY (COPY writes identity values it is given).
+SELECT nextval(pg_get_serial_sequence('leasework.runs', 'id')) FROM generate_series(1, %(n)s)
+
+-- name: enqueue_many
+-- Bulk enqueue with keys: rows whose key already has an active run are skipped.
+INSERT INTO leasework.runs (kind, key, tenant, "group", priority, payload, max_attempts,
+                            lease_seconds, timeout_seconds, queued_at)
+SELECT %(kind)s, k, %(tenant)s, %(group)s, %(priority)s, p::jsonb, %(max_attempts)s, %(lease)s,
+       %(timeout)s, leasework.now() + make_interval(secs => %(delay)s)
+  FROM unnest(%(payloads)s::text[], %(keys)s::text[]) WITH ORDINALITY AS u(p, k, n)
+ ORDER BY n
+ON CONFLICT (key) WHERE status IN ('queued', 'running') AND key IS NOT NULL DO NOTHING
+RETURNING id

@@ -289,7 +289,7 @@ class App:
             "timeout_seconds, queued_at"
         )
         with conn.cursor().copy(
-            f"COPY leasework.runs ({columns}) FROM STDIN"  # type: ignore[arg-type]
+            f"COPY leasework.runs ({columns}) FROM STDIN"
         ) as copy:
             for run_id, payload in zip(ids, encoded, strict=True):
                 copy.write_row(

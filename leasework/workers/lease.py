@@ -69,13 +69,15 @@ def claim_runs(
 ) -> list[Claim]:
     """Claim up to `limit` due runs of `kinds` (queued, or running with an expired lease).
 
-    One statement in autocommit (one round trip). A claim of a tenant's run is then re-checked
-    against the limiter with a fresh snapshot and given back if it conflicts, before any job
-    code runs (see verify_limiter in lease.sql).
+    Runs in its own short transaction on `conn` (which must be idle): the claim statement, then,
+    for claims of a tenant's run, the limiter's re-check under the tenant locks with a fresh
+    snapshot; a conflict found there rolls the whole claim back. Re-checking after commit instead
+    would let two conflicting runs be `running` with live leases at once, if only for a moment:
+    the seed's "two workers cannot both pass the check" is about the database, not the handlers.
     """
     if not kinds:
         return []
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.transaction() as tx, conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
             Q["claim_runs"],
             {"kinds": list(kinds), "worker": worker, "lease": lease, "limit": limit},
@@ -84,11 +86,9 @@ def claim_runs(
         rows = cur.fetchall()
         if any(r["tenant"] is not None for r in rows):
             cur.execute(Q["verify_limiter"], {"ids": [r["id"] for r in rows]}, prepare=True)
-            conflicts = {r["id"] for r in cur.fetchall()}
-            for r in rows:
-                if r["id"] in conflicts:
-                    cur.execute(Q["unclaim_run"], {"id": r["id"], "owner": r["lease_owner"]})
-            rows = [r for r in rows if r["id"] not in conflicts]
+            if cur.fetchall():
+                rows = []
+                raise psycopg.Rollback(tx)
     return [
         Claim(
             id=r["id"],

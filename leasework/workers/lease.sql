@@ -11,8 +11,9 @@
 -- a live lease and either one is exclusive or both share a group. The tenant row is locked with
 -- the run (FOR UPDATE OF r, t SKIP LOCKED) so claim decisions for one tenant are serialized.
 -- That alone leaves a narrow race (a rival's claim can commit after our snapshot was taken but
--- before we lock the tenant row), so verify_limiter re-checks after commit, before any job code
--- runs, and unclaim_run gives back whatever it finds in conflict. DISTINCT ON (tenant)
+-- before we lock the tenant row), so verify_limiter re-checks in the same transaction, with the
+-- tenant rows still locked and a fresh snapshot; any conflict rolls the claim back before it is
+-- ever visible. DISTINCT ON (tenant)
 -- takes at most one run per tenant per statement, since the NOT EXISTS cannot see this
 -- statement's own claims. Runs without a tenant skip the limiter and lock no tenant row (FOR
 -- UPDATE cannot lock the nullable side of an outer join, hence two branches).
@@ -85,9 +86,10 @@ RETURNING r.id, r.kind, r.key, r.tenant, r."group", r.exclusive, r.priority, r.p
           r.started_at
 
 -- name: verify_limiter
--- Of the runs just claimed (and committed), those that another live lease of their tenant
--- conflicts with. This fresh statement sees every claim committed before ours; of two rival
--- claims the later one always sees the earlier, so at least one side gives its run back.
+-- Of the runs just claimed (this transaction, tenant rows still locked), those that another live
+-- lease of their tenant conflicts with. A fresh statement sees every claim committed before we
+-- took the tenant lock, which the claim's own snapshot may not have: any row here means the
+-- caller rolls the claim back.
 SELECT r.id
   FROM leasework.runs r
  WHERE r.id = ANY(%(ids)s)
@@ -100,19 +102,6 @@ SELECT r.id
            AND o.id <> r.id
            AND o.lease_expires_at >= leasework.now()
            AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
-
--- name: unclaim_run
--- Undo a claim that verify_limiter found in conflict, before any job code ran: back to queued,
--- due now, the attempt not charged. Owner-scoped like every other write.
-UPDATE leasework.runs
-   SET status = 'queued',
-       queued_at = leasework.now(),
-       attempts = attempts - 1,
-       lease_owner = NULL,
-       lease_expires_at = NULL,
-       lease_worker = NULL
- WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
-RETURNING id
 
 -- name: settle_runs
 -- The poll's bookkeeping, bounded by %(limit)s, in one round trip (no reaper process):

@@ -161,6 +161,21 @@ def test_racing_claims_respect_the_limiter(conn: Conn, connections: Any) -> None
     }
 
 
+def claim_at_once(racers: list[Conn]) -> list[lease.Claim]:
+    barrier = threading.Barrier(len(racers))
+    got: list[lease.Claim] = []
+
+    def racer(c: Conn, name: str) -> Callable[[], None]:
+        def go() -> None:
+            barrier.wait()
+            got.extend(lease.claim_runs(c, KINDS, worker=name, lease=LEASE, limit=3))
+
+        return go
+
+    run_threads([racer(c, f"w{i}") for i, c in enumerate(racers)])
+    return got
+
+
 def test_racing_claims_for_one_tenant_take_one_run(conn: Conn, connections: Any) -> None:
     """Round after round, eight racers fire the claim at once for a tenant with a queue of
     same-group runs: exactly one run is taken per round."""
@@ -170,17 +185,7 @@ def test_racing_claims_for_one_tenant_take_one_run(conn: Conn, connections: Any)
             app.enqueue(conn, "job", tenant="ws-1", group="procore")
     racers = connections(8)
     for _round in range(10):
-        barrier = threading.Barrier(len(racers))
-        got: list[lease.Claim] = []
-
-        def racer(c: Conn, name: str) -> Callable[[], None]:
-            def go() -> None:
-                barrier.wait()
-                got.extend(lease.claim_runs(c, KINDS, worker=name, lease=LEASE, limit=3))
-
-            return go
-
-        run_threads([racer(c, f"w{i}") for i, c in enumerate(racers)])
+        got = claim_at_once(racers)
         assert len(got) <= 1, f"{len(got)} runs of one tenant and group claimed at once"
         if not got:  # every racer skipped the tenant row another held: try the round again
             continue

@@ -119,3 +119,92 @@ CREATE TABLE IF NOT EXISTS leasework.workers (
 
 INSERT INTO leasework.schema_version (id, version) VALUES (true, 1)
 ON CONFLICT (id) DO UPDATE SET version = greatest(leasework.schema_version.version, EXCLUDED.version);
+
+-- ---------------------------------------------------------------------------------------------
+-- Files, chunks, uploads and maintenance markers (the ingest, expand and maintenance stages).
+
+-- A ZIP archive to expand into files. The second claim shape: no lease, a processing_since
+-- timestamp; an upload stuck in `processing` past expand_reclaim is claimed again. The claim's
+-- processing_since is also the token the finishing write is scoped by.
+CREATE TABLE IF NOT EXISTS leasework.uploads (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    project          text NOT NULL,
+    name             text NOT NULL,
+    store_key        text NOT NULL,
+    size             bigint NOT NULL,
+    status           text NOT NULL DEFAULT 'pending',
+    processing_since timestamptz,
+    attempts         integer NOT NULL DEFAULT 0,
+    error            text,
+    result           jsonb,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    finished_at      timestamptz,
+    CONSTRAINT uploads_status_valid CHECK (status IN ('pending', 'processing', 'done', 'failed')),
+    CONSTRAINT uploads_processing_has_since CHECK ((status = 'processing') = (processing_since IS NOT NULL))
+);
+
+-- Only unfinished uploads, so it stays small. Serves: claim_upload, fail_stuck_uploads.
+CREATE INDEX IF NOT EXISTS uploads_claimable
+    ON leasework.uploads (id, processing_since) WHERE status IN ('pending', 'processing');
+
+-- Finished uploads by age. Serves: prune_uploads.
+CREATE INDEX IF NOT EXISTS uploads_finished_at
+    ON leasework.uploads (finished_at) WHERE finished_at IS NOT NULL;
+
+-- A document in a project (the scope its chunks are searched in). Its bytes are in the file
+-- store under store_key; each (re)index is an `ingest` run keyed `file:{id}`.
+CREATE TABLE IF NOT EXISTS leasework.files (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    project     text NOT NULL,
+    name        text NOT NULL,
+    store_key   text NOT NULL,
+    size        bigint NOT NULL,
+    sha256      text NOT NULL,
+    status      text NOT NULL DEFAULT 'pending',
+    error       text,
+    chunks      integer,
+    -- The content an ingest attempt started on: a later attempt that finds sha256 changed
+    -- starts over instead of resuming from processed_units.
+    indexing_sha256 text,
+    -- Set when the file came out of an archive: the upload and the member's path inside it.
+    upload_id   bigint REFERENCES leasework.uploads (id) ON DELETE SET NULL,
+    member      text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    indexed_at  timestamptz,
+    CONSTRAINT files_status_valid CHECK (status IN ('pending', 'indexing', 'ready', 'failed'))
+);
+
+-- One file per archive member, so redoing an expansion after a crash is harmless.
+-- Serves: insert_member_file (ON CONFLICT), member_files.
+CREATE UNIQUE INDEX IF NOT EXISTS files_upload_member
+    ON leasework.files (upload_id, member) WHERE upload_id IS NOT NULL;
+
+-- Files by scope. Serves: the caller's own listing/search by project; status_files.
+CREATE INDEX IF NOT EXISTS files_project ON leasework.files (project, status);
+
+-- One row per chunk; the primary key (file_id, idx) is what makes an upsert of a redone batch
+-- harmless. Serves: upsert_chunks, delete_tail_chunks.
+CREATE TABLE IF NOT EXISTS leasework.chunks (
+    file_id   bigint NOT NULL REFERENCES leasework.files (id) ON DELETE CASCADE,
+    idx       integer NOT NULL,
+    project   text NOT NULL,
+    page      integer NOT NULL,
+    text      text NOT NULL,
+    embedding real[] NOT NULL,
+    PRIMARY KEY (file_id, idx),
+    CONSTRAINT chunks_idx_valid CHECK (idx >= 0)
+);
+
+-- Chunks by scope. Serves: the caller's search restricted to one project; move_file.
+CREATE INDEX IF NOT EXISTS chunks_project ON leasework.chunks (project);
+
+-- The durable marker of each self-throttled maintenance handler: calling a handler every poll
+-- costs one read of this table; claim_maintenance lets one worker win each period. `backlog`
+-- means the last run stopped at its bound with work left, so it is due again at once.
+CREATE TABLE IF NOT EXISTS leasework.maintenance (
+    handler     text PRIMARY KEY,
+    last_run_at timestamptz NOT NULL,
+    backlog     boolean NOT NULL DEFAULT false,
+    runs        bigint NOT NULL DEFAULT 0,
+    last_result jsonb
+);

@@ -4,10 +4,11 @@ registry) and enqueues or cancels runs inside the caller's own transaction."""
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import psycopg
@@ -15,11 +16,16 @@ from psycopg.types.json import Jsonb
 
 from .config import Config
 from .errors import ConfigError, LeaseworkError, PayloadError, UnknownKind
+from .ingest.embed import Embedder
 from .queries import load
 from .workers.context import Context
 
+if TYPE_CHECKING:
+    from .filestore import FileStore
+
 Q = load("leasework", "runs.sql")
 F = TypeVar("F", bound=Callable[[Context, Any], Any])
+E = TypeVar("E", bound=Embedder)
 Conn = psycopg.Connection[Any]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,200}$")
@@ -99,6 +105,11 @@ class App:
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or Config()
         self.tasks: dict[str, Task] = {}
+        self._embedder: Embedder | None = None
+        self._store: FileStore | None = None
+        from .stages.ingest import ingest_task
+
+        self.register(ingest_task())  # built in: files are indexed by the `ingest` stage
 
     # -- registration -------------------------------------------------------------------------
 
@@ -146,7 +157,60 @@ class App:
         """The same tasks under another configuration (the CLI applies file, env and flags)."""
         other = App(config)
         other.tasks = dict(self.tasks)
+        other._embedder = self._embedder
+        other._store = self._store
         return other
+
+    # -- files, uploads and embedding (leasework/files.py, stages/ingest.py, stages/expand.py) --
+
+    def embedder(self, fn: E) -> E:
+        """Register the embedding callable (texts -> one vector each) the ingest stage uses
+        instead of the `embedder` setting or the built-in feature-hashing embedder."""
+        self._embedder = fn
+        return fn
+
+    def get_embedder(self) -> Embedder:
+        from .ingest.embed import HashingEmbedder, load_embedder
+
+        if self._embedder is not None:
+            return self._embedder
+        if self.config.embedder:
+            return load_embedder(self.config.embedder)
+        return HashingEmbedder(self.config.embedding_dim)
+
+    def use_store(self, store: FileStore) -> None:
+        """Keep file bytes in `store` (e.g. an object store) instead of the local directory."""
+        self._store = store
+
+    def file_store(self) -> FileStore:
+        from .filestore import LocalStore
+
+        return self._store if self._store is not None else LocalStore(self.config.file_store)
+
+    def add_file(self, conn: Conn, *, project: str, path: str | os.PathLike[str]) -> int:
+        """Copy a document into the file store and enqueue its ingest run (in the caller's
+        transaction). Returns the file id."""
+        from . import files
+
+        return files.add_file(self, conn, project=project, path=path)[0]
+
+    def add_upload(self, conn: Conn, *, project: str, path: str | os.PathLike[str]) -> int:
+        """Copy a ZIP archive into the file store for the expand stage. Returns the upload id."""
+        from . import files
+
+        return files.add_upload(self, conn, project=project, path=path)
+
+    def replace_file(self, conn: Conn, file_id: int, path: str | os.PathLike[str]) -> int:
+        """New bytes for a file; it is indexed again from the start. Returns the run id."""
+        from . import files
+
+        return files.replace_file(self, conn, file_id, path)
+
+    def move_file(self, conn: Conn, file_id: int, project: str) -> None:
+        """Move a file and its chunks to another project (scope)."""
+        from . import files
+
+        files.move_file(conn, file_id, project)
 
     # -- enqueue and cancel -----------------------------------------------------------------
 

@@ -73,6 +73,81 @@ class Config:
     graceful_timeout: float = field(
         default=30.0, metadata=_doc("seconds a stopping worker lets its current job finish")
     )
+    # -- ingest, expand, maintenance (stages/ingest.py, expand.py, maintenance.py) ------------
+    file_store: str = field(
+        default=".leasework/files",
+        metadata=_doc("directory of the local file store (shared by every worker that ingests)"),
+    )
+    ingest_limit: int = field(default=1, metadata=_doc("ingest runs executed per poll at most"))
+    ingest_batch: int = field(
+        default=200, metadata=_doc("chunks embedded and upserted per checkpoint")
+    )
+    ingest_chunk_chars: int = field(
+        default=1000, metadata=_doc("longest chunk, in characters (chunks break between words)")
+    )
+    ingest_max_bytes: int = field(
+        default=512 << 20, metadata=_doc("a file larger than this many bytes fails to index")
+    )
+    ingest_max_pages: int = field(
+        default=5000, metadata=_doc("pages indexed per document at most; the rest is truncated")
+    )
+    ingest_max_chunks: int = field(
+        default=200_000, metadata=_doc("chunks indexed per document at most; the rest is truncated")
+    )
+    embedder: str | None = field(
+        default=None,
+        metadata=_doc("MODULE:ATTR of a callable texts -> vectors; default: feature hashing"),
+    )
+    embedding_dim: int = field(
+        default=256, metadata=_doc("dimensions of the built-in feature-hashing embedder")
+    )
+    expand_limit: int = field(default=2, metadata=_doc("uploads expanded per poll at most"))
+    expand_reclaim: float = field(
+        default=900.0,
+        metadata=_doc("seconds after which an upload stuck in processing is claimed again"),
+    )
+    expand_max_attempts: int = field(
+        default=3, metadata=_doc("expansions of one upload before it is marked failed")
+    )
+    archive_max_members: int = field(
+        default=10_000, metadata=_doc("an archive with more members than this is refused")
+    )
+    archive_max_bytes: int = field(
+        default=2 << 30, metadata=_doc("an archive whose members total more bytes is refused")
+    )
+    archive_max_ratio: float = field(
+        default=100.0,
+        metadata=_doc("an archive or member compressed more than this many times is refused"),
+    )
+    maintenance_limit: int = field(
+        default=1000, metadata=_doc("rows each maintenance handler deletes per poll at most")
+    )
+    prune_interval: float = field(
+        default=3600.0, metadata=_doc("seconds between prunes of finished runs and uploads")
+    )
+    workers_prune_interval: float = field(
+        default=86400.0, metadata=_doc("seconds between prunes of stopped worker rows")
+    )
+    retention_succeeded: float = field(
+        default=7 * 86400.0, metadata=_doc("seconds a succeeded run is kept")
+    )
+    retention_partial: float = field(
+        default=30 * 86400.0, metadata=_doc("seconds a partial run is kept")
+    )
+    retention_failed: float = field(
+        default=30 * 86400.0, metadata=_doc("seconds a failed run is kept")
+    )
+    retention_cancelled: float = field(
+        default=7 * 86400.0, metadata=_doc("seconds a cancelled run is kept")
+    )
+    retention_workers: float = field(
+        default=86400.0,
+        metadata=_doc("seconds a stopped (or long silent) worker row is kept"),
+    )
+    retention_uploads: float = field(
+        default=30 * 86400.0,
+        metadata=_doc("seconds a finished upload row and its archive are kept"),
+    )
     log_level: str = field(default="info", metadata=_doc("debug, info, warning or error"))
 
     def replace(self, **changes: Any) -> Config:
@@ -169,9 +244,77 @@ def validate(cfg: Config) -> Config:
         raise bad("backoff", f"delays must be >= 0 seconds, got {list(cfg.backoff)}")
     if not 0 <= cfg.backoff_jitter < 1:
         raise bad("backoff_jitter", f"must be in [0, 1), got {cfg.backoff_jitter}")
+    _validate_ingest(cfg, bad)
     if cfg.log_level.lower() not in _LOG_LEVELS:
         raise bad("log_level", f"must be one of {', '.join(_LOG_LEVELS)}, got {cfg.log_level!r}")
     return cfg
+
+
+def _validate_ingest(cfg: Config, bad: Any) -> None:
+    """The ingest, expand and maintenance knobs (see stages/ingest.py and its siblings)."""
+    for key in (
+        "ingest_limit",
+        "ingest_batch",
+        "ingest_max_bytes",
+        "ingest_max_pages",
+        "ingest_max_chunks",
+        "embedding_dim",
+        "expand_limit",
+        "expand_max_attempts",
+        "archive_max_members",
+        "archive_max_bytes",
+        "maintenance_limit",
+    ):
+        if getattr(cfg, key) < 1:
+            raise bad(key, f"must be a positive integer, got {getattr(cfg, key)}")
+    if cfg.ingest_chunk_chars < 16:
+        raise bad("ingest_chunk_chars", f"must be at least 16, got {cfg.ingest_chunk_chars}")
+    if cfg.archive_max_ratio <= 1:
+        raise bad("archive_max_ratio", f"must be > 1, got {cfg.archive_max_ratio}")
+    for key in (
+        "expand_reclaim",
+        "prune_interval",
+        "workers_prune_interval",
+        "retention_succeeded",
+        "retention_partial",
+        "retention_failed",
+        "retention_cancelled",
+        "retention_workers",
+        "retention_uploads",
+    ):
+        if getattr(cfg, key) <= 0:
+            raise bad(key, f"must be > 0 seconds, got {getattr(cfg, key)}")
+    if not cfg.file_store:
+        raise bad("file_store", "must be a directory path, got an empty string")
+    if cfg.embedder is not None and ":" not in cfg.embedder:
+        raise bad("embedder", f"must look like MODULE:ATTR, got {cfg.embedder!r}")
+
+
+def _validate_supervisor(cfg: Config, bad: Any) -> None:
+    """The supervisor's knobs (see supervisor/policy.py)."""
+    if cfg.max_jobs_per_child < 0:
+        raise bad("max_jobs_per_child", f"must be >= 0 (0: never), got {cfg.max_jobs_per_child}")
+    if not 0 <= cfg.watchdog_margin < cfg.lease - cfg.renew_interval:
+        raise bad(
+            "watchdog_margin",
+            f"must be >= 0 and below lease - renew_interval ({cfg.lease - cfg.renew_interval:g} s), "
+            f"or healthy children would be killed; got {cfg.watchdog_margin:g}",
+        )
+    if cfg.hang_timeout != 0 and cfg.hang_timeout <= 2 * cfg.poll_interval:
+        raise bad(
+            "hang_timeout",
+            f"must be 0 (off) or more than two poll intervals ({2 * cfg.poll_interval:g} s), "
+            f"got {cfg.hang_timeout:g}",
+        )
+    if cfg.restart_backoff <= 0:
+        raise bad("restart_backoff", f"must be > 0 seconds, got {cfg.restart_backoff:g}")
+    if cfg.restart_backoff_max < cfg.restart_backoff:
+        raise bad(
+            "restart_backoff_max",
+            f"must be >= restart_backoff ({cfg.restart_backoff:g} s), got {cfg.restart_backoff_max:g}",
+        )
+    if cfg.restart_reset_after < 0:
+        raise bad("restart_reset_after", f"must be >= 0 seconds, got {cfg.restart_reset_after:g}")
 
 
 def load(

@@ -30,5 +30,12 @@ def default_stages(app: App, config: Config) -> list[Stage]:
     stages: list[Stage] = []
     # 1. schedule (enqueue due recurring work) goes here
     stages.append(RunsStage(app, limit=config.runs_limit, settle_limit=config.settle_limit))
-    # 3. ingest, 4. expand, 5. maintenance go here, in that order
+    # 3. ingest, 4. expand, 5. maintenance
+    from .expand import ExpandStage
+    from .ingest import IngestStage
+    from .maintenance import MaintenanceStage
+
+    stages.append(IngestStage(app, config))
+    stages.append(ExpandStage(app, config))
+    stages.append(MaintenanceStage(app, config))
     return stages

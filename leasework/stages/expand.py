@@ -1,0 +1,278 @@
+"""The `expand` stage: ZIP uploads expanded into files, each then indexed by an ingest run.
+
+The second claim shape (no lease): `processing_since`, reclaimed when stuck for
+`expand_reclaim` seconds. An archive is checked whole before a byte is written (paths, links,
+encryption, member count, total size, compression ratio); members are then written into the
+file store under keys derived from the upload id and member position, and one transaction
+creates every file row (keyed by upload and member path) and its ingest run, and marks the
+upload done. A redo after a crash rewrites the same keys and inserts nothing twice.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from .. import log
+from ..errors import LeaseworkError
+from ..files import enqueue_ingest
+from ..filestore import FileStore, StoreError, safe_name
+from ..ingest.extract import kind_of
+from ..queries import load
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..config import Config
+    from ..workers.worker import Worker
+
+Q = load("leasework.stages", "expand.sql")
+Conn = psycopg.Connection[Any]
+
+# Below this many uncompressed bytes a member's compression ratio is not held against it: small
+# repetitive text compresses very well and is harmless.
+RATIO_FLOOR = 1 << 20
+_JUNK = re.compile(r"(^|/)(__MACOSX/|\.DS_Store$|Thumbs\.db$|desktop\.ini$)")
+_S_IFMT, _S_IFREG, _S_IFDIR, _S_IFLNK = 0o170000, 0o100000, 0o040000, 0o120000
+
+
+class ArchiveRejected(LeaseworkError):
+    """A hostile, corrupt or oversized archive: the upload fails with this one message."""
+
+
+@dataclass(frozen=True)
+class ArchiveCaps:
+    max_members: int
+    max_bytes: int
+    max_ratio: float
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> ArchiveCaps:
+        return cls(cfg.archive_max_members, cfg.archive_max_bytes, cfg.archive_max_ratio)
+
+
+@dataclass(frozen=True)
+class Member:
+    position: int
+    path: str
+    size: int
+
+
+def _unsafe_path(name: str) -> str | None:
+    if "\x00" in name:
+        return "contains a NUL character"
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "is an absolute path"
+    if ".." in re.split(r"[\\/]", name):
+        return "contains '..'"
+    return None
+
+
+def plan(infos: list[zipfile.ZipInfo], caps: ArchiveCaps) -> tuple[list[Member], list[str]]:
+    """Decide from the central directory alone: the members to expand and those skipped (with
+    why), or ArchiveRejected. Pure: reads no member data."""
+    if len(infos) > caps.max_members:
+        raise ArchiveRejected(
+            f"archive has {len(infos)} members, over the cap of {caps.max_members} "
+            "(archive_max_members)"
+        )
+    members: list[Member] = []
+    skipped: list[str] = []
+    seen: set[str] = set()
+    total = compressed = 0
+    for position, info in enumerate(infos):
+        name = info.filename
+        why = _unsafe_path(name)
+        if why is not None:
+            raise ArchiveRejected(f"member {name!r} {why}")
+        if info.flag_bits & 0x1:
+            raise ArchiveRejected(f"member {name!r} is encrypted")
+        mode = (info.external_attr >> 16) & _S_IFMT
+        if mode == _S_IFLNK:
+            raise ArchiveRejected(f"member {name!r} is a symbolic link")
+        if mode not in (0, _S_IFREG, _S_IFDIR):
+            raise ArchiveRejected(f"member {name!r} is not a regular file")
+        if info.is_dir() or mode == _S_IFDIR:
+            continue
+        if name in seen:
+            raise ArchiveRejected(f"member {name!r} appears twice")
+        seen.add(name)
+        total += info.file_size
+        compressed += info.compress_size
+        if total > caps.max_bytes:
+            raise ArchiveRejected(
+                f"archive expands to more than {caps.max_bytes} bytes (archive_max_bytes)"
+            )
+        ratio = info.file_size / max(info.compress_size, 1)
+        if info.file_size > RATIO_FLOOR and ratio > caps.max_ratio:
+            raise ArchiveRejected(
+                f"member {name!r} is compressed {ratio:.0f} times, over the cap of "
+                f"{caps.max_ratio:g} (archive_max_ratio): a zip bomb?"
+            )
+        if _JUNK.search(name):
+            continue
+        if kind_of(PurePosixPath(name).name) is None:
+            skipped.append(f"{name}: unsupported type")
+            continue
+        members.append(Member(position, name, info.file_size))
+    if total > RATIO_FLOOR and total / max(compressed, 1) > caps.max_ratio:
+        raise ArchiveRejected(
+            f"archive is compressed {total / max(compressed, 1):.0f} times, over the cap of "
+            f"{caps.max_ratio:g} (archive_max_ratio): a zip bomb?"
+        )
+    return members, skipped
+
+
+def member_key(upload_id: int, member: Member) -> str:
+    """Deterministic, so a redo overwrites instead of adding: position makes it unique."""
+    return (
+        f"expanded/{upload_id}/{member.position:06d}-{safe_name(PurePosixPath(member.path).name)}"
+    )
+
+
+class ExpandStage:
+    name = "expand"
+
+    def __init__(self, app: App, config: Config, *, limit: int | None = None) -> None:
+        self.app = app
+        self.config = config
+        self.limit = limit if limit is not None else config.expand_limit
+        self.caps = ArchiveCaps.from_config(config)
+
+    def step(self, worker: Worker) -> int:
+        params = {
+            "reclaim": self.config.expand_reclaim,
+            "max_attempts": self.config.expand_max_attempts,
+        }
+        with worker.pool_connection() as conn:
+            handled = len(conn.execute(Q["fail_stuck_uploads"], params).fetchall())
+        for _ in range(self.limit):
+            if worker.stopping:
+                break
+            with worker.pool_connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                upload = cur.execute(Q["claim_upload"], params).fetchone()
+            if upload is None:
+                break
+            log.event("upload_claimed", upload_id=upload["id"], attempt=upload["attempts"])
+            with worker.pool_connection() as conn:
+                self.expand(conn, upload)
+            handled += 1
+        return handled
+
+    def expand(self, conn: Conn, upload: dict[str, Any]) -> str | None:
+        """Expand one claimed upload. Returns its new status, or None if it was no longer ours."""
+        store = self.app.file_store()
+        uid, since = upload["id"], upload["processing_since"]
+        written: list[str] = []
+        try:
+            with store.open(upload["store_key"]) as stream:
+                try:
+                    archive = zipfile.ZipFile(stream)
+                except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+                    raise ArchiveRejected(f"not a readable ZIP archive: {exc}") from None
+                with archive:
+                    members, skipped = plan(archive.infolist(), self.caps)
+                    done = {r[0] for r in conn.execute(Q["member_files"], {"id": uid})}
+                    stored = {}
+                    for m in members:
+                        if m.path in done:
+                            continue
+                        stored[m.path] = self._write(store, archive, uid, m)
+                        written.append(stored[m.path][0])
+            return self._commit(conn, upload, members, stored, skipped)
+        except ArchiveRejected as exc:
+            for key in written:
+                store.delete(key)
+            log.event("upload_rejected", level=30, upload_id=uid, error=str(exc))
+            return self._finish(conn, uid, since, "failed", error=str(exc))
+        except (psycopg.Error, OSError, StoreError) as exc:
+            # Worth another try: back to pending now (or left to the reclaim if even this fails).
+            log.event("upload_failed", level=40, upload_id=uid, error=str(exc))
+            status = (
+                "failed" if upload["attempts"] >= self.config.expand_max_attempts else "pending"
+            )
+            return self._finish(conn, uid, since, status, error=f"{type(exc).__name__}: {exc}")
+
+    def _write(
+        self, store: FileStore, archive: zipfile.ZipFile, uid: int, m: Member
+    ) -> tuple[str, int, str]:
+        key = member_key(uid, m)
+        try:
+            with archive.open(m.path) as src:
+                # zipfile stops at the declared size and checks the CRC at the end; the cap is
+                # a second guard against a lying header.
+                s = store.put(key, src, max_bytes=m.size)  # type: ignore[arg-type]
+        except (zipfile.BadZipFile, EOFError, NotImplementedError, RuntimeError, StoreError) as exc:
+            raise ArchiveRejected(f"member {m.path!r} is corrupt or unreadable: {exc}") from None
+        except Exception as exc:  # zlib.error and friends from a damaged stream
+            if type(exc).__module__ == "zlib":
+                raise ArchiveRejected(f"member {m.path!r} is corrupt: {exc}") from None
+            raise
+        return s.key, s.size, s.sha256
+
+    def _commit(
+        self,
+        conn: Conn,
+        upload: dict[str, Any],
+        members: list[Member],
+        stored: dict[str, tuple[str, int, str]],
+        skipped: list[str],
+    ) -> str | None:
+        uid, since = upload["id"], upload["processing_since"]
+        created = 0
+        with conn.transaction():
+            if conn.execute(Q["fence_upload"], {"id": uid, "since": since}).fetchone() is None:
+                log.event("upload_lost", level=30, upload_id=uid)
+                return None
+            for m in members:
+                if m.path not in stored:
+                    continue  # a file row from an earlier attempt already has it
+                key, size, sha = stored[m.path]
+                row = conn.execute(
+                    Q["insert_member_file"],
+                    {
+                        "project": upload["project"],
+                        "name": PurePosixPath(m.path).name,
+                        "store_key": key,
+                        "size": size,
+                        "sha256": sha,
+                        "upload_id": uid,
+                        "member": m.path,
+                    },
+                ).fetchone()
+                if row is not None:
+                    enqueue_ingest(self.app, conn, int(row[0]))
+                    created += 1
+            result = {"members": len(members), "files_created": created, "skipped": skipped}
+            status = self._finish(conn, uid, since, "done", result=result)
+        log.event("upload_expanded", upload_id=uid, files=created, skipped=len(skipped))
+        return status
+
+    @staticmethod
+    def _finish(
+        conn: Conn,
+        uid: int,
+        since: datetime,
+        status: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+    ) -> str | None:
+        row = conn.execute(
+            Q["finish_upload"],
+            {
+                "id": uid,
+                "since": since,
+                "status": status,
+                "result": None if result is None else Jsonb(result),
+                "error": error,
+            },
+        ).fetchone()
+        return status if row is not None else None

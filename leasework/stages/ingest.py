@@ -1,0 +1,355 @@
+"""The `ingest` stage: resumable, checkpointed indexing of one file per `ingest` run.
+
+1. Claim the next ingest run that is queued, or running with an expired lease (the shared claim
+   in the lease module); a reclaimed run keeps its processed_units.
+2. Extract page by page and chunk deterministically, so a reclaimed run rebuilds the identical
+   ordered list. Pass one only counts; pass two embeds. Neither holds the document in memory.
+3. Record total_units and start at processed_units, skipping what an earlier attempt embedded.
+4. Per batch of `ingest_batch` chunks: check control, embed, then upsert the batch and write the
+   new processed_units in one fenced transaction (which also renews the lease).
+5. Delete chunks past the new tail, re-check the file's project and content under a row lock,
+   and only then mark it `ready`; if either changed, start over under the new scope.
+
+Never writes lease columns itself: the claim, checkpoint and outcome go through the lease module
+and `Worker.execute`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from .. import log
+from ..errors import Aborted, LeaseLost, LeaseworkError
+from ..files import INGEST_KIND
+from ..filestore import FileStore
+from ..ingest import chunking, extract
+from ..ingest.chunking import Chunk
+from ..ingest.embed import Embedder, embed_batch
+from ..queries import load
+from ..workers import lease
+from ..workers.context import Context
+from ..workers.lease import Claim
+
+if TYPE_CHECKING:
+    from ..app import App, Task
+    from ..config import Config
+    from ..workers.worker import Worker
+
+Q = load("leasework.stages", "ingest.sql")
+Conn = psycopg.Connection[Any]
+
+CHECK_EVERY = 256  # chunks between ctx.check() calls in the passes that do not write
+MAX_RESTARTS = 3  # scope or content changes seen at the end of one attempt before giving up
+
+
+def ingest_task() -> Task:
+    """The built-in `ingest` kind, executed by this stage (never by the runs stage)."""
+    from ..app import Task
+
+    return Task(INGEST_KIND, _runs_stage_guard, stage="ingest")
+
+
+def _runs_stage_guard(ctx: Context, payload: Any) -> Any:
+    raise LeaseworkError("ingest runs are executed by the ingest stage, not as a plain task")
+
+
+class FileGone(LeaseworkError):
+    """The file row of an ingest run no longer exists."""
+
+
+@dataclass(frozen=True)
+class Caps:
+    batch: int
+    chunk_chars: int
+    max_bytes: int
+    max_pages: int
+    max_chunks: int
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Caps:
+        return cls(
+            batch=cfg.ingest_batch,
+            chunk_chars=cfg.ingest_chunk_chars,
+            max_bytes=cfg.ingest_max_bytes,
+            max_pages=cfg.ingest_max_pages,
+            max_chunks=cfg.ingest_max_chunks,
+        )
+
+
+@dataclass
+class Count:
+    """What the counting pass learned."""
+
+    total: int = 0
+    stats: extract.PageStats = field(default_factory=extract.PageStats)
+    chunk_capped: bool = False
+
+    @property
+    def truncated_by(self) -> str | None:
+        if self.chunk_capped:
+            return "chunks"
+        return "pages" if self.stats.truncated else None
+
+
+@contextmanager
+def open_chunks(
+    store: FileStore, key: str, kind: extract.Kind, caps: Caps, stats: extract.PageStats
+) -> Iterator[Iterator[Chunk]]:
+    """The document's ordered chunks, streamed from the store (at most max_chunks + 1, so the
+    counting pass can tell that the cap cut it)."""
+    with store.open(key) as stream:
+        pieces = extract.pages(stream, kind, max_pages=caps.max_pages, stats=stats)
+        chunks = chunking.chunks(pieces, caps.chunk_chars, keep=extract.word_filter(kind))
+        yield islice(chunks, caps.max_chunks + 1)
+
+
+def count_chunks(
+    store: FileStore, key: str, kind: extract.Kind, caps: Caps, check: Any = None
+) -> Count:
+    """Pass one: how many chunks the document gives, within the caps."""
+    count = Count()
+    with open_chunks(store, key, kind, caps, count.stats) as chunks:
+        for n, _ in enumerate(chunks, start=1):
+            count.total = n
+            if check is not None and n % CHECK_EVERY == 0:
+                check()
+    if count.total > caps.max_chunks:
+        count.total = caps.max_chunks
+        count.chunk_capped = True
+    return count
+
+
+def precheck(file: dict[str, Any] | None, store: FileStore, caps: Caps) -> str | None:
+    """Why a file cannot be indexed at all (permanent: no attempt would do better), or None."""
+    if file is None:
+        return "the file no longer exists"
+    name = file["name"]
+    kind = extract.kind_of(name)
+    if kind is None:
+        return f"file {name!r}: unsupported type (text, Markdown and PDF are supported)"
+    if kind == "pdf" and not extract.pdf_available():
+        return f"file {name!r}: PDF support needs the pdf extra: pip install 'leasework[pdf]'"
+    size = store.size(file["store_key"])
+    if size is None:
+        return f"file {name!r}: its bytes are missing from the file store ({file['store_key']})"
+    size = max(size, int(file["size"]))
+    if size > caps.max_bytes:
+        return (
+            f"file {name!r} is {size} bytes, over the ingest cap of {caps.max_bytes} bytes "
+            "(ingest_max_bytes)"
+        )
+    return None
+
+
+def _file_id(payload: Any) -> int:
+    value = payload.get("file_id") if isinstance(payload, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FileGone(f"ingest payload needs an integer file_id, got {payload!r}")
+    return value
+
+
+class Indexer:
+    """The handler of one ingest run (called by `Worker.execute`)."""
+
+    def __init__(self, store: FileStore, embedder: Embedder, caps: Caps) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.caps = caps
+
+    def __call__(self, ctx: Context, payload: Any) -> dict[str, Any]:
+        file_id = _file_id(payload)
+        try:
+            return self._index(ctx, file_id)
+        except Aborted as exc:
+            if exc.reason == "cancelled":
+                self._mark(ctx, file_id, "pending", "indexing cancelled", fenced=False)
+            raise
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            if ctx.claim.last_attempt and not ctx.signal.tripped:
+                self._mark(ctx, file_id, "failed", f"{type(exc).__name__}: {exc}", fenced=True)
+            raise
+
+    def _mark(self, ctx: Context, file_id: int, status: str, error: str, *, fenced: bool) -> None:
+        params = {"id": file_id, "status": status, "error": error[:2000]}
+        try:
+            if fenced:
+                with ctx.transaction() as tx:
+                    tx.execute(Q["mark_file"], params)
+            else:
+                with ctx.connection() as conn:
+                    conn.execute(Q["mark_file"], params)
+        except (LeaseLost, psycopg.Error) as exc:
+            log.event("file_mark_failed", level=30, file_id=file_id, error=str(exc))
+
+    def _index(self, ctx: Context, file_id: int) -> dict[str, Any]:
+        restarts = 0
+        embedded = 0
+        while True:
+            with ctx.transaction() as tx, tx.cursor(row_factory=dict_row) as cur:
+                f = cur.execute(Q["start_indexing"], {"id": file_id}).fetchone()
+                if f is None:
+                    raise FileGone(f"file {file_id} no longer exists")
+                changed = f["previous_sha256"] is not None and f["previous_sha256"] != f["sha256"]
+                if changed and ctx.processed:
+                    ctx.checkpoint(0)  # the content changed since that checkpoint: start over
+            scope, sha = f["project"], f["sha256"]
+            kind = extract.kind_of(f["name"]) or "text"
+
+            count = count_chunks(self.store, f["store_key"], kind, self.caps, ctx.check)
+            total = count.total
+            ctx.set_total(total)
+            start = min(ctx.processed, total)
+            result: dict[str, Any] = {
+                "file_id": file_id,
+                "project": scope,
+                "chunks": total,
+                "pages": count.stats.pages,
+                "empty_pages": count.stats.empty_pages,
+                "truncated": count.truncated_by is not None,
+                "truncated_by": count.truncated_by,
+                "resumed_from": start,
+                "restarts": restarts,
+            }
+            ctx.result = {**result, "embedded": embedded}
+            embedded += self._embed_from(ctx, file_id, scope, kind, f["store_key"], start, total)
+            ctx.result = {**result, "embedded": embedded}
+
+            ctx.check()
+            with ctx.transaction() as tx:
+                tx.execute(Q["delete_tail_chunks"], {"id": file_id, "total": total})
+                now = tx.execute(Q["lock_file"], {"id": file_id}).fetchone()
+                if now is None:
+                    raise FileGone(f"file {file_id} was deleted while it was being indexed")
+                if (now[0], now[1]) == (scope, sha):
+                    tx.execute(
+                        Q["mark_ready"],
+                        {"id": file_id, "chunks": total, "project": scope, "sha256": sha},
+                    )
+                    ctx.checkpoint(total, total)
+                    log.event("file_indexed", file_id=file_id, chunks=total, embedded=embedded)
+                    return {**result, "embedded": embedded}
+                # Moved to another project or given new content mid-run: never `ready` under
+                # the old scope. Start over from a clean slate under the new one.
+                tx.execute(Q["delete_file_chunks"], {"id": file_id})
+                ctx.checkpoint(0)
+            restarts += 1
+            log.event("ingest_restarted", file_id=file_id, old_project=scope, project=now[0])
+            if restarts > MAX_RESTARTS:
+                raise LeaseworkError(f"file {file_id} kept changing while it was indexed")
+
+    def _embed_from(
+        self,
+        ctx: Context,
+        file_id: int,
+        scope: str,
+        kind: extract.Kind,
+        key: str,
+        start: int,
+        total: int,
+    ) -> int:
+        """Pass two: embed chunks [start, total) in batches, one fenced commit per batch."""
+        embedded = 0
+        batch: list[Chunk] = []
+        stats = extract.PageStats()
+        with open_chunks(self.store, key, kind, self.caps, stats) as chunks:
+            for chunk in islice(chunks, total):
+                if chunk.index < start:
+                    if chunk.index % CHECK_EVERY == 0:
+                        ctx.check()
+                    continue
+                batch.append(chunk)
+                if len(batch) == self.caps.batch:
+                    embedded += self._flush(ctx, file_id, scope, batch)
+                    batch = []
+        if batch:
+            embedded += self._flush(ctx, file_id, scope, batch)
+        return embedded
+
+    def _flush(self, ctx: Context, file_id: int, scope: str, batch: list[Chunk]) -> int:
+        ctx.check()
+        vectors = embed_batch(self.embedder, [c.text for c in batch])
+        ctx.check()  # embedding is the slow part: a cancel seen now writes nothing
+        rows = [
+            {
+                "file_id": file_id,
+                "idx": c.index,
+                "project": scope,
+                "page": c.page,
+                "text": c.text,
+                "embedding": v,
+            }
+            for c, v in zip(batch, vectors, strict=True)
+        ]
+        with ctx.transaction() as tx, tx.cursor() as cur:
+            cur.executemany(Q["upsert_chunks"], rows)
+            ctx.checkpoint(batch[-1].index + 1)
+        return len(batch)
+
+
+class IngestStage:
+    """Claims `ingest` runs (one at a time, up to `limit` per poll) and runs the Indexer."""
+
+    name = "ingest"
+
+    def __init__(self, app: App, config: Config, *, limit: int | None = None) -> None:
+        self.app = app
+        self.config = config
+        self.limit = limit if limit is not None else config.ingest_limit
+        self.caps = Caps.from_config(config)
+        self._indexer: Indexer | None = None
+
+    def indexer(self) -> Indexer:
+        if self._indexer is None:
+            self._indexer = Indexer(self.app.file_store(), self.app.get_embedder(), self.caps)
+        return self._indexer
+
+    def step(self, worker: Worker) -> int:
+        handled = 0
+        for _ in range(self.limit):
+            if worker.stopping:
+                break
+            with worker.pool_connection() as conn:
+                claims = lease.claim_runs(
+                    conn, [INGEST_KIND], worker=worker.id, lease=worker.config.lease, limit=1
+                )
+            if not claims:
+                break
+            claim = claims[0]
+            why = self._precheck(worker, claim)
+            if why is not None:
+                self._reject(worker, claim, why)
+            else:
+                worker.execute(claim, self.indexer())
+            handled += 1
+        return handled
+
+    def _precheck(self, worker: Worker, claim: Claim) -> str | None:
+        try:
+            file_id = _file_id(claim.payload)
+        except FileGone as exc:
+            return str(exc)
+        with worker.pool_connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            file = cur.execute(Q["get_file"], {"id": file_id}).fetchone()
+        return precheck(file, self.indexer().store, self.caps)
+
+    def _reject(self, worker: Worker, claim: Claim, why: str) -> None:
+        """A file no attempt could index: fail the run at once (no retries) and the file."""
+        with worker.pool_connection() as conn, conn.transaction():
+            if not lease.fence(conn, claim):
+                return
+            if isinstance(claim.payload, dict) and isinstance(claim.payload.get("file_id"), int):
+                conn.execute(
+                    Q["mark_file"],
+                    {"id": claim.payload["file_id"], "status": "failed", "error": why},
+                )
+            lease.finish(conn, claim, "failed", error=why)
+        log.event("ingest_rejected", level=30, run_id=claim.id, error=why)

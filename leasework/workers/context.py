@@ -221,15 +221,25 @@ class Context:
             raise RuntimeError("ctx.transaction() does not nest")
         if self.signal.reason == "lost":
             raise LeaseLost(f"run {self.claim.id} is no longer ours")
-        with self._worker.pool_connection() as conn, conn.transaction():
-            if not lease.fence(conn, self.claim):
-                self._lost("fence matched no row")
-                raise LeaseLost(f"run {self.claim.id} is no longer ours")
-            self._tx_conn = conn
-            try:
-                yield conn
-            finally:
-                self._tx_conn = None
+        # Checkpoints and renewals made inside commit or roll back with the effects; if they roll
+        # back, so must our idea of progress, or a handler resuming from ctx.processed would skip
+        # the step whose effect was just undone.
+        saved = (self._processed, self._total, self.last_renewal)
+        committed = False
+        try:
+            with self._worker.pool_connection() as conn, conn.transaction():
+                if not lease.fence(conn, self.claim):
+                    self._lost("fence matched no row")
+                    raise LeaseLost(f"run {self.claim.id} is no longer ours")
+                self._tx_conn = conn
+                try:
+                    yield conn
+                finally:
+                    self._tx_conn = None
+            committed = True
+        finally:
+            if not committed:
+                self._processed, self._total, self.last_renewal = saved
 
     @contextmanager
     def connection(self) -> Iterator[Conn]:

@@ -117,6 +117,78 @@ CREATE TABLE IF NOT EXISTS leasework.workers (
     current_run  bigint
 );
 
+-- ---------------------------------------------------------------------------------------------
+-- Connections, synced records and schedules (stages/sync.py, stages/schedule.py).
+
+-- An external system kept synced into `records`. Its sync and purge runs live in `runs` with
+-- key 'connection:{id}', tenant = workspace and group = provider, so the partial unique indexes
+-- give one active run and one pending purge per connection, and the claim's limiter keeps two
+-- connections to one provider in a workspace from syncing at once.
+CREATE TABLE IF NOT EXISTS leasework.connections (
+    id                    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workspace             text NOT NULL,
+    provider              text NOT NULL,
+    status                text NOT NULL DEFAULT 'active',
+    config                jsonb NOT NULL DEFAULT '{}'::jsonb,
+    -- NULL: synced on demand only.
+    sync_interval_seconds double precision,
+    next_run_at           timestamptz,
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT connections_status_valid CHECK (status IN ('active', 'disconnected', 'deleting')),
+    CONSTRAINT connections_interval_positive CHECK (
+        sync_interval_seconds IS NULL OR sync_interval_seconds > 0)
+);
+
+-- Due connections, in next_run_at order. Serves: advance_due_connections.
+CREATE INDEX IF NOT EXISTS connections_due
+    ON leasework.connections (next_run_at) WHERE status = 'active' AND next_run_at IS NOT NULL;
+
+-- The synced rows. `synced_by` is the lease owner token of the attempt that last saw the row:
+-- a table read to the end tombstones (deleted_at) the rows of that table this attempt did not
+-- see. A row that reappears upstream is live again (deleted_at back to NULL).
+CREATE TABLE IF NOT EXISTS leasework.records (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- No cascade: the purge deletes records in bounded batches before the connection row.
+    connection_id bigint NOT NULL REFERENCES leasework.connections (id),
+    table_name    text NOT NULL,
+    external_id   text NOT NULL,
+    data          jsonb NOT NULL,
+    first_seen_at timestamptz NOT NULL DEFAULT now(),
+    synced_at     timestamptz NOT NULL DEFAULT now(),
+    synced_by     uuid,
+    deleted_at    timestamptz
+);
+
+-- One row per (connection, table, external id). Serves: upsert_records (ON CONFLICT),
+-- tombstone_unseen, purge_records (by connection prefix), the caller's reads by table.
+CREATE UNIQUE INDEX IF NOT EXISTS records_identity
+    ON leasework.records (connection_id, table_name, external_id);
+
+-- Recurring user tasks (@app.task(kind, every= | cron=)). Workers upsert the rows of their
+-- app's periodic tasks on start; the schedule stage enqueues due ones with the same no-backlog
+-- rule as connections: next_run_at is computed from now, never from its old value.
+CREATE TABLE IF NOT EXISTS leasework.schedules (
+    name             text PRIMARY KEY,
+    kind             text NOT NULL,
+    every_seconds    double precision,
+    cron             text,
+    timezone         text NOT NULL DEFAULT 'UTC',
+    next_run_at      timestamptz NOT NULL,
+    last_enqueued_at timestamptz,
+    last_run_id      bigint,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT schedules_one_spec CHECK ((every_seconds IS NULL) <> (cron IS NULL)),
+    CONSTRAINT schedules_every_positive CHECK (every_seconds IS NULL OR every_seconds > 0)
+);
+
+-- Due schedules, in next_run_at order. Serves: lock_due_schedules.
+CREATE INDEX IF NOT EXISTS schedules_due ON leasework.schedules (next_run_at);
+
+-- A key's runs, newest first (finished ones too). Serves: status_connections (each
+-- connection's last run), find_purge.
+CREATE INDEX IF NOT EXISTS runs_by_key ON leasework.runs (key, id) WHERE key IS NOT NULL;
+
 INSERT INTO leasework.schema_version (id, version) VALUES (true, 1)
 ON CONFLICT (id) DO UPDATE SET version = greatest(leasework.schema_version.version, EXCLUDED.version);
 

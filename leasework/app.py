@@ -21,7 +21,9 @@ from .queries import load
 from .workers.context import Context
 
 if TYPE_CHECKING:
+    from .connectors import CheckConfig, Connector, Extract
     from .filestore import FileStore
+    from .stages.schedule import ScheduleSpec
 
 Q = load("leasework", "runs.sql")
 F = TypeVar("F", bound=Callable[[Context, Any], Any])
@@ -110,6 +112,7 @@ class App:
         from .stages.ingest import ingest_task
 
         self.register(ingest_task())  # built in: files are indexed by the `ingest` stage
+        self._init_connections()
 
     # -- registration -------------------------------------------------------------------------
 
@@ -120,15 +123,27 @@ class App:
         max_attempts: int | None = None,
         lease: float | None = None,
         timeout: float | None = None,
+        every: float | None = None,
+        cron: str | None = None,
+        tz: str = "UTC",
     ) -> Callable[[F], F]:
-        """Register `fn(ctx, payload)` as the handler of `kind`."""
+        """Register `fn(ctx, payload)` as the handler of `kind`. With `every=` seconds or
+        `cron=` (in time zone `tz`) it is also a periodic task: the schedule stage enqueues it
+        (key `schedule:{kind}`, one active run at a time, no backlog after downtime)."""
         check_kind(kind)
         _check_attempts(max_attempts)
         _check_seconds("lease", lease, allow_zero=False)
         _check_seconds("timeout", timeout, allow_zero=False)
+        spec = None
+        if every is not None or cron is not None:
+            from .stages.schedule import ScheduleSpec
+
+            spec = ScheduleSpec.make(kind, every=every, cron=cron, tz=tz)
 
         def register(fn: F) -> F:
             self.register(Task(kind, fn, max_attempts, lease, timeout))
+            if spec is not None:
+                self.schedules[kind] = spec
             return fn
 
         return register
@@ -159,7 +174,98 @@ class App:
         other.tasks = dict(self.tasks)
         other._embedder = self._embedder
         other._store = self._store
+        other.connectors = dict(self.connectors)
+        other.schedules = dict(self.schedules)
+        for task in other._connection_kinds.tasks():  # bound to `other`: its config, connectors
+            other.tasks[task.kind] = task
         return other
+
+    # -- connections (stages/sync.py, stages/schedule.py, connectors/) ------------------------
+
+    def _init_connections(self) -> None:
+        from .connectors import builtin_connectors
+        from .stages.sync import ConnectionKinds
+
+        self.connectors: dict[str, Connector] = builtin_connectors()
+        self.schedules: dict[str, ScheduleSpec] = {}
+        self._connection_kinds = ConnectionKinds(self)
+        for task in self._connection_kinds.tasks():  # built in: `sync` and `purge`
+            self.register(task)
+
+    def connector(
+        self, provider: str, *, check_config: CheckConfig | None = None
+    ) -> Callable[[Extract], Extract]:
+        """Register `extract(ctx, connection)` as the connector of `provider`: it yields
+        `Table(name, rows)`; a table it cannot read raises `TableError(retryable=...)`."""
+        from .connectors import Connector
+
+        _check_label("provider", provider)
+
+        def register(fn: Extract) -> Extract:
+            self.add_connector(Connector(provider, fn, check_config))
+            return fn
+
+        return register
+
+    def add_connector(self, connector: Connector) -> None:
+        """Register a connector; a provider can be registered once (built-ins may be replaced)."""
+        from .connectors import builtin_connectors
+
+        known = self.connectors.get(connector.provider)
+        if known is not None and known is not builtin_connectors().get(connector.provider):
+            raise ConfigError(f"provider {connector.provider!r} is registered twice")
+        self.connectors[connector.provider] = connector
+
+    def connect(
+        self,
+        conn: Conn,
+        *,
+        workspace: str,
+        provider: str,
+        config: dict[str, Any] | None = None,
+        every: float | None = None,
+        sync: bool = True,
+    ) -> int:
+        """Make a connection and (unless sync=False) enqueue its first sync, in the caller's
+        transaction. With `every` seconds the schedule stage syncs it again every period.
+        Returns the connection id."""
+        from .stages import sync as syncmod
+
+        return syncmod.connect(
+            self,
+            conn,
+            workspace=workspace,
+            provider=provider,
+            config=config,
+            every=every,
+            sync=sync,
+        )
+
+    def sync_now(self, conn: Conn, connection_id: int) -> int:
+        """Enqueue a sync of an active connection; returns the run id (an already queued or
+        running sync's id if there is one)."""
+        from .stages import sync as syncmod
+
+        return syncmod.sync_now(self, conn, connection_id)
+
+    def disconnect(self, conn: Conn, connection_id: int) -> str:
+        """Stop syncing a connection (it keeps its records)."""
+        from .stages import sync as syncmod
+
+        return syncmod.disconnect(self, conn, connection_id)
+
+    def reconnect(self, conn: Conn, connection_id: int) -> str:
+        """Make a disconnected connection active again."""
+        from .stages import sync as syncmod
+
+        return syncmod.reconnect(self, conn, connection_id)
+
+    def delete_connection(self, conn: Conn, connection_id: int) -> int:
+        """Delete a connection: `deleting` now, its records and row removed by a purge run that
+        drains behind any running sync. Returns the purge run's id."""
+        from .stages import sync as syncmod
+
+        return syncmod.delete_connection(self, conn, connection_id)
 
     # -- files, uploads and embedding (leasework/files.py, stages/ingest.py, stages/expand.py) --
 

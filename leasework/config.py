@@ -69,6 +69,14 @@ class Config:
     settle_limit: int = field(
         default=100, metadata=_doc("expired or waiting runs settled per poll at most")
     )
+    schedule_limit: int = field(
+        default=10,
+        metadata=_doc("due connections and due periodic tasks each enqueued per poll at most"),
+    )
+    sync_batch: int = field(
+        default=200,
+        metadata=_doc("records a sync publishes (or a purge deletes) per fenced transaction"),
+    )
     processes: int = field(default=2, metadata=_doc("worker processes the supervisor forks"))
     graceful_timeout: float = field(
         default=30.0, metadata=_doc("seconds a stopping worker lets its current job finish")
@@ -232,6 +240,8 @@ def validate(cfg: Config) -> Config:
         "payload_max_bytes",
         "runs_limit",
         "settle_limit",
+        "schedule_limit",
+        "sync_batch",
         "processes",
     ):
         if getattr(cfg, key) < 1:

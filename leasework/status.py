@@ -24,6 +24,7 @@ def collect(conn: psycopg.Connection[Any], *, heartbeat_interval: float = 15.0) 
         counts = cur.execute(Q["status_counts"]).fetchall()
         running = cur.execute(Q["status_running"]).fetchall()
         failures = cur.execute(Q["status_failures"]).fetchall()
+        connections = cur.execute(Q["status_connections"]).fetchall()
     by_status: dict[str, int] = {}
     by_kind: dict[str, dict[str, int]] = {}
     for row in counts:
@@ -35,6 +36,7 @@ def collect(conn: psycopg.Connection[Any], *, heartbeat_interval: float = 15.0) 
         "runs_by_kind": by_kind,
         "running": [_plain(r) for r in running],
         "recent_failures": [_plain(f) for f in failures],
+        "connections": [_plain(c) for c in connections],
     }
 
 
@@ -80,4 +82,28 @@ def render(snap: dict[str, Any]) -> str:
         for f in snap["recent_failures"]:
             first = (f["error"] or "").splitlines()[0] if f["error"] else ""
             out.append(f"  #{f['id']:<7} {f['kind'][:16]:<16} {first}"[:80])
+    out.extend(_render_connections(snap.get("connections") or []))
     return "\n".join(out) + "\n"
+
+
+def _render_connections(connections: list[dict[str, Any]]) -> list[str]:
+    """Each connection: its last run, per-table results and next run (80 columns)."""
+    if not connections:
+        return []
+    out = ["", "connections:"]
+    for c in connections:
+        last = (
+            f"last #{c['last_run_id']} {c['last_run_kind']} {c['last_run_status']}"
+            if c["last_run_id"]
+            else "never run"
+        )
+        nxt = f"next {c['next_run_at'][:19]}" if c["next_run_at"] else "no schedule"
+        head = f"  {c['id']:<5} {c['workspace'][:12]}/{c['provider'][:12]} {c['status']} "
+        out.append(f"{head}{last}; {nxt}"[:80])
+        for name, t in sorted((c["tables"] or {}).items())[:10]:
+            if t.get("status") == "failed":
+                detail = f"failed: {t.get('error') or ''}"
+            else:
+                detail = f"+{t.get('upserted', 0)} upserted, -{t.get('tombstoned', 0)} tombstoned"
+            out.append(f"        {name[:20]:<20} {detail}"[:80])
+    return out

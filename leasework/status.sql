@@ -30,3 +30,21 @@ SELECT id, kind, key, attempts, finished_at, left(coalesce(error, ''), 200) AS e
  WHERE status = 'failed'
  ORDER BY finished_at DESC
  LIMIT 10
+
+-- name: status_connections
+-- Each connection with its last sync or purge run (per-table results are in its result) and
+-- its next scheduled run.
+SELECT c.id, c.workspace, c.provider, c.status, c.sync_interval_seconds, c.next_run_at,
+       lr.id AS last_run_id, lr.kind AS last_run_kind, lr.status AS last_run_status,
+       lr.attempts AS last_run_attempts, lr.finished_at AS last_run_finished_at,
+       lr.result -> 'tables' AS tables
+  FROM leasework.connections c
+  LEFT JOIN LATERAL (
+        SELECT r.id, r.kind, r.status, r.attempts, r.finished_at, r.result
+          FROM leasework.runs r
+         WHERE r.key = 'connection:' || c.id
+         ORDER BY r.id DESC
+         LIMIT 1
+  ) lr ON true
+ ORDER BY c.id
+ LIMIT 50

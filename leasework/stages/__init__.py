@@ -26,9 +26,11 @@ class Stage(Protocol):
 def default_stages(app: App, config: Config) -> list[Stage]:
     """The poll order: schedule, runs, ingest, expand, maintenance (those that exist)."""
     from .runs import RunsStage
+    from .schedule import ScheduleStage
 
     stages: list[Stage] = []
-    # 1. schedule (enqueue due recurring work) goes here
+    # 1. schedule: enqueue due connection syncs and periodic tasks
+    stages.append(ScheduleStage(app, limit=config.schedule_limit))
     stages.append(RunsStage(app, limit=config.runs_limit, settle_limit=config.settle_limit))
     # 3. ingest, 4. expand, 5. maintenance
     from .expand import ExpandStage

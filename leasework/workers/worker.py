@@ -257,7 +257,9 @@ class Worker:
             except Retry as exc:
                 if ctx.signal.tripped:
                     return self._settle_aborted(ctx)
-                return self._retry(ctx, exc.after, f"Retry: {exc}", "retry")
+                # ctx.result (what the handler gathered so far) is kept across the retry, as on
+                # cancel: a sync's per-table results accumulate on the one run.
+                return self._retry(ctx, exc.after, f"Retry: {exc}", "retry", result=ctx.result)
             except Partial as partial:
                 ctx.result = partial.result
                 if ctx.signal.tripped:
@@ -275,7 +277,7 @@ class Worker:
             except Exception as exc:
                 if ctx.signal.tripped:
                     return self._settle_aborted(ctx)
-                return self._retry(ctx, None, describe_error(exc), "failed")
+                return self._retry(ctx, None, describe_error(exc), "failed", result=ctx.result)
             except BaseException:
                 # KeyboardInterrupt, SystemExit: give the run back before leaving.
                 ctx.signal.trip("shutdown")

@@ -1,0 +1,77 @@
+-- The schedule stage: enqueue due connections and due periodic tasks (stages/schedule.py).
+-- The no-backlog rule lives here: next_run_at is always set from now, never from its old
+-- value, so six hours down on a 15-minute schedule gives one run, not twenty-four.
+
+-- name: advance_due_connections
+-- Lock a bounded batch of due active connections (SKIP LOCKED: several workers polling at once
+-- each take different rows, and a row already taken is not due any more once they commit) and
+-- move each one's next_run_at to now + its interval. The caller enqueues their syncs in the same
+-- transaction; a connection whose sync is still active gets that run back (one per key).
+-- FOR NO KEY UPDATE rather than FOR UPDATE: it still excludes a second scheduler, but does not
+-- skip a connection merely because a sync's record inserts hold the FK's KEY SHARE lock on it.
+WITH due AS MATERIALIZED (
+    SELECT id
+      FROM leasework.connections
+     WHERE status = 'active'
+       AND next_run_at <= leasework.now()
+     ORDER BY next_run_at, id
+     LIMIT %(limit)s
+       FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE leasework.connections c
+   SET next_run_at = CASE WHEN c.sync_interval_seconds IS NULL THEN NULL
+                          ELSE leasework.now() + make_interval(secs => c.sync_interval_seconds) END
+  FROM due
+ WHERE c.id = due.id
+RETURNING c.id, c.workspace, c.provider
+
+-- name: schedules_now
+SELECT leasework.now()
+
+-- name: upsert_schedule
+-- A worker registers its app's periodic tasks on start. An unchanged schedule keeps its
+-- next_run_at (a restart neither fires early nor backfills); a changed one starts over from now.
+INSERT INTO leasework.schedules (name, kind, every_seconds, cron, timezone, next_run_at)
+VALUES (%(name)s, %(kind)s, %(every)s, %(cron)s, %(tz)s, %(first)s)
+ON CONFLICT (name) DO UPDATE
+   SET kind = EXCLUDED.kind,
+       every_seconds = EXCLUDED.every_seconds,
+       cron = EXCLUDED.cron,
+       timezone = EXCLUDED.timezone,
+       next_run_at = CASE
+           WHEN (schedules.kind, schedules.every_seconds, schedules.cron, schedules.timezone)
+                IS DISTINCT FROM
+                (EXCLUDED.kind, EXCLUDED.every_seconds, EXCLUDED.cron, EXCLUDED.timezone)
+           THEN EXCLUDED.next_run_at
+           ELSE schedules.next_run_at END,
+       updated_at = CASE
+           WHEN (schedules.kind, schedules.every_seconds, schedules.cron, schedules.timezone)
+                IS DISTINCT FROM
+                (EXCLUDED.kind, EXCLUDED.every_seconds, EXCLUDED.cron, EXCLUDED.timezone)
+           THEN now()
+           ELSE schedules.updated_at END
+
+-- name: lock_due_schedules
+-- A bounded batch of this app's due schedules, locked (SKIP LOCKED) until the caller has
+-- enqueued each and advanced its next_run_at in the same transaction.
+SELECT name, kind, next_run_at, leasework.now() AS now
+  FROM leasework.schedules
+ WHERE next_run_at <= leasework.now()
+   AND name = ANY(%(names)s)
+ ORDER BY next_run_at, name
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+-- name: advance_schedule
+UPDATE leasework.schedules
+   SET next_run_at = %(next)s,
+       last_enqueued_at = leasework.now(),
+       last_run_id = %(run_id)s
+ WHERE name = %(name)s
+
+-- name: list_schedules
+SELECT s.name, s.kind, s.every_seconds, s.cron, s.timezone, s.next_run_at, s.last_enqueued_at,
+       s.last_run_id, r.status AS last_run_status
+  FROM leasework.schedules s
+  LEFT JOIN leasework.runs r ON r.id = s.last_run_id
+ ORDER BY s.next_run_at, s.name

@@ -37,9 +37,7 @@ class CountingEmbedder:
 class Env:
     """One App and its store; `worker(**overrides)` makes workers with the same settings."""
 
-    def __init__(
-        self, tmp_path: Path, make_worker: Callable[..., Worker], **settings: Any
-    ) -> None:
+    def __init__(self, tmp_path: Path, make_worker: Callable[..., Worker], **settings: Any) -> None:
         self.tmp = tmp_path
         self.settings = {"file_store": str(tmp_path / "store"), **settings}
         self.app = App(Config(**self.settings))
@@ -62,7 +60,8 @@ class Env:
 
 def run_of(conn: Conn, file_id: int) -> int:
     row = conn.execute(
-        "SELECT id FROM leasework.runs WHERE key = %s ORDER BY id DESC LIMIT 1", (f"file:{file_id}",)
+        "SELECT id FROM leasework.runs WHERE key = %s ORDER BY id DESC LIMIT 1",
+        (f"file:{file_id}",),
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -102,9 +101,7 @@ def pdf_bytes(pages: Sequence[str | None]) -> bytes:
     objs.append(f"<< /Type /Pages /Kids [{kids}] /Count {n} >>".encode())
     font_id = 3 + 2 * n
     for i, text in enumerate(pages):
-        content = b"" if text is None else (
-            f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
-        )
+        content = b"" if text is None else (f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode())
         objs.append(
             f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {4 + 2 * i} 0 R "
             f"/Resources << /Font << /F1 {font_id} 0 R >> >> >>".encode()

@@ -201,6 +201,7 @@ def test_unsupported_type_fails_without_retry(conn, env):
     ingest_only(env.worker()).poll()
     run = get_run(conn, run_id)
     assert run["status"] == "failed" and "unsupported type" in run["error"]
+    assert run["attempts"] == 1 and file_row(conn, file_id)["status"] == "failed"
 
 
 def test_runs_stage_does_not_serve_ingest(conn, env):

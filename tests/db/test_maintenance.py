@@ -1,0 +1,127 @@
+"""The maintenance stage on real Postgres: one worker wins each period however many poll;
+pruning is bounded per poll, keeps what retention says to keep, and continues a backlog."""
+
+from __future__ import annotations
+
+import pytest
+
+from leasework import App
+from leasework.stages.maintenance import MaintenanceStage
+
+HANDLERS = ("prune_runs", "prune_uploads", "prune_workers")
+
+
+@pytest.fixture
+def workers(make_worker, tmp_path):
+    app = App()
+
+    def make(n: int = 3, **overrides):
+        out = []
+        for _ in range(n):
+            w = make_worker(app, file_store=str(tmp_path / "store"), **overrides)
+            w.stages = [s for s in w.stages if isinstance(s, MaintenanceStage)]
+            out.append(w)
+        return out
+
+    return make
+
+
+def markers(conn) -> dict[str, int]:
+    return dict(conn.execute("SELECT handler, runs FROM leasework.maintenance").fetchall())
+
+
+def add_run(conn, status: str, age_days: float) -> int:
+    return conn.execute(
+        "INSERT INTO leasework.runs (kind, status, finished_at) VALUES"
+        " ('t', %s, leasework.now() - make_interval(secs => %s)) RETURNING id",
+        (status, age_days * 86400),
+    ).fetchone()[0]
+
+
+def test_each_handler_runs_once_per_period_across_workers(conn, workers):
+    ws = workers(3)
+    for _ in range(3):
+        for w in ws:
+            w.poll()
+    assert markers(conn) == dict.fromkeys(HANDLERS, 1)
+    # One hourly period later (moved, not slept): prune_runs and prune_uploads run once more;
+    # the daily prune_workers does not.
+    conn.execute(
+        "UPDATE leasework.maintenance SET last_run_at = last_run_at - interval '61 minutes'"
+    )
+    for _ in range(3):
+        for w in ws:
+            w.poll()
+    assert markers(conn) == {"prune_runs": 2, "prune_uploads": 2, "prune_workers": 1}
+
+
+def test_pruning_keeps_what_retention_says(conn, workers):
+    doomed = [
+        add_run(conn, "succeeded", 8),
+        add_run(conn, "cancelled", 8),
+        add_run(conn, "failed", 31),
+        add_run(conn, "partial", 31),
+    ]
+    kept = [
+        add_run(conn, "succeeded", 6),
+        add_run(conn, "failed", 8),
+        add_run(conn, "partial", 8),
+        add_run(conn, "cancelled", 1),
+        conn.execute("INSERT INTO leasework.runs (kind) VALUES ('t') RETURNING id").fetchone()[0],
+    ]
+    conn.execute(
+        "INSERT INTO leasework.workers (id, host, pid, heartbeat_at, stopped_at) VALUES"
+        " ('gone', 'h', 1, now() - interval '3 days', now() - interval '2 days'),"
+        " ('silent', 'h', 2, now() - interval '3 days', NULL),"
+        " ('recent', 'h', 3, now() - interval '2 hours', now() - interval '1 hour')"
+    )
+    workers(1)[0].poll()
+    left = {r[0] for r in conn.execute("SELECT id FROM leasework.runs").fetchall()}
+    assert left == set(kept)
+    assert not set(doomed) & left
+    names = {r[0] for r in conn.execute("SELECT id FROM leasework.workers").fetchall()}
+    assert {"recent"} <= names and not {"gone", "silent"} & names
+
+
+def test_pruning_is_bounded_and_continues_a_backlog(conn, workers):
+    for _ in range(5):
+        add_run(conn, "succeeded", 10)
+    a, b = workers(2, maintenance_limit=2)
+
+    def left() -> int:
+        return conn.execute("SELECT count(*) FROM leasework.runs").fetchone()[0]
+
+    a.poll()
+    assert left() == 3  # at most the limit per poll
+    b.poll()  # a backlog is due at once, for any worker
+    assert left() == 1
+    a.poll()
+    assert left() == 0
+    backlog = conn.execute(
+        "SELECT backlog FROM leasework.maintenance WHERE handler = 'prune_runs'"
+    ).fetchone()[0]
+    assert backlog is False
+    b.poll()
+    assert markers(conn)["prune_runs"] == 3  # no backlog left: throttled until next period
+
+
+def test_old_uploads_and_their_archives_are_pruned(conn, workers, tmp_path):
+    ws = workers(1)
+    app = ws[0].app
+    src = tmp_path / "a.zip"
+    src.write_bytes(b"PK")
+    old = app.add_upload(conn, project="p", path=src)
+    new = app.add_upload(conn, project="p", path=src)
+    conn.execute(
+        "UPDATE leasework.uploads SET status = 'done', finished_at = now() - interval '31 days'"
+        " WHERE id = %s",
+        (old,),
+    )
+    key = conn.execute("SELECT store_key FROM leasework.uploads WHERE id = %s", (old,)).fetchone()[
+        0
+    ]
+    assert app.file_store().size(key) == 2
+    ws[0].poll()
+    ids = [r[0] for r in conn.execute("SELECT id FROM leasework.uploads").fetchall()]
+    assert ids == [new]
+    assert app.file_store().size(key) is None

@@ -100,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
+    p = sub.add_parser("ingest", help="store a document and enqueue its indexing")
+    _common(p)
+    _with_app(p)
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--project", required=True, help="the scope its chunks belong to")
+
+    p = sub.add_parser("upload", help="store a ZIP of documents to expand and index")
+    _common(p)
+    _with_app(p)
+    p.add_argument("path", metavar="ZIP")
+    p.add_argument("--project", required=True, help="the scope its files belong to")
+
     p = sub.add_parser("demo", help="run the sample pipeline end to end")
     _common(p)
     _with_app(p)
@@ -206,6 +218,26 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     return EXIT_OK
 
 
+def cmd_ingest(args: argparse.Namespace, cfg: Config) -> int:
+    from . import files
+
+    app = load_app(cfg.app, cfg, required=False)
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        file_id, run_id = files.add_file(app, conn, project=args.project, path=args.path)
+    print(f"file {file_id}: ingest run {run_id} queued")
+    return EXIT_OK
+
+
+def cmd_upload(args: argparse.Namespace, cfg: Config) -> int:
+    app = load_app(cfg.app, cfg, required=False)
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        upload_id = app.add_upload(conn, project=args.project, path=args.path)
+    print(f"upload {upload_id}: queued for expansion")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace, cfg: Config) -> int:
     from . import demo
 
@@ -218,6 +250,8 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "enqueue": cmd_enqueue,
     "cancel": cmd_cancel,
     "status": cmd_status,
+    "ingest": cmd_ingest,
+    "upload": cmd_upload,
     "demo": cmd_demo,
 }
 

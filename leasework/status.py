@@ -25,6 +25,7 @@ def collect(conn: psycopg.Connection[Any], *, heartbeat_interval: float = 15.0) 
         running = cur.execute(Q["status_running"]).fetchall()
         failures = cur.execute(Q["status_failures"]).fetchall()
         connections = cur.execute(Q["status_connections"]).fetchall()
+        documents = cur.execute(Q["status_files"]).fetchall()
     by_status: dict[str, int] = {}
     by_kind: dict[str, dict[str, int]] = {}
     for row in counts:
@@ -37,6 +38,8 @@ def collect(conn: psycopg.Connection[Any], *, heartbeat_interval: float = 15.0) 
         "running": [_plain(r) for r in running],
         "recent_failures": [_plain(f) for f in failures],
         "connections": [_plain(c) for c in connections],
+        "files": {r["status"]: r["n"] for r in documents if r["what"] == "files"},
+        "uploads": {r["status"]: r["n"] for r in documents if r["what"] == "uploads"},
     }
 
 
@@ -67,6 +70,20 @@ def render(snap: dict[str, Any]) -> str:
     for kind, per in sorted(snap["runs_by_kind"].items()):
         live = " ".join(f"{s}={per[s]}" for s in order if per.get(s))
         out.append(f"  {kind[:30]:<30} {live}"[:80])
+    files, uploads = snap.get("files") or {}, snap.get("uploads") or {}
+    if files or uploads:
+        out.append(
+            "files: "
+            + "  ".join(
+                f"{s} {files.get(s, 0)}" for s in ("pending", "indexing", "ready", "failed")
+            )
+        )
+        out.append(
+            "uploads: "
+            + "  ".join(
+                f"{s} {uploads.get(s, 0)}" for s in ("pending", "processing", "done", "failed")
+            )
+        )
     if snap["running"]:
         out.append("")
         out.append("running:")

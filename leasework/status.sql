@@ -48,3 +48,9 @@ SELECT c.id, c.workspace, c.provider, c.status, c.sync_interval_seconds, c.next_
   ) lr ON true
  ORDER BY c.id
  LIMIT 50
+
+-- name: status_files
+-- Files by status and uploads by status, for the ingest and expand stages.
+SELECT 'files' AS what, status, count(*)::bigint AS n FROM leasework.files GROUP BY status
+UNION ALL
+SELECT 'uploads', status, count(*)::bigint FROM leasework.uploads GROUP BY status

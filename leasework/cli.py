@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC
 from typing import Any, NoReturn
 
 import orjson
@@ -111,6 +112,44 @@ def build_parser() -> argparse.ArgumentParser:
     _with_app(p)
     p.add_argument("path", metavar="ZIP")
     p.add_argument("--project", required=True, help="the scope its files belong to")
+
+    p = sub.add_parser("connections", help="connections kept synced: add, list, sync, delete")
+    csub = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    c = csub.add_parser("add", help="make a connection, enqueue its first sync, print its id")
+    _common(c)
+    _with_app(c)
+    c.add_argument("--workspace", required=True, help="the tenant it belongs to")
+    c.add_argument("--provider", required=True, help="its connector, e.g. files")
+    c.add_argument(
+        "--connector-config",
+        dest="connection_config",
+        default=None,
+        metavar="JSON",
+        help='the connector\'s settings, e.g. {"path": "./export"}',
+    )
+    c.add_argument(
+        "--every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="sync again every SECONDS (default: only on demand)",
+    )
+    c.add_argument("--no-sync", action="store_true", help="do not enqueue a first sync")
+    c = csub.add_parser("list", help="connections with their status, schedule and records")
+    _common(c)
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    for action, text in (
+        ("sync", "enqueue a sync now and print its run id"),
+        ("delete", "delete: purge its records, then the connection; print the purge run id"),
+        ("disconnect", "stop syncing it (its records stay)"),
+    ):
+        c = csub.add_parser(action, help=text)
+        _common(c)
+        c.add_argument("connection_id", type=int, metavar="ID")
+
+    p = sub.add_parser("schedules", help="periodic tasks with their next run")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("demo", help="run the sample pipeline end to end")
     _common(p)
@@ -238,6 +277,93 @@ def cmd_upload(args: argparse.Namespace, cfg: Config) -> int:
     return EXIT_OK
 
 
+def cmd_connections(args: argparse.Namespace, cfg: Config) -> int:
+    from .stages import sync
+
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        if args.action == "add":
+            app = load_app(cfg.app, cfg, required=False)
+            config = _parse_payload(args.connection_config)
+            if not isinstance(config, dict):
+                raise ConfigError(
+                    f"--connector-config must be a JSON object, got {args.connection_config}"
+                )
+            connection_id = app.connect(
+                conn,
+                workspace=args.workspace,
+                provider=args.provider,
+                config=config,
+                every=args.every,
+                sync=not args.no_sync,
+            )
+            print(connection_id)
+        elif args.action == "list":
+            rows = sync.list_connections(conn)
+            if args.json:
+                plain = [{k: _plain(v) for k, v in r.items()} for r in rows]
+                sys.stdout.write(orjson.dumps(plain, option=orjson.OPT_INDENT_2).decode() + "\n")
+            else:
+                sys.stdout.write(_render_connections(rows))
+        elif args.action == "sync":
+            print(App(cfg).sync_now(conn, args.connection_id))
+        elif args.action == "delete":
+            app = App(cfg)
+            run_id = app.delete_connection(conn, args.connection_id)
+            row = app.get_run(conn, run_id)
+            waiting = row is not None and row["status"] == "waiting"
+            note = " (waiting for the running sync to finish)" if waiting else ""
+            print(f"{run_id}{note}")
+        else:
+            App(cfg).disconnect(conn, args.connection_id)
+            print(f"connection {args.connection_id}: disconnected")
+    return EXIT_OK
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def _render_connections(rows: list[dict[str, Any]]) -> str:
+    out = [
+        f"{'id':>5}  {'workspace':<14} {'provider':<10} {'status':<12} {'every':>7}  "
+        f"{'next run':<19} {'live':>6} {'gone':>6}"
+    ]
+    for r in rows:
+        every = f"{r['sync_interval_seconds']:g}s" if r["sync_interval_seconds"] else "-"
+        nxt = r["next_run_at"].strftime("%Y-%m-%d %H:%M:%S") if r["next_run_at"] else "-"
+        out.append(
+            f"{r['id']:>5}  {r['workspace'][:14]:<14} {r['provider'][:10]:<10} "
+            f"{r['status']:<12} {every:>7}  {nxt:<19} {r['live_records']:>6} "
+            f"{r['tombstoned_records']:>6}"
+        )
+    return "\n".join(out) + "\n"
+
+
+def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
+    from .stages.schedule import list_schedules
+
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        rows = list_schedules(conn)
+    if args.json:
+        plain = [{k: _plain(v) for k, v in r.items()} for r in rows]
+        sys.stdout.write(orjson.dumps(plain, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    out = [f"{'name':<24} {'schedule':<28} {'next run (UTC)':<19}  last run"]
+    for r in rows:
+        spec = (
+            f"every {r['every_seconds']:g}s"
+            if r["every_seconds"] is not None
+            else f"{r['cron']} {r['timezone']}"
+        )
+        nxt = r["next_run_at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        last = f"#{r['last_run_id']} {r['last_run_status']}" if r["last_run_id"] else "-"
+        out.append(f"{r['name'][:24]:<24} {spec[:28]:<28} {nxt:<19}  {last}")
+    sys.stdout.write("\n".join(out) + "\n")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace, cfg: Config) -> int:
     from . import demo
 
@@ -252,6 +378,8 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "status": cmd_status,
     "ingest": cmd_ingest,
     "upload": cmd_upload,
+    "connections": cmd_connections,
+    "schedules": cmd_schedules,
     "demo": cmd_demo,
 }
 

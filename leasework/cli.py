@@ -53,7 +53,12 @@ def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
     except AttributeError:
         raise ConfigError(f"--app {spec!r}: {module_name} has no attribute {attr!r}") from None
     if callable(obj) and not isinstance(obj, App):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as exc:  # a factory that fails, or a callable that is not a factory
+            raise ConfigError(
+                f"--app {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}"
+            ) from None
     if not isinstance(obj, App):
         raise ConfigError(f"--app {spec!r} is a {type(obj).__name__}, not a leasework.App")
     return obj.with_config(cfg)

@@ -1,0 +1,204 @@
+"""The CLI end to end, as a user runs it: `python -m leasework ...` in a subprocess against the
+test database, with an --app module written to tmp_path. Bad input gives one line on stderr,
+exit 2 (or 1 for an unreachable database), no password echoed, and nothing written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from leasework import App
+from leasework.workers import lease
+
+from ..conftest import get_run
+
+Conn = psycopg.Connection[Any]
+
+APP_MODULE = """
+from leasework import App
+
+app = App()
+
+
+@app.task("hello")
+def hello(ctx, payload):
+    ctx.check()
+    return {"echo": payload}
+
+
+@app.task("boom", max_attempts=1)
+def boom(ctx, payload):
+    raise RuntimeError("boom")
+"""
+
+
+@pytest.fixture
+def cli(tmp_path: Path, dsn: str) -> Any:
+    (tmp_path / "cliapp.py").write_text(APP_MODULE, encoding="utf-8")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LEASEWORK_", "PG")) and k != "DATABASE_URL"
+    }
+
+    def run(
+        *args: str, with_dsn: bool = True, extra_env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "leasework", *args]
+        if with_dsn:
+            argv += ["--dsn", dsn]
+        return subprocess.run(
+            argv,
+            cwd=tmp_path,
+            env={**env, **(extra_env or {})},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def count_runs(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM leasework.runs").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_migrate_enqueue_worker_cancel_status(conn: Conn, cli: Any) -> None:
+    assert "version" in ok(cli("migrate"))  # idempotent: the session database is migrated
+
+    out = ok(cli("enqueue", "hello", "--app", "cliapp:app", "--payload", '{"a": 1}', "--key", "k1"))
+    run_id = int(out.strip())
+    row = get_run(conn, run_id)
+    assert row["status"] == "queued" and row["payload"] == {"a": 1} and row["key"] == "k1"
+
+    flags = ["--delay", "3600", "--tenant", "ws-1", "--group", "g", "--priority", "-1"]
+    later = int(ok(cli("enqueue", "hello", "--app", "cliapp:app", *flags, "--max-attempts", "5")))
+    row = get_run(conn, later)
+    assert (row["tenant"], row["group"], row["priority"], row["max_attempts"]) == (
+        "ws-1",
+        "g",
+        -1,
+        5,
+    )
+    assert row["queued_at"] > row["created_at"]
+
+    snap = orjson.loads(ok(cli("status", "--json")))
+    assert snap["runs_by_status"] == {"queued": 2}
+
+    assert "cancelled" in ok(cli("cancel", str(later)))
+    assert get_run(conn, later)["status"] == "cancelled"
+
+    ok(cli("worker", "--once", "--app", "cliapp:app"))
+    row = get_run(conn, run_id)
+    assert row["status"] == "succeeded" and row["result"] == {"echo": {"a": 1}}
+
+    app = App()
+    app.task("hello")(lambda ctx, payload: None)
+    running = app.enqueue(conn, "hello")
+    claims = lease.claim_runs(conn, ["hello"], worker="elsewhere", lease=30.0)
+    assert [c.id for c in claims] == [running]
+    assert "cancel requested" in ok(cli("cancel", str(running)))
+    assert lease.control(conn, claims[0]) == "cancelled"
+
+    text = ok(cli("status"))
+    assert "succeeded 1" in text and "cancelled 1" in text and "running 1" in text
+    assert "cancel requested" in text
+
+
+BAD_DSNS = [
+    "postgresql://bob:s3cretpw@127.0.0.1:1/nodb",
+    "host=127.0.0.1 port=1 password=s3cretpw nonsense_option=1",
+]
+ENQUEUE = ["enqueue", "hello", "--app", "cliapp:app"]
+
+# (case, argv, extra environment, text the one stderr line must contain, allowed exit codes)
+BAD_INPUT: list[tuple[str, list[str], dict[str, str], str, tuple[int, ...]]] = [
+    ("unknown kind", ["enqueue", "nosuch", "--app", "cliapp:app"], {}, "unknown kind", (2,)),
+    ("bad json", [*ENQUEUE, "--payload", "{bad"], {}, "--payload", (2,)),
+    (
+        "oversize payload",
+        [*ENQUEUE, "--payload", '"' + "x" * 64 + '"'],
+        {"LEASEWORK_PAYLOAD_MAX_BYTES": "32"},
+        "payload",
+        (2,),
+    ),
+    ("no app", ["enqueue", "hello"], {}, "--app", (2,)),
+    (
+        "app not importable",
+        ["enqueue", "hello", "--app", "nosuchmodule:app"],
+        {},
+        "nosuchmodule",
+        (2,),
+    ),
+    ("app not an App", ["enqueue", "hello", "--app", "cliapp:hello"], {}, "cliapp:hello", (2,)),
+    ("bad max attempts", [*ENQUEUE, "--max-attempts", "0"], {}, "max_attempts", (2,)),
+    ("bad env value", ENQUEUE, {"LEASEWORK_POOL_SIZE": "many"}, "pool_size", (2,)),
+    ("no such run", ["cancel", "424242"], {}, "424242", (2,)),
+    ("unknown command", ["frobnicate"], {}, "frobnicate", (2,)),
+    ("config unknown key", [*ENQUEUE, "--config", "{bogus}"], {}, "bogus_knob", (2,)),
+    ("config bad value", ["status", "--config", "{badvalue}"], {}, "lease", (2,)),
+    ("config not TOML", ["migrate", "--config", "{badtoml}"], {}, "TOML", (2,)),
+    *(
+        (f"unreachable {i}", [*cmd, "--dsn", dsn], {}, "", (1, 2))
+        for i, (dsn, cmd) in enumerate(
+            zip(BAD_DSNS, (["status"], ENQUEUE, ["migrate"]), strict=False)
+        )
+    ),
+    (
+        "unreachable via DATABASE_URL",
+        ["status"],
+        {"DATABASE_URL": BAD_DSNS[0]},
+        "cannot connect",
+        (1,),
+    ),
+]
+
+
+def test_bad_input_is_one_line_exit_2_nothing_written(conn: Conn, cli: Any, tmp_path: Path) -> None:
+    files = {
+        "bogus": "bogus_knob = 1\n",
+        "badvalue": 'lease = "long"\n',
+        "badtoml": "lease = = 1\n",
+    }
+    paths = {"missing": str(tmp_path / "missing.toml")}
+    for name, text in files.items():
+        (tmp_path / f"{name}.toml").write_text(text, encoding="utf-8")
+        paths[name] = str(tmp_path / f"{name}.toml")
+
+    def attempt(case: tuple[str, list[str], dict[str, str], str, tuple[int, ...]]) -> str | None:
+        name, argv, env, needle, codes = case
+        argv = [paths.get(a.strip("{}"), a) if a.startswith("{") else a for a in argv]
+        explicit_dsn = "--dsn" in argv or "DATABASE_URL" in env
+        result = cli(*argv, with_dsn=not explicit_dsn, extra_env=env)
+        lines = result.stderr.strip().splitlines()
+        problems = []
+        if result.returncode not in codes:
+            problems.append(f"exit {result.returncode}")
+        if len(lines) != 1 or not lines[0].startswith("leasework: ") or needle not in lines[0]:
+            problems.append(f"stderr {result.stderr!r}")
+        if result.stdout:
+            problems.append(f"stdout {result.stdout!r}")
+        if "s3cretpw" in result.stderr + result.stdout:
+            problems.append("the password was echoed")
+        return f"{name}: {'; '.join(problems)}" if problems else None
+
+    # The cases are independent processes: run them side by side to keep the suite fast.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        failures = [f for f in pool.map(attempt, BAD_INPUT) if f]
+    assert not failures, "\n".join(failures)
+    assert count_runs(conn) == 0, "bad input wrote something"

@@ -77,6 +77,10 @@ class Config:
         default=200,
         metadata=_doc("records a sync publishes (or a purge deletes) per fenced transaction"),
     )
+    sync_timeout: float = field(
+        default=3600.0,
+        metadata=_doc("seconds a sync or purge attempt may run before it is aborted and retried"),
+    )
     processes: int = field(default=2, metadata=_doc("worker processes the supervisor forks"))
     graceful_timeout: float = field(
         default=30.0, metadata=_doc("seconds a stopping worker lets its current job finish")
@@ -215,6 +219,7 @@ def validate(cfg: Config) -> Config:
 
     for key in (
         "poll_interval",
+        "sync_timeout",
         "lease",
         "renew_interval",
         "control_interval",

@@ -258,9 +258,10 @@ class ConnectionKinds:
     def tasks(self) -> list[Task]:
         from ..app import Task
 
+        timeout = self.app.config.sync_timeout
         return [
-            Task(SYNC_KIND, self.sync),
-            Task(PURGE_KIND, self.purge, max_attempts=PURGE_MAX_ATTEMPTS),
+            Task(SYNC_KIND, self.sync, timeout=timeout),
+            Task(PURGE_KIND, self.purge, max_attempts=PURGE_MAX_ATTEMPTS, timeout=timeout),
         ]
 
     @property

@@ -598,3 +598,55 @@ def test_status_and_listing_show_connections(conn: Conn, make_worker: Any, tmp_p
     assert "connections:" in text and "projects" in text
     section = text[text.index("connections:") :]
     assert all(len(line) <= 80 for line in section.splitlines())
+
+
+def _spin(ctx: Context, seen: dict[str, Any]) -> None:
+    """Wait upstream, listening to the abort signal as a connector should."""
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ctx.check()
+            time.sleep(0.01)
+    except Aborted as exc:
+        seen["reason"] = exc.reason
+        raise
+
+
+def test_timeout_trips_the_signal_and_retries(conn: Conn, make_worker: Any) -> None:
+    seen: dict[str, Any] = {}
+
+    def extract(ctx: Context, connection: Connection) -> Iterator[Table]:
+        yield Table("first", rows(1))
+        _spin(ctx, seen)
+
+    app = stub_app(extract)
+    worker = make_worker(app, sync_timeout=0.3)
+    cid = worker.app.connect(conn, workspace="ws", provider="stub")
+    run_id = only_run(conn, cid)["id"]
+    worker.poll()
+    run = get_run(conn, run_id)
+    assert seen["reason"] == "timeout"
+    assert (run["status"], run["attempts"]) == ("queued", 1)
+    assert run["history"][-1]["outcome"] == "timeout"
+    assert run["result"]["tables"]["first"]["upserted"] == 1
+
+
+def test_lost_lease_trips_the_signal_and_writes_nothing(conn: Conn, make_worker: Any) -> None:
+    seen: dict[str, Any] = {}
+
+    def extract(ctx: Context, connection: Connection) -> Iterator[Table]:
+        # Another worker took the run over (its owner token is not ours any more).
+        conn.execute(
+            "UPDATE leasework.runs SET lease_owner = gen_random_uuid() WHERE id = %s", (ctx.run_id,)
+        )
+        _spin(ctx, seen)
+        yield Table("never", rows(1))
+
+    app = stub_app(extract)
+    cid = app.connect(conn, workspace="ws", provider="stub")
+    run_id = only_run(conn, cid)["id"]
+    make_worker(app, control_interval=0.05).poll()
+    assert seen["reason"] == "lost"
+    run = get_run(conn, run_id)
+    assert run["status"] == "running" and run["history"] == []  # the stale worker wrote nothing
+    assert records(conn, cid) == {}

@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     _with_app(p)
     p.add_argument("--once", action="store_true", help="run a single poll and exit")
 
+    p = sub.add_parser("supervise", help="run N worker processes under a supervisor")
+    _common(p)
+    _with_app(p)
+    p.add_argument("--processes", type=int, help="worker processes (else config `processes`)")
+
     p = sub.add_parser("enqueue", help="enqueue a run and print its id")
     _common(p)
     _with_app(p)
@@ -168,6 +173,7 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Config:
         overrides={
             "dsn": getattr(args, "dsn", None),
             "app": getattr(args, "app", None),
+            "processes": getattr(args, "processes", None),
             **overrides,
         },
     )
@@ -203,6 +209,17 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     signal.signal(signal.SIGINT, on_signal)
     worker.run()
     return EXIT_OK
+
+
+def cmd_supervise(args: argparse.Namespace, cfg: Config) -> int:
+    from .supervisor.parent import Supervisor
+
+    app = load_app(cfg.app, cfg)  # before any fork: an app that does not import is exit 2
+    supervisor = Supervisor(app, cfg, reload=lambda: _config(args))
+    code = supervisor.run()
+    if supervisor.halt_message:
+        print(f"leasework: {log.redact_dsn(supervisor.halt_message)}", file=sys.stderr)
+    return code
 
 
 def _parse_payload(text: str | None) -> Any:
@@ -378,6 +395,7 @@ def cmd_demo(args: argparse.Namespace, cfg: Config) -> int:
 _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "migrate": cmd_migrate,
     "worker": cmd_worker,
+    "supervise": cmd_supervise,
     "enqueue": cmd_enqueue,
     "cancel": cmd_cancel,
     "status": cmd_status,

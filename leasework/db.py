@@ -26,7 +26,11 @@ def schema_text() -> str:
 
 
 def connect(
-    dsn: str | None, *, autocommit: bool = True, application_name: str = "leasework"
+    dsn: str | None,
+    *,
+    autocommit: bool = True,
+    application_name: str = "leasework",
+    connect_timeout: int = 10,
 ) -> psycopg.Connection[Any]:
     """One connection; raises LeaseworkError with a one-line, password-free message on failure."""
     try:
@@ -34,7 +38,7 @@ def connect(
             dsn or "",
             autocommit=autocommit,
             application_name=application_name,
-            connect_timeout=10,
+            connect_timeout=connect_timeout,
         )
     except psycopg.ProgrammingError as exc:  # a malformed DSN
         raise ConfigError(f"dsn is not a valid connection string: {redact_dsn(str(exc))}") from None

@@ -1,0 +1,214 @@
+"""What a forked child does: arrange to die with its parent, reset the parent's signal handling,
+open its own connections, run one `Worker` until told to stop, and report liveness on its pipe.
+
+Runs only in the child, after `fork()`; it never returns (it ends in `os._exit`), so nothing the
+parent set up (atexit hooks, inherited objects' finalizers) runs twice. It never touches a
+database connection made by the parent: the parent holds none at fork time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from types import FrameType
+from typing import TYPE_CHECKING, NoReturn
+
+import psycopg
+
+from .. import log
+from ..db import DatabaseUnavailable
+from ..errors import ConfigError, SchemaMissing, is_transient
+from ..workers.context import describe_error
+from .liveness import MIN_BEAT_GAP, Beat, encode_beat, encode_error, write_nowait
+from .policy import ChildExit
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..config import Config
+    from ..workers.context import Context
+    from ..workers.worker import Worker
+
+PR_SET_PDEATHSIG = 1
+# After a fast stop (QUIT, or the parent died) the child gets this long to give its run back
+# before SIGALRM's default action ends it: with no parent left, nobody else would kill it.
+FAST_EXIT_AFTER = 3.0
+# Signals the parent handles for the whole group: a terminal's Ctrl-C or hang-up reaches every
+# process in the group, and only the parent decides what they mean.
+_IGNORED = (signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR1)
+
+
+def set_parent_death_signal(signum: int) -> bool:
+    """Linux: have the kernel send `signum` when the parent dies. False where unsupported; the
+    pipe reaching EOF (a failed beat) and a getppid() check cover the rest."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class Beacon:
+    """The child's end of the liveness pipe, called from `Worker.beat` (after each poll and
+    each ctx.check()). Also where the child notices its parent is gone and recycles itself."""
+
+    def __init__(self, fd: int, parent_pid: int, max_jobs: int) -> None:
+        self.fd = fd
+        self.parent_pid = parent_pid
+        self.max_jobs = max_jobs
+        self._last: tuple[int | None, float | None] = (None, None)
+        self._sent_at = float("-inf")
+        self.orphaned = False
+
+    def __call__(self, worker: Worker, ctx: Context | None) -> None:
+        if self.orphaned:
+            return
+        if os.getppid() != self.parent_pid:
+            self._orphan(worker, "parent changed")
+            return
+        if (
+            self.max_jobs
+            and worker.jobs_done >= self.max_jobs
+            and worker.running
+            and not worker.stopping
+        ):
+            # Stop claiming without a deadline: the job in hand (if any) finishes normally and
+            # the loop ends after this poll. A child recycles after at least max_jobs jobs.
+            worker.running = False
+            log.event("child_recycling", worker=worker.id, jobs=worker.jobs_done)
+        now = time.monotonic()
+        state = (ctx.claim.id, ctx.last_renewal) if ctx is not None else (None, None)
+        if state == self._last and now - self._sent_at < MIN_BEAT_GAP:
+            return
+        beat = Beat(
+            t=now,
+            run_id=state[0],
+            renewed=state[1],
+            lease=ctx.claim.lease_seconds if ctx is not None else None,
+            jobs=worker.jobs_done,
+        )
+        try:
+            if write_nowait(self.fd, encode_beat(beat)):
+                self._last, self._sent_at = state, now
+        except OSError:  # EPIPE: the read end is closed, so the parent is gone
+            self._orphan(worker, "liveness pipe closed")
+
+    def _orphan(self, worker: Worker, why: str) -> None:
+        self.orphaned = True
+        log.event("parent_gone", level=30, worker=worker.id, why=why)
+        _fast_stop(worker)
+
+    def error(self, message: str) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.fd, encode_error(message))
+
+
+def _fast_stop(worker: Worker) -> None:
+    worker.stop(graceful=False)
+    # setitimer is async-signal-safe enough for CPython's handler context: it only records a
+    # deadline in the kernel. SIGALRM keeps its default action (terminate).
+    signal.setitimer(signal.ITIMER_REAL, FAST_EXIT_AFTER)
+
+
+def _install_signals(worker: Worker) -> None:
+    """TERM: graceful stop. QUIT (also the parent-death signal): fast stop. The handlers only
+    record the request on the worker; the loop acts on it."""
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        worker.stop(graceful=True)
+
+    def on_quit(signum: int, frame: FrameType | None) -> None:
+        _fast_stop(worker)
+
+    signal.set_wakeup_fd(-1)  # the parent's wake-up pipe is not ours
+    for sig in _IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGQUIT, on_quit)
+
+
+def _close_fds(fds: Iterable[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def child_main(
+    app: App,
+    config: Config,
+    *,
+    worker_id: str,
+    beat_fd: int,
+    parent_pid: int,
+    inherited_fds: Iterable[int],
+) -> NoReturn:
+    """Entry point right after fork. Exits with a `ChildExit` code; never returns."""
+    code = int(ChildExit.CRASH)
+    try:
+        code = int(_run(app, config, worker_id, beat_fd, parent_pid, inherited_fds))
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):
+            log.event("child_crashed", level=40, worker=worker_id, error=describe_error(exc, 5))
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _run(
+    app: App,
+    config: Config,
+    worker_id: str,
+    beat_fd: int,
+    parent_pid: int,
+    inherited_fds: Iterable[int],
+) -> ChildExit:
+    from ..workers.worker import Worker
+
+    set_parent_death_signal(signal.SIGQUIT)
+    _close_fds(inherited_fds)
+    beacon = Beacon(beat_fd, parent_pid, config.max_jobs_per_child)
+    worker = Worker(app, config, worker_id=worker_id, on_beat=beacon, register=False)
+    _install_signals(worker)
+    # The parent blocked every signal around fork(); anything that arrived since is delivered
+    # now, to the handlers above.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+        return ChildExit.OK
+    random.seed()  # never share the parent's random sequence (retry jitter)
+    try:
+        worker.open()
+    except (SchemaMissing, ConfigError) as exc:
+        beacon.error(str(exc))
+        worker.close()
+        return ChildExit.BOOT_ERROR
+    except (DatabaseUnavailable, psycopg.Error, TimeoutError) as exc:
+        if isinstance(exc, psycopg.Error) and not is_transient(exc):
+            raise
+        log.event("child_db_unavailable", level=30, worker=worker_id, error=describe_error(exc))
+        worker.close()
+        return ChildExit.DB_UNAVAILABLE
+    except Exception as exc:
+        if is_transient(exc):  # psycopg_pool.PoolTimeout
+            log.event("child_db_unavailable", level=30, worker=worker_id, error=describe_error(exc))
+            worker.close()
+            return ChildExit.DB_UNAVAILABLE
+        raise
+    if worker.stopping:  # told to stop while booting
+        worker.close()
+        return ChildExit.OK
+    worker.beat(None)  # the first beat tells the parent this child has booted
+    worker.run()
+    return ChildExit.OK

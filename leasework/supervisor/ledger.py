@@ -1,0 +1,137 @@
+"""The parent's only database duties: check the schema at boot, write its children's rows in the
+workers table, and expire a reaped child's leases at once (fast release).
+
+Holds at most one connection, opened lazily and closed before every fork, so no connection is
+ever shared with a child. Every failure is logged and retried later, never raised into the
+parent's loop: the database being down must not stop the supervisor from supervising.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from .. import db, log
+from ..config import Config
+from ..queries import load
+from ..workers import lease, registry
+
+Q = load("leasework.supervisor", "ledger.sql")
+
+# After a failed attempt, wait this long before touching the database again, so a database
+# outage costs the parent loop one short connect timeout per interval, not one per tick.
+RETRY_AFTER = 2.0
+CONNECT_TIMEOUT = 2  # seconds; libpq's minimum
+
+
+@dataclass(frozen=True)
+class Row:
+    worker_id: str
+    pid: int
+    run_id: int | None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return log.redact_dsn(text.splitlines()[0] if text else type(exc).__name__)
+
+
+class Ledger:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.host = socket.gethostname()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._retry_at = float("-inf")
+        self._release: dict[str, str] = {}  # worker id -> reason, waiting to be written
+        self._stopped: set[str] = set()
+
+    # -- the connection ---------------------------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self.close()
+            self._conn = db.connect(
+                self.config.dsn,
+                application_name="leasework:supervisor",
+                connect_timeout=CONNECT_TIMEOUT,
+            )
+        return self._conn
+
+    def close(self) -> None:
+        """Close the connection (before every fork)."""
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
+
+    def _failed(self, what: str, exc: BaseException, now: float) -> None:
+        log.event("ledger_failed", level=30, action=what, error=_first_line(exc))
+        self.close()
+        self._retry_at = now + RETRY_AFTER
+
+    def available(self, now: float) -> bool:
+        return now >= self._retry_at
+
+    # -- boot ---------------------------------------------------------------------------------
+
+    def check_schema(self) -> None:
+        """Raises SchemaMissing or ConfigError (boot errors), DatabaseUnavailable or a transient
+        psycopg error (retry). Closes the connection afterwards: children are forked next."""
+        try:
+            db.check_schema(self._connection())
+        finally:
+            self.close()
+
+    # -- workers rows and fast release --------------------------------------------------------
+
+    def heartbeat(self, rows: list[Row], now: float) -> bool:
+        """Upsert one row per child (heartbeat_at = database now). False if not written."""
+        if not rows or not self.available(now):
+            return False
+        try:
+            conn = self._connection()
+            with conn.transaction():
+                for row in rows:
+                    registry.upsert_worker(conn, row.worker_id, self.host, row.pid, row.run_id)
+        except (psycopg.Error, db.DatabaseUnavailable) as exc:
+            self._failed("heartbeat", exc, now)
+            return False
+        return True
+
+    def child_gone(self, worker_id: str, release_reason: str | None) -> None:
+        """Record that a child exited; with a reason, its leases are expired too."""
+        if release_reason is not None:
+            self._release[worker_id] = release_reason
+        self._stopped.add(worker_id)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._release or self._stopped)
+
+    def flush(self, now: float) -> list[int]:
+        """Write what `child_gone` queued. Returns the ids of the runs whose leases were expired
+        (each recorded as a crashed attempt), and wakes idle workers to reclaim them at once."""
+        if not self.pending or not self.available(now):
+            return []
+        released: list[int] = []
+        try:
+            conn = self._connection()
+            for worker_id, reason in list(self._release.items()):
+                with conn.transaction():
+                    ids = lease.expire_worker_leases(conn, worker_id, reason)
+                    if ids:
+                        conn.execute(Q["wake_workers"])
+                released.extend(ids)
+                del self._release[worker_id]
+                if ids:
+                    log.event("leases_released", worker=worker_id, runs=ids, reason=reason)
+            for worker_id in list(self._stopped):
+                registry.stop_worker(conn, worker_id)
+                self._stopped.discard(worker_id)
+        except (psycopg.Error, db.DatabaseUnavailable) as exc:
+            self._failed("release", exc, now)
+        return released

@@ -1,0 +1,85 @@
+"""The liveness pipe between a child and its parent: one JSON line per beat (time, current run,
+last lease renewal, jobs done), or one line carrying a boot error.
+
+Standard library only. The child never blocks on the pipe (a full pipe drops a beat); lines are
+far below PIPE_BUF, so each write is atomic. Never touches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+# A beat at most this often unless something changed (a new run, a renewal): ctx.check() may be
+# called in a tight loop and the parent only needs a fresh reading per watchdog tick.
+MIN_BEAT_GAP = 0.25
+_MAX_ERROR = 1000
+
+
+@dataclass(frozen=True)
+class Beat:
+    t: float  # monotonic time the child sent it (CLOCK_MONOTONIC is system-wide on Linux)
+    run_id: int | None
+    renewed: float | None
+    lease: float | None
+    jobs: int
+
+
+def encode_beat(beat: Beat) -> bytes:
+    doc = {"t": beat.t, "run": beat.run_id, "renewed": beat.renewed, "lease": beat.lease}
+    doc["jobs"] = beat.jobs
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+def encode_error(message: str) -> bytes:
+    first = (message.strip().splitlines() or [""])[0][:_MAX_ERROR]
+    return json.dumps({"error": first}, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> Beat | str | None:
+    """A Beat, a boot-error message, or None for a line that is not ours."""
+    try:
+        doc: Any = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if isinstance(doc.get("error"), str):
+        return str(doc["error"])
+    try:
+        return Beat(
+            t=float(doc["t"]),
+            run_id=None if doc.get("run") is None else int(doc["run"]),
+            renewed=None if doc.get("renewed") is None else float(doc["renewed"]),
+            lease=None if doc.get("lease") is None else float(doc["lease"]),
+            jobs=int(doc.get("jobs", 0)),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class LineBuffer:
+    """Parent side: accumulates bytes read from one child's pipe and yields whole lines."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        *lines, rest = self._buf.split(b"\n")
+        self._buf = bytearray(rest)
+        if len(self._buf) > 65536:  # a child writing garbage must not grow the parent
+            self._buf.clear()
+        return [bytes(line) for line in lines if line]
+
+
+def write_nowait(fd: int, data: bytes) -> bool:
+    """Write without blocking. False if the pipe is full (the beat is dropped). Raises
+    BrokenPipeError when nobody reads any more: the parent is gone."""
+    try:
+        os.write(fd, data)
+    except BlockingIOError:
+        return False
+    return True

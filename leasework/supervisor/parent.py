@@ -1,0 +1,553 @@
+"""The supervisor: one parent per host that forks N single-threaded worker children, reaps and
+restarts them with backoff, acts on signals, runs the watchdog and keeps the workers rows.
+
+Process plumbing only: it never runs job code and never claims a run. Its database use is the
+`Ledger` (rows, fast release), whose connection is closed before every fork. Signal handlers
+only record the signal; the loop acts on it (no logging or I/O inside a handler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import random
+import select
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from .. import log
+from ..db import DatabaseUnavailable
+from ..errors import is_transient
+from . import policy
+from .child import child_main
+from .ledger import Ledger, Row
+from .liveness import Beat, LineBuffer, decode
+from .policy import Candidate, ExitMeaning, Liveness, Verdict
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..config import Config
+
+HANDLED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGHUP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+    signal.SIGCHLD,
+)
+FAST_STOP_TIMEOUT = 3.0  # seconds children get after QUIT before SIGKILL
+STOP_SLACK = 5.0  # beyond graceful_timeout: time to give the run back and close connections
+WATCHDOG_KILL_AFTER = 2.0  # seconds between the watchdog's QUIT and its KILL
+TICK = 1.0  # the loop wakes at least this often
+
+
+@dataclass(eq=False)
+class Slot:
+    """A place for one child. `failures` is the slot's crash streak (restart backoff)."""
+
+    child: Child | None = None
+    failures: int = 0
+    spawn_at: float = 0.0
+
+
+@dataclass(eq=False)
+class Child:
+    pid: int
+    worker_id: str
+    fd: int
+    started: float
+    generation: int
+    slot: Slot | None  # None once retiring: it is stopping and will not be replaced
+    last_beat: float
+    buffer: LineBuffer = field(default_factory=LineBuffer)
+    booted: bool = False
+    beat: Beat | None = None
+    error: str | None = None
+    row_at: float | None = None  # when the parent last wrote this child's workers row
+    watchdog_at: float | None = None  # when the watchdog sent QUIT
+    killed: bool = False
+
+    @property
+    def busy(self) -> bool:
+        return self.beat is not None and self.beat.run_id is not None
+
+    def liveness(self) -> Liveness:
+        b = self.beat
+        if b is None:
+            return Liveness(last_beat=self.last_beat)
+        return Liveness(self.last_beat, b.run_id, b.renewed, b.lease)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        app: App,
+        config: Config,
+        *,
+        reload: Callable[[], Config] | None = None,
+        rand: random.Random | None = None,
+    ) -> None:
+        # Construct before fork: nothing here touches the process or the database.
+        self.app = app.with_config(config)
+        self.config = config
+        self.reload = reload
+        self.rand = rand or random.Random()
+        self.ledger = Ledger(config)
+        self.slots: list[Slot] = []
+        self.children: dict[int, Child] = {}
+        self.generation = 0
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._wake_r = -1
+        self._wake_w = -1
+        self._booted = False  # schema checked
+        self._boot_retry_at = 0.0
+        self._boot_failures = 0
+        self.stopping: str | None = None  # "graceful" or "fast"
+        self._stop_deadline = 0.0
+        self.exit_code = 0
+        self.halt_message: str | None = None
+
+    # -- signals ------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Only record it: logging here could deadlock on the logging lock (gunicorn b650332c).
+        The wake-up fd (set_wakeup_fd) interrupts the loop's select."""
+        self._signals.put_nowait(signum)
+
+    def _install_signals(self) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+            os.set_inheritable(fd, False)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for sig in HANDLED:
+            signal.signal(sig, self._on_signal)
+
+    def _restore_signals(self) -> None:
+        for sig in HANDLED:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+
+    def _dispatch(self, signum: int, now: float) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            # The first asks for a graceful stop; a second one makes it fast.
+            self.stop(graceful=self.stopping is None, now=now, why=policy.signal_name(signum))
+        elif signum == signal.SIGQUIT:
+            self.stop(graceful=False, now=now, why="SIGQUIT")
+        elif signum == signal.SIGHUP:
+            self._reload(now)
+        elif signum == signal.SIGTTIN:
+            self._resize(len(self.slots) + 1, now, "SIGTTIN")
+        elif signum == signal.SIGTTOU:
+            self._resize(len(self.slots) - 1, now, "SIGTTOU")
+        # SIGCHLD only wakes the loop; reaping happens every pass.
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Supervise until stopped. Returns the exit code: 0, or 2 after a boot error."""
+        self._install_signals()
+        now = time.monotonic()
+        self._resize(self.config.processes, now, "start")
+        log.event(
+            "supervisor_started",
+            pid=self.pid,
+            processes=self.config.processes,
+            graceful_timeout=self.config.graceful_timeout,
+        )
+        try:
+            while not self._finished():
+                self._pass()
+        finally:
+            for child in list(self.children.values()):  # only when leaving on an exception
+                self._kill(child, signal.SIGKILL)
+                os.waitpid(child.pid, 0)
+                self.children.pop(child.pid)
+                self.ledger.child_gone(child.worker_id, f"supervisor of {child.worker_id} failed")
+            self.ledger.flush(float("inf"))
+            self.ledger.close()
+            self._restore_signals()
+        log.event("supervisor_stopped", pid=self.pid, exit_code=self.exit_code)
+        return self.exit_code
+
+    def _finished(self) -> bool:
+        return self.stopping is not None and not self.children
+
+    def _pass(self) -> None:
+        self._wait(self._timeout(time.monotonic()))
+        now = time.monotonic()
+        while True:
+            try:
+                signum = self._signals.get_nowait()
+            except queue.Empty:
+                break
+            self._dispatch(signum, now)
+        self._reap(now)
+        self._watchdog(now)
+        self._write_rows(now)
+        self.ledger.flush(now)
+        if self.stopping is None:
+            self._boot(now)
+            self._roll(now)
+            self._spawn_due(now)
+        else:
+            self._escalate(now)
+
+    def _timeout(self, now: float) -> float:
+        wake = now + TICK
+        if self.stopping is None:
+            due = [s.spawn_at for s in self.slots if s.child is None]
+            if due:
+                wake = min(wake, min(due))
+        return max(0.0, wake - now)
+
+    def _wait(self, timeout: float) -> None:
+        """Sleep in select on the signal wake-up pipe and every child's liveness pipe."""
+        fds = [self._wake_r, *(c.fd for c in self.children.values())]
+        try:
+            ready, _, _ = select.select(fds, [], [], timeout)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries select itself
+            return
+        for fd in ready:
+            if fd == self._wake_r:
+                try:
+                    while os.read(fd, 512):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+                continue
+            for child in self.children.values():
+                if child.fd == fd:
+                    self._read(child, time.monotonic())
+                    break
+
+    def _read(self, child: Child, now: float) -> None:
+        while True:
+            try:
+                data = os.read(child.fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                return
+            if not data:
+                return
+            for line in child.buffer.feed(data):
+                msg = decode(line)
+                if isinstance(msg, Beat):
+                    child.beat = msg
+                    child.last_beat = now
+                    if not child.booted:
+                        child.booted = True
+                        log.event("child_booted", pid=child.pid, worker=child.worker_id)
+                elif isinstance(msg, str):
+                    child.error = msg
+
+    # -- boot ---------------------------------------------------------------------------------
+
+    def _boot(self, now: float) -> None:
+        """Check the schema once before the first fork. A missing schema or a bad DSN raises (exit
+        2); an unreachable database is retried with backoff, forever, reacting to signals."""
+        if self._booted or now < self._boot_retry_at:
+            return
+        try:
+            self.ledger.check_schema()
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            if isinstance(exc, psycopg.Error) and not is_transient(exc):
+                raise
+            self._boot_failures += 1
+            delay = policy.restart_delay(
+                self._boot_failures,
+                base=max(self.config.restart_backoff, 0.5),
+                cap=self.config.restart_backoff_max,
+                rand=self.rand.random(),
+            )
+            self._boot_retry_at = now + delay
+            log.event(
+                "db_unavailable",
+                level=30,
+                error=str(exc).splitlines()[0] if str(exc) else repr(exc),
+                retry_in=round(delay, 2),
+            )
+            return
+        self._booted = True
+
+    # -- children -----------------------------------------------------------------------------
+
+    def _spawn_due(self, now: float) -> None:
+        if not self._booted:
+            return
+        for slot in self.slots:
+            if slot.child is None and now >= slot.spawn_at:
+                self._spawn(slot, time.monotonic())
+
+    def _spawn(self, slot: Slot, now: float) -> None:
+        # Never hold a connection across fork(): the child would share the socket.
+        self.ledger.close()
+        suffix = uuid.uuid4().hex[:8]
+        read_fd, write_fd = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Block signals around fork so that the child never runs the parent's handlers; it
+        # installs its own and unblocks.
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os.close(read_fd)
+                inherited = [self._wake_r, self._wake_w, *(c.fd for c in self.children.values())]
+                child_main(
+                    self.app,
+                    self.config,
+                    worker_id=f"{self.host}-{os.getpid()}-{suffix}",
+                    beat_fd=write_fd,
+                    parent_pid=self.pid,
+                    inherited_fds=inherited,
+                )
+        finally:
+            if os.getpid() == self.pid:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        child = Child(
+            pid=pid,
+            worker_id=f"{self.host}-{pid}-{suffix}",
+            fd=read_fd,
+            started=now,
+            generation=self.generation,
+            slot=slot,
+            last_beat=now,
+        )
+        slot.child = child
+        self.children[pid] = child
+        log.event("child_spawned", pid=pid, worker=child.worker_id, failures=slot.failures)
+
+    def _reap(self, now: float) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            if child is None:
+                continue  # not ours (e.g. an orphan reparented to us as PID 1)
+            self._exited(child, policy.exit_meaning(os.waitstatus_to_exitcode(status)), now)
+
+    def _exited(self, child: Child, meaning: ExitMeaning, now: float) -> None:
+        self._read(child, now)  # a boot error may still be in the pipe
+        os.close(child.fd)
+        uptime = now - child.started
+        fields: dict[str, Any] = {
+            "pid": child.pid,
+            "worker": child.worker_id,
+            "status": meaning.describe(),
+            "uptime": round(uptime, 3),
+            "jobs": child.beat.jobs if child.beat else 0,
+        }
+        if meaning.hint:
+            fields["hint"] = meaning.hint
+        if child.error:
+            fields["error"] = child.error
+        expected = self.stopping is not None or child.slot is None or child.killed
+        log.event("child_exited", level=meaning.level if not expected else 20, **fields)
+        # Fast release: whatever it held is claimable on the next poll anywhere, instead of
+        # after the lease. Owner-scoped: a run another worker reclaimed already is not touched.
+        release = None if meaning.clean else f"worker {child.worker_id} {meaning.describe()}"
+        self.ledger.child_gone(child.worker_id, release)
+        slot = child.slot
+        if slot is None or slot not in self.slots:
+            return
+        slot.child = None
+        if meaning.halts and self.stopping is None:
+            self.halt_message = child.error or "a worker could not boot"
+            self.exit_code = 2
+            log.event("boot_failed", level=40, error=self.halt_message)
+            self.stop(graceful=True, now=now, why="boot error")
+            return
+        slot.failures = policy.next_failures(
+            slot.failures, meaning, uptime, self.config.restart_reset_after
+        )
+        delay = policy.restart_delay(
+            slot.failures,
+            base=self.config.restart_backoff,
+            cap=self.config.restart_backoff_max,
+            rand=self.rand.random(),
+        )
+        slot.spawn_at = now + delay
+        if meaning.clean and self.stopping is None:
+            log.event("child_recycled", pid=child.pid, worker=child.worker_id)
+        elif delay > 0:
+            log.event("restart_delayed", delay=round(delay, 3), failures=slot.failures)
+
+    def _kill_all(self, signum: int) -> None:
+        for child in self.children.values():
+            self._kill(child, signum)
+
+    def _kill(self, child: Child, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signum)
+
+    def _retire(self, child: Child, why: str) -> None:
+        """Stop a child gracefully without replacing it (its slot is gone or reassigned)."""
+        child.slot = None
+        self._kill(child, signal.SIGTERM)
+        log.event("child_retiring", pid=child.pid, worker=child.worker_id, why=why)
+
+    # -- watchdog and rows --------------------------------------------------------------------
+
+    def _watchdog(self, now: float) -> None:
+        cfg = self.config
+        for child in list(self.children.values()):
+            if child.watchdog_at is not None:
+                if not child.killed and now - child.watchdog_at >= WATCHDOG_KILL_AFTER:
+                    child.killed = True
+                    self._kill(child, signal.SIGKILL)
+                continue
+            verdict = policy.watchdog(
+                now,
+                child.liveness(),
+                enabled=cfg.watchdog,
+                config_lease=cfg.lease,
+                margin=cfg.watchdog_margin,
+                hang_timeout=cfg.hang_timeout,
+            )
+            if verdict is None:
+                continue
+            child.watchdog_at = now
+            # QUIT, not TERM: in a child TERM means "finish your job", and this child must
+            # stop now. KILL follows if it does not (a stopped or hung process ignores QUIT).
+            self._kill(child, signal.SIGQUIT)
+            log.event(
+                "child_killed_by_watchdog",
+                level=40,
+                pid=child.pid,
+                worker=child.worker_id,
+                reason=str(verdict),
+                run_id=child.beat.run_id if child.beat else None,
+                silent_for=round(now - child.last_beat, 3),
+                unrenewed_for=(
+                    round(now - child.beat.renewed, 3)
+                    if verdict is Verdict.LEASE and child.beat and child.beat.renewed
+                    else None
+                ),
+            )
+
+    def _write_rows(self, now: float) -> None:
+        """One workers row per child, refreshed every heartbeat_interval, but only for children
+        heard from since the last write: a silent child's heartbeat_at goes stale, truthfully."""
+        interval = self.config.heartbeat_interval
+        due = [
+            c
+            for c in self.children.values()
+            if c.booted
+            and (c.row_at is None or (now - c.row_at >= interval and c.last_beat > c.row_at))
+        ]
+        rows = [Row(c.worker_id, c.pid, c.beat.run_id if c.beat else None) for c in due]
+        if self.ledger.heartbeat(rows, now):
+            for c in due:
+                c.row_at = now
+
+    # -- stop, resize, reload -----------------------------------------------------------------
+
+    def stop(self, *, graceful: bool, now: float, why: str) -> None:
+        if self.stopping == "fast" or (self.stopping == "graceful" and graceful):
+            return
+        self.stopping = "graceful" if graceful else "fast"
+        timeout = self.config.graceful_timeout + STOP_SLACK if graceful else FAST_STOP_TIMEOUT
+        self._stop_deadline = now + timeout
+        log.event(
+            "supervisor_stopping",
+            mode=self.stopping,
+            why=why,
+            children=len(self.children),
+            deadline_s=round(timeout, 3),
+        )
+        self._kill_all(signal.SIGTERM if graceful else signal.SIGQUIT)
+
+    def _escalate(self, now: float) -> None:
+        if now < self._stop_deadline:
+            return
+        left = [c for c in self.children.values() if not c.killed]
+        for child in left:
+            child.killed = True
+            self._kill(child, signal.SIGKILL)
+            log.event("child_killed_at_deadline", level=30, pid=child.pid, worker=child.worker_id)
+
+    def _resize(self, n: int, now: float, why: str) -> None:
+        n = max(1, n)
+        before = len(self.slots)
+        while len(self.slots) < n:
+            self.slots.append(Slot(spawn_at=now))
+        while len(self.slots) > n:
+            empty = [s for s in self.slots if s.child is None]
+            if empty:  # a slot waiting out a backoff goes first
+                self.slots.remove(empty[-1])
+                continue
+            children = [s.child for s in self.slots if s.child is not None]
+            pid = policy.pick_to_retire([Candidate(c.pid, c.started, c.busy) for c in children])
+            child = next(c for c in children if c.pid == pid)
+            slot = child.slot
+            assert slot is not None
+            self._retire(child, why)
+            self.slots.remove(slot)
+        if before and before != n:
+            log.event("processes_changed", before=before, after=n, why=why)
+
+    def _reload(self, now: float) -> None:
+        if self.reload is None:
+            return
+        try:
+            config = self.reload()
+        except Exception as exc:  # a bad file keeps the running config
+            log.event("reload_failed", level=40, error=log.redact_dsn(str(exc)))
+            return
+        self.config = config
+        self.app = self.app.with_config(config)
+        self.ledger.config = config
+        self.generation += 1
+        log.event("config_reloaded", generation=self.generation, processes=config.processes)
+        self._resize(config.processes, now, "SIGHUP")
+
+    def _roll(self, now: float) -> None:
+        """After a reload, replace old-generation children one at a time: retire one only when
+        every new-generation child has booted, so a broken new config never empties the host."""
+        old = [
+            s.child
+            for s in self.slots
+            if s.child is not None and s.child.generation < self.generation
+        ]
+        if not old:
+            return
+        if any(
+            s.child is None or (s.child.generation == self.generation and not s.child.booted)
+            for s in self.slots
+        ):
+            return
+        cands = [Candidate(c.pid, c.started, c.busy) for c in old]
+        pid = policy.pick_to_retire(cands)
+        child = next(c for c in old if c.pid == pid)
+        slot = child.slot
+        assert slot is not None
+        self._retire(child, "SIGHUP")
+        slot.child = None
+        slot.failures = 0
+        slot.spawn_at = now

@@ -164,6 +164,10 @@ CREATE TABLE IF NOT EXISTS leasework.records (
 CREATE UNIQUE INDEX IF NOT EXISTS records_identity
     ON leasework.records (connection_id, table_name, external_id);
 
+-- Tombstones by age. Serves: prune_tombstones (maintenance).
+CREATE INDEX IF NOT EXISTS records_tombstoned
+    ON leasework.records (deleted_at) WHERE deleted_at IS NOT NULL;
+
 -- Recurring user tasks (@app.task(kind, every= | cron=)). Workers upsert the rows of their
 -- app's periodic tasks on start; the schedule stage enqueues due ones with the same no-backlog
 -- rule as connections: next_run_at is computed from now, never from its old value.

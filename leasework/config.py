@@ -160,6 +160,10 @@ class Config:
         default=30 * 86400.0,
         metadata=_doc("seconds a finished upload row and its archive are kept"),
     )
+    retention_tombstones: float = field(
+        default=30 * 86400.0,
+        metadata=_doc("seconds a tombstoned record (deleted upstream) is kept"),
+    )
     log_level: str = field(default="info", metadata=_doc("debug, info, warning or error"))
 
     def replace(self, **changes: Any) -> Config:
@@ -296,6 +300,7 @@ def _validate_ingest(cfg: Config, bad: Any) -> None:
         "retention_cancelled",
         "retention_workers",
         "retention_uploads",
+        "retention_tombstones",
     ):
         if getattr(cfg, key) <= 0:
             raise bad(key, f"must be > 0 seconds, got {getattr(cfg, key)}")

@@ -76,10 +76,17 @@ def prune_uploads(conn: Conn, app: App, limit: int) -> int:
     return len(conn.execute(Q["delete_uploads"], {"ids": [r[0] for r in rows]}).fetchall())
 
 
+def prune_tombstones(conn: Conn, app: App, limit: int) -> int:
+    """Records tombstoned (gone upstream) longer ago than the retention."""
+    params = {"retention": app.config.retention_tombstones, "limit": limit}
+    return len(conn.execute(Q["prune_tombstones"], params).fetchall())
+
+
 HANDLERS: tuple[Handler, ...] = (
     Handler("prune_runs", lambda c: c.prune_interval, prune_runs),
     Handler("prune_uploads", lambda c: c.prune_interval, prune_uploads),
     Handler("prune_workers", lambda c: c.workers_prune_interval, prune_workers),
+    Handler("prune_tombstones", lambda c: c.prune_interval, prune_tombstones),
 )
 
 

@@ -64,3 +64,16 @@ SELECT id, store_key
 
 -- name: delete_uploads
 DELETE FROM leasework.uploads WHERE id = ANY(%(ids)s) RETURNING id
+
+-- name: prune_tombstones
+-- Records deleted upstream (tombstoned) longer ago than the retention, oldest first.
+WITH doomed AS MATERIALIZED (
+    SELECT id
+      FROM leasework.records
+     WHERE deleted_at < leasework.now() - make_interval(secs => %(retention)s)
+     ORDER BY deleted_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM leasework.records r USING doomed WHERE r.id = doomed.id
+RETURNING r.id

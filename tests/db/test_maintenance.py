@@ -8,7 +8,7 @@ import pytest
 from leasework import App
 from leasework.stages.maintenance import MaintenanceStage
 
-HANDLERS = ("prune_runs", "prune_uploads", "prune_workers")
+HANDLERS = ("prune_runs", "prune_uploads", "prune_workers", "prune_tombstones")
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_each_handler_runs_once_per_period_across_workers(conn, workers):
         for w in ws:
             w.poll()
     assert markers(conn) == dict.fromkeys(HANDLERS, 1)
-    # One hourly period later (moved, not slept): prune_runs and prune_uploads run once more;
+    # One hourly period later (moved, not slept): the hourly handlers run once more;
     # the daily prune_workers does not.
     conn.execute(
         "UPDATE leasework.maintenance SET last_run_at = last_run_at - interval '61 minutes'"
@@ -52,7 +52,12 @@ def test_each_handler_runs_once_per_period_across_workers(conn, workers):
     for _ in range(3):
         for w in ws:
             w.poll()
-    assert markers(conn) == {"prune_runs": 2, "prune_uploads": 2, "prune_workers": 1}
+    assert markers(conn) == {
+        "prune_runs": 2,
+        "prune_uploads": 2,
+        "prune_workers": 1,
+        "prune_tombstones": 2,
+    }
 
 
 def test_pruning_keeps_what_retention_says(conn, workers):
@@ -125,3 +130,20 @@ def test_old_uploads_and_their_archives_are_pruned(conn, workers, tmp_path):
     ids = [r[0] for r in conn.execute("SELECT id FROM leasework.uploads").fetchall()]
     assert ids == [new]
     assert app.file_store().size(key) is None
+
+
+def test_old_tombstones_are_pruned_and_live_records_kept(conn, workers):
+    cid = conn.execute(
+        "INSERT INTO leasework.connections (workspace, provider, config)"
+        " VALUES ('ws', 'files', '{}') RETURNING id"
+    ).fetchone()[0]
+    conn.execute(
+        "INSERT INTO leasework.records (connection_id, table_name, external_id, data, deleted_at)"
+        " VALUES (%(c)s, 't', 'old', '{}', leasework.now() - interval '31 days'),"
+        "        (%(c)s, 't', 'recent', '{}', leasework.now() - interval '1 day'),"
+        "        (%(c)s, 't', 'live', '{}', NULL)",
+        {"c": cid},
+    )
+    workers(1)[0].poll()
+    left = {r[0] for r in conn.execute("SELECT external_id FROM leasework.records").fetchall()}
+    assert left == {"recent", "live"}

@@ -3,6 +3,7 @@ as text (80 columns) or returned as JSON-ready data. Never writes."""
 
 from __future__ import annotations
 
+import textwrap
 from datetime import datetime
 from typing import Any
 
@@ -66,7 +67,14 @@ def render(snap: dict[str, Any]) -> str:
     out.append("")
     order = ["waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled"]
     totals = snap["runs_by_status"]
-    out.append("runs: " + "  ".join(f"{s} {totals.get(s, 0)}" for s in order))
+    counts = [
+        f"{s}\u00a0{totals.get(s, 0)}" for s in order
+    ]  # no-break: a count stays with its name
+    wrapped = textwrap.wrap("  ".join(counts), width=74, break_long_words=False)
+    out.extend(
+        ("runs: " if i == 0 else "      ") + line.replace("\u00a0", " ")
+        for i, line in enumerate(wrapped)
+    )
     for kind, per in sorted(snap["runs_by_kind"].items()):
         live = " ".join(f"{s}={per[s]}" for s in order if per.get(s))
         out.append(f"  {kind[:30]:<30} {live}"[:80])

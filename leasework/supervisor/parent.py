@@ -166,6 +166,12 @@ class Supervisor:
         """Supervise until stopped. Returns the exit code: 0, or 2 after a boot error."""
         self._install_signals()
         now = time.monotonic()
+        try:
+            # A boot error (schema missing, bad DSN) leaves as one line before anything is logged.
+            self._boot(now)
+        except BaseException:
+            self._restore_signals()
+            raise
         self._resize(self.config.processes, now, "start")
         log.event(
             "supervisor_started",

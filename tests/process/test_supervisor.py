@@ -1,0 +1,323 @@
+"""The supervisor on real processes and real Postgres: kill -9 a child or the supervisor, pause a
+child past its lease, graceful TERM, a crash-looping job, TTIN/TTOU/HUP, recycling, boot errors.
+
+Timings are short through the config file (lease 6 s); nothing sleeps out a lease: tests wait on
+conditions with deadlines, or move the lease columns."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.conftest import expire_lease, get_run, wait_for
+
+from .conftest import Supervised, alive, enqueue, holder_pid
+
+Conn = psycopg.Connection[Any]
+Start = Callable[..., Supervised]
+
+
+def _running(conn: Conn, run_id: int, attempt: int) -> dict[str, Any] | None:
+    run = get_run(conn, run_id)
+    if run["status"] == "running" and run["attempts"] == attempt and run["lease_worker"]:
+        return run
+    return None
+
+
+def _wait_status(conn: Conn, run_id: int, status: str) -> None:
+    wait_for(lambda: get_run(conn, run_id)["status"] == status)
+
+
+def _effects(conn: Conn, run_id: int) -> list[tuple[int, int]]:
+    rows = conn.execute(
+        "SELECT attempt, pid FROM public.effects WHERE run_id = %s ORDER BY attempt", (run_id,)
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def test_kill_9_of_a_child_mid_job_is_recovered_within_a_poll(
+    supervise: Start, pconn: Conn, app_dir: Path
+) -> None:
+    sup = supervise(processes=2)
+    first = sup.wait_children(2)
+    run_id = enqueue(pconn, "hold", {"hold": True})
+    (app_dir / f"hold-{run_id}").touch()
+    run = wait_for(lambda: _running(pconn, run_id, 1))
+    victim = holder_pid(run["lease_worker"])
+    assert victim in first
+    # The parent writes a workers row per child.
+    rows = wait_for(
+        lambda: (
+            pconn.execute("SELECT pid FROM leasework.workers WHERE stopped_at IS NULL").fetchall()
+            if len(pconn.execute("SELECT 1 FROM leasework.workers").fetchall()) >= 2
+            else None
+        )
+    )
+    assert {r[0] for r in rows} == set(first)
+
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    again = wait_for(lambda: _running(pconn, run_id, 2), timeout=5)
+    recovered = time.monotonic() - killed_at
+    assert holder_pid(again["lease_worker"]) != victim
+    # Reclaimed within about one poll interval (0.2 s here), not the 6 s lease.
+    assert recovered < 2.0, f"recovery took {recovered:.2f} s"
+    print(f"recovered {recovered:.3f} s after kill -9")
+
+    (app_dir / f"hold-{run_id}").unlink()
+    done = wait_for(
+        lambda: get_run(pconn, run_id)["status"] == "succeeded" and get_run(pconn, run_id)
+    )
+    assert done["attempts"] == 2
+    outcomes = [h["outcome"] for h in done["history"]]
+    assert outcomes[0] == "crashed" and outcomes[-1] == "succeeded"
+    assert _effects(pconn, run_id) == [(2, holder_pid(again["lease_worker"]))]  # exactly once
+
+    # The parent restarted the dead child, and marked its row stopped.
+    wait_for(lambda: len(sup.children()) == 2 and victim not in sup.children())
+    row = wait_for(
+        lambda: pconn.execute(
+            "SELECT stopped_at FROM leasework.workers WHERE pid = %s AND stopped_at IS NOT NULL",
+            (victim,),
+        ).fetchone()
+    )
+    assert row is not None
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+def test_sigstop_past_the_lease_then_sigcont_writes_nothing(
+    supervise: Start, pconn: Conn, app_dir: Path
+) -> None:
+    sup = supervise(processes=2, watchdog=False)
+    sup.wait_children(2)
+    run_id = enqueue(pconn, "hold", {"hold": True})
+    (app_dir / f"hold-{run_id}").touch()
+    run = wait_for(lambda: _running(pconn, run_id, 1))
+    paused = holder_pid(run["lease_worker"])
+    os.kill(paused, signal.SIGSTOP)
+    try:
+        # As if it had been paused for the whole lease: move the lease, do not wait for it.
+        expire_lease(pconn, run_id)
+        again = wait_for(lambda: _running(pconn, run_id, 2), timeout=5)
+        assert holder_pid(again["lease_worker"]) != paused
+        (app_dir / f"hold-{run_id}").unlink()  # the new holder finishes
+        wait_for(lambda: get_run(pconn, run_id)["status"] == "succeeded")
+    finally:
+        os.kill(paused, signal.SIGCONT)
+    sup.wait_event("lease_lost", lambda e: e.get("run_id") == run_id)
+    wait_for(lambda: list(app_dir.glob(f"fence-refused-{run_id}-{paused}")))
+    done = get_run(pconn, run_id)
+    assert done["status"] == "succeeded" and done["attempts"] == 2
+    assert done["result"]["attempt"] == 2
+    assert [a for a, _ in _effects(pconn, run_id)] == [2]  # the stale worker's write never landed
+    assert alive(paused)  # the watchdog is off: the resumed child lives on
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+def test_watchdog_kills_a_child_that_stopped_renewing(
+    supervise: Start, pconn: Conn, app_dir: Path
+) -> None:
+    sup = supervise(processes=2)
+    sup.wait_children(2)
+    run_id = enqueue(pconn, "hold", {"hold": True})
+    (app_dir / f"hold-{run_id}").touch()
+    run = wait_for(lambda: _running(pconn, run_id, 1))
+    paused = holder_pid(run["lease_worker"])
+    os.kill(paused, signal.SIGSTOP)
+    # lease 6 s, margin 2 s: killed ~4 s after its last renewal (QUIT, then KILL 2 s later).
+    killed = sup.wait_event("child_killed_by_watchdog", lambda e: e["pid"] == paused, timeout=10)
+    assert killed["reason"] == "lease"
+    wait_for(lambda: not alive(paused), timeout=5)
+    again = wait_for(lambda: _running(pconn, run_id, 2), timeout=5)
+    assert holder_pid(again["lease_worker"]) != paused
+    (app_dir / f"hold-{run_id}").unlink()
+    wait_for(lambda: get_run(pconn, run_id)["status"] == "succeeded")
+    assert [a for a, _ in _effects(pconn, run_id)] == [2]
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+def test_term_is_graceful_and_releases_an_unfinished_run(
+    supervise: Start, pconn: Conn, app_dir: Path
+) -> None:
+    sup = supervise(processes=2, graceful_timeout=2.0)
+    kids = sup.wait_children(2)
+    run_id = enqueue(pconn, "hold", {"hold": True})
+    (app_dir / f"hold-{run_id}").touch()
+    wait_for(lambda: _running(pconn, run_id, 1))
+    t0 = time.monotonic()
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(2.0 + 6) == 0
+    took = time.monotonic() - t0
+    assert 1.5 < took < 2.0 + 5, f"stopped after {took:.2f} s"
+    run = get_run(pconn, run_id)
+    assert run["status"] == "queued" and run["attempts"] == 0  # released, attempt not charged
+    assert run["history"][-1]["outcome"] == "released"
+    assert not [p for p in kids if alive(p)]
+    rows = pconn.execute("SELECT count(*) FROM leasework.workers WHERE stopped_at IS NULL")
+    assert rows.fetchone() == (0,)
+
+
+def test_kill_9_of_the_supervisor_takes_its_children_down(
+    supervise: Start, pconn: Conn, app_dir: Path
+) -> None:
+    sup = supervise(processes=2)
+    kids = sup.wait_children(2)
+    run_id = enqueue(pconn, "hold", {"hold": True})
+    (app_dir / f"hold-{run_id}").touch()
+    wait_for(lambda: _running(pconn, run_id, 1))
+    t0 = time.monotonic()
+    sup.signal(signal.SIGKILL)
+    wait_for(lambda: not [p for p in kids if alive(p)], timeout=4)
+    print(f"children gone {time.monotonic() - t0:.3f} s after kill -9 of the supervisor")
+    # The orphaned holder gave its run back on the way out (parent-death signal = fast stop).
+    run = wait_for(lambda: get_run(pconn, run_id)["status"] == "queued" and get_run(pconn, run_id))
+    assert run["attempts"] == 0
+
+    second = supervise(processes=2)
+    again = wait_for(lambda: _running(pconn, run_id, 1), timeout=10)
+    assert holder_pid(again["lease_worker"]) in second.wait_children(2)
+    (app_dir / f"hold-{run_id}").unlink()
+    wait_for(lambda: get_run(pconn, run_id)["status"] == "succeeded")
+    second.signal(signal.SIGTERM)
+    assert second.wait_exit(10) == 0
+
+
+def test_a_crash_looping_job_backs_off_while_other_jobs_flow(supervise: Start, pconn: Conn) -> None:
+    poison = enqueue(pconn, "crash")
+    others = [enqueue(pconn, "hold") for _ in range(4)]
+    sup = supervise(processes=2)
+    wait_for(lambda: get_run(pconn, poison)["status"] == "failed", timeout=15)
+    for run_id in others:
+        _wait_status(pconn, run_id, "succeeded")
+    run = get_run(pconn, poison)
+    assert run["attempts"] == 3
+    assert [h["outcome"] for h in run["history"]].count("crashed") >= 2
+    delays = [e["delay"] for e in sup.events("restart_delayed")]
+    assert len(delays) >= 3
+    assert all(0 < d <= 1.0 for d in delays)  # restart_backoff_max
+    sup.wait_children(2)  # the supervisor kept its children
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+def test_ttin_ttou_and_hup(supervise: Start, pconn: Conn) -> None:
+    sup = supervise(processes=1)
+    (first,) = sup.wait_children(1)
+    sup.signal(signal.SIGTTIN)
+    two = sup.wait_children(2)
+    assert first in two
+    sup.signal(signal.SIGTTOU)
+    sup.wait_children(1)
+    sup.wait_event("processes_changed", lambda e: e["why"] == "SIGTTOU")
+
+    # HUP: reload the file (3 processes now) and replace the old children one at a time.
+    before = set(sup.children())
+    sup.write_config({"processes": 3, "max_jobs_per_child": 5})
+    sup.signal(signal.SIGHUP)
+    sup.wait_event("config_reloaded")
+    after = wait_for(lambda: (k := sup.children()) and len(k) == 3 and not (set(k) & before) and k)
+    assert len(after) == 3
+    # A broken file is refused and the running config kept.
+    sup.config_path.write_text("processes = 'many'\n")
+    sup.signal(signal.SIGHUP)
+    sup.wait_event("reload_failed")
+    assert len(sup.wait_children(3)) == 3
+    sup.signal(signal.SIGINT)
+    assert sup.wait_exit(10) == 0
+
+
+def test_max_jobs_per_child_recycles_children(supervise: Start, pconn: Conn) -> None:
+    runs = [enqueue(pconn, "hold") for _ in range(6)]
+    sup = supervise(processes=1, max_jobs_per_child=2, runs_limit=1)
+    for run_id in runs:
+        _wait_status(pconn, run_id, "succeeded")
+    recycled = sup.events("child_recycled")
+    assert len(recycled) >= 2
+    assert not sup.events("restart_delayed")  # a recycle is not a crash
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
+def _run_cli(tmp: Path, *args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-m", "leasework", "supervise", *args],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_boot_errors_exit_2_with_one_line(app_dir: Path, server_dsn: str, dsn: str) -> None:
+    bad_config = app_dir / "bad.toml"
+    bad_config.write_text("processes = 0\n")
+    cases = [
+        ("--app", "lwtestapp:app", "--dsn", dsn, "--config", str(bad_config)),
+        ("--app", "no_such_module:app", "--dsn", dsn),
+    ]
+    # A database without the leasework schema.
+    name = f"leasework_empty_{os.getpid()}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(server_dsn)
+    params["dbname"] = name
+    cases.append(("--app", "lwtestapp:app", "--dsn", make_conninfo("", **params)))
+    try:
+        for args in cases:
+            out = _run_cli(app_dir, *args)
+            assert out.returncode == 2, (args, out.stderr)
+            lines = out.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("leasework: "), out.stderr
+        assert "migrate" in lines[0]
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def test_an_unreachable_database_at_boot_is_retried(app_dir: Path) -> None:
+    (app_dir / "down.toml").write_text("restart_backoff = 0.1\nrestart_backoff_max = 0.5\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    log = app_dir / "down.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "leasework",
+                "supervise",
+                "--app",
+                "lwtestapp:app",
+                "--config",
+                "down.toml",
+                "--dsn",
+                "postgresql://postgres@127.0.0.1:1/postgres",
+            ],
+            cwd=app_dir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: log.read_text().count('"db_unavailable"') >= 2)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,24 @@
+"""deploy/leasework.toml documents every setting, and uncommented it is a valid config."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from leasework import config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "leasework.toml"
+SETTING = re.compile(r"^# ([a-z_]+ = .*?)(   \(default: unset\))?$")
+
+
+def test_every_setting_is_documented_and_the_example_is_valid(tmp_path: Path) -> None:
+    lines = [m.group(1) for line in EXAMPLE.read_text().splitlines() if (m := SETTING.match(line))]
+    keys = [line.split(" = ", 1)[0] for line in lines]
+    assert sorted(keys) == sorted(config.FIELDS)
+    uncommented = tmp_path / "leasework.toml"
+    uncommented.write_text("\n".join(lines) + "\n")
+    cfg = config.load(uncommented, env={})
+    defaults = config.Config()
+    for key in config.FIELDS:
+        if key not in ("dsn", "app", "embedder"):
+            assert getattr(cfg, key) == getattr(defaults, key), key

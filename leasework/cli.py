@@ -407,24 +407,30 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
 }
 
 
+def one_line(message: str) -> str:
+    """An error message as one printable, password-free line: control characters (which a
+    terminal or `splitlines` would break on) are shown escaped."""
+    text = log.redact_dsn(message.strip())
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"leasework: {one_line(message)}", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         cfg = _config(args)
         log.setup(cfg.log_level)
         return _RUNNERS[args.command](args, cfg)
-    except ConfigError as exc:
-        print(f"leasework: {log.redact_dsn(str(exc))}", file=sys.stderr)
-        return EXIT_USAGE
-    except SchemaMissing as exc:
-        print(f"leasework: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except (ConfigError, SchemaMissing) as exc:
+        return _fail(str(exc), EXIT_USAGE)
     except LeaseworkError as exc:
-        print(f"leasework: {log.redact_dsn(str(exc))}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(str(exc), EXIT_ERROR)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a one-line report, not a traceback, for anything unexpected
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"leasework: {type(exc).__name__}: {log.redact_dsn(first)}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(f"{type(exc).__name__}: {first}", EXIT_ERROR)

@@ -98,9 +98,29 @@ CREATE INDEX IF NOT EXISTS runs_claimable_untenanted
 CREATE INDEX IF NOT EXISTS runs_running_by_expiry
     ON leasework.runs (lease_expires_at) WHERE status = 'running';
 
--- The rate limiter's look-up of live leases in one tenant. Serves: claim_runs, verify_limiter.
+-- The rate limiter's look-up of live leases in one tenant. Serves: claim_runs, limiter_conflict.
 CREATE INDEX IF NOT EXISTS runs_running_by_tenant
     ON leasework.runs (tenant, lease_expires_at) WHERE status = 'running';
+
+-- The rate limiter's re-check inside claim_runs (leasework/workers/lease.sql), called on each
+-- tenanted run after the claim has locked it and its tenant row. It must be VOLATILE: a volatile
+-- function takes a fresh snapshot for each statement it runs, so it sees every rival claim that
+-- committed before we took the tenant lock, which the claim statement's own snapshot may not.
+-- True: another live lease of the run's tenant conflicts (either is exclusive, or same group).
+CREATE OR REPLACE FUNCTION leasework.limiter_conflict(run_id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT 1
+          FROM leasework.runs r
+          JOIN leasework.runs o ON o.tenant = r.tenant
+         WHERE r.id = run_id
+           AND o.status = 'running'
+           AND o.id <> r.id
+           AND o.lease_expires_at >= leasework.now()
+           AND (o.exclusive OR r.exclusive OR o."group" = r."group"));
+END
+$$;
 
 -- Finished runs by age, for pruning. Serves: maintenance pruning.
 CREATE INDEX IF NOT EXISTS runs_finished_at

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -69,26 +70,20 @@ def claim_runs(
 ) -> list[Claim]:
     """Claim up to `limit` due runs of `kinds` (queued, or running with an expired lease).
 
-    Runs in its own short transaction on `conn` (which must be idle): the claim statement, then,
-    for claims of a tenant's run, the limiter's re-check under the tenant locks with a fresh
-    snapshot; a conflict found there rolls the whole claim back. Re-checking after commit instead
-    would let two conflicting runs be `running` with live leases at once, if only for a moment:
-    the seed's "two workers cannot both pass the check" is about the database, not the handlers.
+    One autocommit statement, one round trip (`conn` must be idle, in autocommit mode). The rate
+    limiter's re-check under the tenant locks, with a fresh snapshot, happens inside that same
+    statement (leasework.limiter_conflict), so two conflicting runs are never both `running` with
+    live leases, not even for a moment: the seed's "two workers cannot both pass the check" holds
+    in the database, not only in the handlers.
     """
     if not kinds:
         return []
-    with conn.transaction() as tx, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            Q["claim_runs"],
-            {"kinds": list(kinds), "worker": worker, "lease": lease, "limit": limit},
-            prepare=True,
-        )
+    params = {"kinds": list(kinds), "worker": worker, "lease": lease, "limit": limit}
+    # A connection outside autocommit still gets the claim committed on its own.
+    own_tx = conn.transaction() if not conn.autocommit else nullcontext()
+    with own_tx, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(Q["claim_runs"], params, prepare=True)
         rows = cur.fetchall()
-        if any(r["tenant"] is not None for r in rows):
-            cur.execute(Q["verify_limiter"], {"ids": [r["id"] for r in rows]}, prepare=True)
-            if cur.fetchall():
-                rows = []
-                raise psycopg.Rollback(tx)
     return [
         Claim(
             id=r["id"],

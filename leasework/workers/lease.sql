@@ -11,15 +11,19 @@
 -- a live lease and either one is exclusive or both share a group. The tenant row is locked with
 -- the run (FOR UPDATE OF r, t SKIP LOCKED) so claim decisions for one tenant are serialized.
 -- That alone leaves a narrow race (a rival's claim can commit after our snapshot was taken but
--- before we lock the tenant row), so verify_limiter re-checks in the same transaction, with the
--- tenant rows still locked and a fresh snapshot; any conflict rolls the claim back before it is
--- ever visible. DISTINCT ON (tenant)
+-- before we lock the tenant row), so `chosen` re-checks each locked tenanted run with
+-- leasework.limiter_conflict(), a VOLATILE function and therefore a fresh snapshot taken after
+-- the tenant lock: a conflicting run is simply not claimed. The whole claim stays one autocommit
+-- statement (one round trip, no BEGIN/COMMIT). DISTINCT ON (tenant)
 -- takes at most one run per tenant per statement, since the NOT EXISTS cannot see this
 -- statement's own claims. Runs without a tenant skip the limiter and lock no tenant row (FOR
 -- UPDATE cannot lock the nullable side of an outer join, hence two branches).
 --
 -- Each branch is AS MATERIALIZED so the LIMIT and the row locks are evaluated exactly once: inlined
 -- into the UPDATE, the planner may re-run the subquery per joined row and claim more than the limit.
+-- The UPDATE finds its rows by `id = ANY(ARRAY(...))`, an index look-up whatever the row estimate,
+-- so the generic plan (workers force it on their control connection: planning this statement
+-- costs more than running it) never turns into a hash join over the whole table.
 WITH tenanted AS MATERIALIZED (
     SELECT DISTINCT ON (c.tenant) c.id, c.priority, c.queued_at
       FROM (
@@ -57,7 +61,9 @@ WITH tenanted AS MATERIALIZED (
        FOR UPDATE OF r SKIP LOCKED
 ), chosen AS MATERIALIZED (
     SELECT id
-      FROM (SELECT * FROM tenanted UNION ALL SELECT * FROM untenanted) u
+      FROM (SELECT * FROM tenanted WHERE NOT leasework.limiter_conflict(id)
+            UNION ALL
+            SELECT * FROM untenanted) u
      ORDER BY priority, queued_at, id
      LIMIT %(limit)s
 )
@@ -78,30 +84,11 @@ UPDATE leasework.runs r
                 'outcome', 'expired', 'error', 'lease expired'))
            ELSE r.history
        END
-  FROM chosen
- WHERE r.id = chosen.id
+ WHERE r.id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING r.id, r.kind, r.key, r.tenant, r."group", r.exclusive, r.priority, r.payload, r.result,
           r.attempts, r.max_attempts, r.lease_owner, r.lease_expires_at, r.lease_seconds,
           r.timeout_seconds, r.processed_units, r.total_units, r.created_at, r.queued_at,
           r.started_at
-
--- name: verify_limiter
--- Of the runs just claimed (this transaction, tenant rows still locked), those that another live
--- lease of their tenant conflicts with. A fresh statement sees every claim committed before we
--- took the tenant lock, which the claim's own snapshot may not have: any row here means the
--- caller rolls the claim back.
-SELECT r.id
-  FROM leasework.runs r
- WHERE r.id = ANY(%(ids)s)
-   AND r.tenant IS NOT NULL
-   AND EXISTS (
-        SELECT 1
-          FROM leasework.runs o
-         WHERE o.tenant = r.tenant
-           AND o.status = 'running'
-           AND o.id <> r.id
-           AND o.lease_expires_at >= leasework.now()
-           AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
 
 -- name: settle_runs
 -- The poll's bookkeeping, bounded by %(limit)s, in one round trip (no reaper process):

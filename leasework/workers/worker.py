@@ -66,6 +66,7 @@ class Worker:
         self._control: Conn | None = None
         self._stop_at: float | None = None  # monotonic time the current job must be aborted by
         self._listening = False
+        self._idle_until: dict[str, float] = {}  # stage name -> monotonic time to ask it again
         # A standalone worker keeps its own row in the workers table; under the supervisor the
         # parent writes the rows instead (register=False).
         self.register = register
@@ -128,6 +129,10 @@ class Worker:
             self._control = db.connect(
                 self.config.dsn, application_name=f"leasework:{self.id}:control"
             )
+            # Only leasework's own statements run here (claim, settle, renew, control, outcomes),
+            # each a prepared statement whose generic plan is as good as a custom one: planning
+            # the claim afresh on every call cost more than executing it (bench/README.md).
+            self._control.execute("SET plan_cache_mode = force_generic_plan")
             self._listening = False
         return self._control
 
@@ -148,19 +153,33 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def poll(self) -> int:
-        """Run every stage once, in order. Returns how many items the stages handled."""
+    def poll(self, *, skip_idle: bool = False) -> int:
+        """Run every stage once, in order. Returns how many items the stages handled.
+
+        skip_idle (used by `run()` between back-to-back polls while work keeps coming): a stage
+        that found nothing is not asked again until poll_interval has passed, the seed's own poll
+        period, so a busy queue of short runs does not pay every idle stage's queries per batch.
+        """
         done = 0
+        now = time.monotonic()
         for stage in self.stages:
             if self.stopping:
                 break
+            if skip_idle and now < self._idle_until.get(stage.name, 0.0):
+                continue
+            handled = 0
             try:
-                done += stage.step(self)
+                handled = stage.step(self)
             except Exception as exc:  # one failing stage never skips the ones after it
                 level = 30 if is_transient(exc) else 40
                 log.event(
                     "stage_failed", level=level, stage=stage.name, error=describe_error(exc, 3)
                 )
+            done += handled
+            if handled:
+                self._idle_until.pop(stage.name, None)
+            else:
+                self._idle_until[stage.name] = now + self.config.poll_interval
         self.beat(None)
         return done
 
@@ -172,10 +191,11 @@ class Worker:
         log.event(
             "worker_started", worker=self.id, pid=os.getpid(), stages=[s.name for s in self.stages]
         )
+        found = 0
         try:
             while self.running:
                 try:
-                    found = self.poll()
+                    found = self.poll(skip_idle=found > 0)
                 except Exception as exc:  # poll() already isolates stages; this is belt and braces
                     log.event("poll_failed", level=40, error=describe_error(exc, 3))
                     found = 0

@@ -26,9 +26,19 @@ def parse(text: str) -> dict[str, str]:
     return queries
 
 
+_COMMENT_LINE = re.compile(r"^\s*--.*\n?", re.MULTILINE)
+
+
+def strip_comments(statement: str) -> str:
+    """The statement without its whole-line comments (the `.sql` file keeps them for readers)."""
+    return _COMMENT_LINE.sub("", statement).strip()
+
+
 @cache
 def load(package: str, filename: str) -> dict[str, bytes]:
     """{name: statement} for a `.sql` file of a package. Statements are bytes, which psycopg
-    accepts as a query and caches the parsing of (a `sql.SQL` object is re-parsed per call)."""
+    accepts as a query and caches the parsing of (a `sql.SQL` object is re-parsed per call), and
+    without their comment lines: psycopg only caches statements up to 4 KiB, and the claim's
+    comments alone would push it past that, costing a re-parse on every claim."""
     text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
-    return {name: body.encode() for name, body in parse(text).items()}
+    return {name: strip_comments(body).encode() for name, body in parse(text).items()}

@@ -57,7 +57,7 @@ APP = textwrap.dedent(
         try:
             with ctx.transaction() as conn:
                 conn.execute(
-                    "INSERT INTO public.effects (run_id, attempt, pid) VALUES (%s, %s, %s)",
+                    "INSERT INTO public.supervisor_test_effects (run_id, attempt, pid) VALUES (%s, %s, %s)",
                     (ctx.run_id, ctx.attempt, os.getpid()),
                 )
         except LeaseLost:
@@ -226,8 +226,10 @@ def app_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def pconn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     """An emptied test database with an effects table the test app writes through its fence."""
-    conn.execute("CREATE TABLE IF NOT EXISTS public.effects (run_id bigint, attempt int, pid int)")
-    conn.execute("TRUNCATE public.effects")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS public.supervisor_test_effects (run_id bigint, attempt int, pid int)"
+    )
+    conn.execute("TRUNCATE public.supervisor_test_effects")
     return conn
 
 

@@ -40,7 +40,8 @@ def _wait_status(conn: Conn, run_id: int, status: str) -> None:
 
 def _effects(conn: Conn, run_id: int) -> list[tuple[int, int]]:
     rows = conn.execute(
-        "SELECT attempt, pid FROM public.effects WHERE run_id = %s ORDER BY attempt", (run_id,)
+        "SELECT attempt, pid FROM public.supervisor_test_effects WHERE run_id = %s ORDER BY attempt",
+        (run_id,),
     ).fetchall()
     return [(r[0], r[1]) for r in rows]
 

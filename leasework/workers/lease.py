@@ -74,7 +74,8 @@ def claim_runs(
     limiter's re-check under the tenant locks, with a fresh snapshot, happens inside that same
     statement (leasework.limiter_conflict), so two conflicting runs are never both `running` with
     live leases, not even for a moment: the seed's "two workers cannot both pass the check" holds
-    in the database, not only in the handlers.
+    in the database, not only in the handlers. The claim's own commit is asynchronous (see
+    lease.sql), so it must not share a transaction with anything else.
     """
     if not kinds:
         return []

@@ -1,0 +1,155 @@
+"""Pickup latency of an idle worker woken by NOTIFY: time from the enqueueing transaction to the
+claim, in database time (started_at - created_at), for a raw LISTEN/NOTIFY loop and for a
+leasework worker (`Worker.run`, default 2 s poll, woken by the enqueue's NOTIFY). Jobs arrive one
+at a time with a pause between, so each finds the worker idle. Prints p50/p95, medians and
+ranges over the repeats; asserts nothing.
+
+    .venv/bin/python bench/pickup_latency.py [--dsn DSN] [--samples 200] [--repeat 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import time
+from typing import Any
+
+import psycopg
+from common import DEFAULT_DSN, bench_database, drop_database, med, print_table, spread
+
+from leasework import App, Config, db
+from leasework.workers.worker import Worker
+
+RAW_SCHEMA = """
+DROP TABLE IF EXISTS bench_raw_jobs;
+CREATE TABLE bench_raw_jobs (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    status text NOT NULL DEFAULT 'queued',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    started_at timestamptz,
+    lease_owner uuid
+);
+CREATE INDEX ON bench_raw_jobs (id) WHERE status = 'queued';
+"""
+RAW_CLAIM = """
+UPDATE bench_raw_jobs SET status = 'running', lease_owner = gen_random_uuid(), started_at = now()
+ WHERE id = (SELECT id FROM bench_raw_jobs WHERE status = 'queued'
+              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id, lease_owner
+"""
+RAW_DONE = "UPDATE bench_raw_jobs SET status = 'done' WHERE id = %s AND lease_owner = %s"
+
+
+def raw_listener(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("LISTEN bench_raw")
+        while True:
+            for _ in conn.notifies(timeout=2.0, stop_after=1):
+                break
+            while (row := conn.execute(RAW_CLAIM, prepare=True).fetchone()) is not None:
+                conn.execute(RAW_DONE, (row[0], row[1]), prepare=True)
+
+
+bench_app = App()
+
+
+@bench_app.task("noop")
+def noop(ctx: Any, payload: Any) -> None:
+    return None
+
+
+def lw_listener(dsn: str) -> None:
+    cfg = Config(dsn=dsn)  # the defaults: 2 s poll, NOTIFY wake-up
+    Worker(bench_app.with_config(cfg), cfg, register=False).run()
+
+
+def percentiles(ms: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(ms, n=100, method="inclusive")
+    return q[49], q[94]
+
+
+def measure(dsn: str, system: str, samples: int, gap: float) -> tuple[float, float]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if system == "raw":
+            conn.execute(RAW_SCHEMA)
+        else:
+            db.migrate(conn)
+            conn.execute("TRUNCATE leasework.runs, leasework.tenants, leasework.workers")
+    target = raw_listener if system == "raw" else lw_listener
+    proc = mp.get_context("fork").Process(target=target, args=(dsn,), daemon=True)
+    proc.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            time.sleep(1.0)  # the listener is up and idle
+            for _ in range(samples):
+                with conn.transaction():
+                    if system == "raw":
+                        conn.execute("INSERT INTO bench_raw_jobs DEFAULT VALUES")
+                        conn.execute("SELECT pg_notify('bench_raw', '')")
+                    else:
+                        bench_app.enqueue(conn, "noop", {})
+                time.sleep(gap)
+            table = "bench_raw_jobs" if system == "raw" else "leasework.runs"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    f"SELECT count(*) FROM {table} WHERE started_at IS NULL"
+                ).fetchone()
+                if row is not None and row[0] == 0:
+                    break
+                time.sleep(0.05)
+            rows = conn.execute(
+                f"SELECT extract(epoch FROM started_at - created_at) * 1000 FROM {table}"
+            ).fetchall()
+    finally:
+        if proc.pid is not None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(5)
+    return percentiles([float(r[0]) for r in rows])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dsn", default=DEFAULT_DSN, help="an admin DSN; a bench database is made")
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--gap", type=float, default=0.02, help="seconds between enqueues")
+    ap.add_argument("--quick", action="store_true", help="60 samples, 2 repeats")
+    args = ap.parse_args()
+    if args.quick:
+        args.samples, args.repeat = min(args.samples, 60), min(args.repeat, 2)
+    name = "leasework_bench_pickup"
+    dsn = bench_database(args.dsn, name)
+    res: dict[str, list[tuple[float, float]]] = {"raw": [], "leasework": []}
+    try:
+        for _ in range(args.repeat):
+            for system in res:
+                res[system].append(measure(dsn, system, args.samples, args.gap))
+    finally:
+        drop_database(args.dsn, name)
+    base50 = med([p for p, _ in res["raw"]])
+    base95 = med([p for _, p in res["raw"]])
+    print(f"pickup latency: {args.samples} jobs one at a time, {args.repeat} runs each (ms)")
+    rows = []
+    for label, system in (("raw LISTEN/NOTIFY loop", "raw"), ("leasework worker", "leasework")):
+        p50 = [p for p, _ in res[system]]
+        p95 = [p for _, p in res[system]]
+        rows.append(
+            [
+                label,
+                f"{med(p50):.2f}",
+                spread(p50, ".2f"),
+                f"{med(p95):.2f}",
+                spread(p95, ".2f"),
+                f"{med(p50) / base50:.2f} / {med(p95) / base95:.2f}",
+                "" if system == "raw" else "≤ 1.5 / ≤ 2.0",
+            ]
+        )
+    print_table(["system", "p50", "range", "p95", "range", "x raw (p50/p95)", "target"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo chaos clean
+.PHONY: test lint demo chaos clean bench bench-quick
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,6 +22,21 @@ chaos: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/leasework demo
+
+# Benchmarks (bench/README.md): each script makes its own database on the local server and prints
+# a table. `make bench` takes about 10 minutes; `make bench BENCH_FLAGS=--quick` (or
+# `make bench-quick`) about 2. Set BENCH_DSN for another server.
+BENCH_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
+BENCH_FLAGS ?=
+BENCHES := throughput pickup_latency claim_flatness bulk_enqueue
+
+bench: $(STAMP)
+	@for b in $(BENCHES); do \
+		echo; $(PY) bench/$$b.py --dsn '$(BENCH_DSN)' $(BENCH_FLAGS) || exit 1; \
+	done
+
+bench-quick:
+	$(MAKE) bench BENCH_FLAGS=--quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

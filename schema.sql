@@ -81,20 +81,25 @@ CREATE UNIQUE INDEX IF NOT EXISTS runs_one_active_per_key
 CREATE UNIQUE INDEX IF NOT EXISTS runs_one_waiting_per_key
     ON leasework.runs (key) WHERE status = 'waiting' AND key IS NOT NULL;
 
--- The claim walks these in (priority, queued_at, id) order; only non-terminal rows are in them,
--- so they stay small however many finished runs accumulate. One per claim branch, so that the
--- tenanted branch never scans past untenanted runs and the other way round.
--- Serves: claim_runs (tenanted branch).
-CREATE INDEX IF NOT EXISTS runs_claimable_tenanted
-    ON leasework.runs (priority, queued_at, id, lease_expires_at)
-    WHERE status IN ('queued', 'running') AND tenant IS NOT NULL;
+-- The claim walks these in (priority, queued_at, id) order. Queued runs only: a claim moves its
+-- run out of them and adds nothing, so a busy queue leaves one dead entry per run behind (not two,
+-- as an index over running runs too would) and they stay small however many finished runs
+-- accumulate. One per claim branch, so that the tenanted branch never scans past untenanted runs
+-- and the other way round. (Replaced runs_claimable_*, which also held running runs.)
+DROP INDEX IF EXISTS leasework.runs_claimable_tenanted;
+DROP INDEX IF EXISTS leasework.runs_claimable_untenanted;
 
--- Serves: claim_runs (untenanted branch).
-CREATE INDEX IF NOT EXISTS runs_claimable_untenanted
-    ON leasework.runs (priority, queued_at, id, lease_expires_at)
-    WHERE status IN ('queued', 'running') AND tenant IS NULL;
+-- Serves: claim_runs (tenanted_queued).
+CREATE INDEX IF NOT EXISTS runs_queued_tenanted
+    ON leasework.runs (priority, queued_at, id)
+    WHERE status = 'queued' AND tenant IS NOT NULL;
 
--- Serves: settle_runs (expired runs to end).
+-- Serves: claim_runs (untenanted_queued).
+CREATE INDEX IF NOT EXISTS runs_queued_untenanted
+    ON leasework.runs (priority, queued_at, id)
+    WHERE status = 'queued' AND tenant IS NULL;
+
+-- Serves: settle_runs (expired runs to end), claim_runs (tenanted_expired, untenanted_expired).
 CREATE INDEX IF NOT EXISTS runs_running_by_expiry
     ON leasework.runs (lease_expires_at) WHERE status = 'running';
 

@@ -19,43 +19,73 @@
 -- statement's own claims. Runs without a tenant skip the limiter and lock no tenant row (FOR
 -- UPDATE cannot lock the nullable side of an outer join, hence two branches).
 --
+-- Queued runs and expired leases are separate branches, each walking its own index in order:
+-- the queued-only partial indexes never hold a running run, so a claim adds no entry to them and
+-- the dead entries a busy queue leaves behind stay one per run (bench/README.md, flatness);
+-- expired leases are few and come from runs_running_by_expiry.
+--
 -- Each branch is AS MATERIALIZED so the LIMIT and the row locks are evaluated exactly once: inlined
 -- into the UPDATE, the planner may re-run the subquery per joined row and claim more than the limit.
 -- The UPDATE finds its rows by `id = ANY(ARRAY(...))`, an index look-up whatever the row estimate,
 -- so the generic plan (workers force it on their control connection: planning this statement
 -- costs more than running it) never turns into a hash join over the whole table.
-WITH tenanted AS MATERIALIZED (
+WITH tenanted_queued AS MATERIALIZED (
+    SELECT r.id, r.tenant, r.priority, r.queued_at
+      FROM leasework.runs r
+      JOIN leasework.tenants t ON t.name = r.tenant
+     WHERE r.tenant IS NOT NULL
+       AND r.status = 'queued' AND r.queued_at <= leasework.now()
+       AND r.kind = ANY(%(kinds)s)
+       AND NOT EXISTS (
+            SELECT 1
+              FROM leasework.runs o
+             WHERE o.tenant = r.tenant
+               AND o.status = 'running'
+               AND o.id <> r.id
+               AND o.lease_expires_at >= leasework.now()
+               AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
+     ORDER BY r.priority, r.queued_at, r.id
+     LIMIT %(limit)s
+       FOR UPDATE OF r, t SKIP LOCKED
+), tenanted_expired AS MATERIALIZED (
+    SELECT r.id, r.tenant, r.priority, r.queued_at
+      FROM leasework.runs r
+      JOIN leasework.tenants t ON t.name = r.tenant
+     WHERE r.tenant IS NOT NULL
+       AND r.status = 'running' AND r.lease_expires_at < leasework.now()
+       AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+       AND r.kind = ANY(%(kinds)s)
+       AND NOT EXISTS (
+            SELECT 1
+              FROM leasework.runs o
+             WHERE o.tenant = r.tenant
+               AND o.status = 'running'
+               AND o.id <> r.id
+               AND o.lease_expires_at >= leasework.now()
+               AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
+     ORDER BY r.priority, r.queued_at, r.id
+     LIMIT %(limit)s
+       FOR UPDATE OF r, t SKIP LOCKED
+), tenanted AS MATERIALIZED (
     SELECT DISTINCT ON (c.tenant) c.id, c.priority, c.queued_at
-      FROM (
-        SELECT r.id, r.tenant, r.priority, r.queued_at
-          FROM leasework.runs r
-          JOIN leasework.tenants t ON t.name = r.tenant
-         WHERE r.tenant IS NOT NULL
-           AND r.kind = ANY(%(kinds)s)
-           AND ((r.status = 'queued' AND r.queued_at <= leasework.now())
-             OR (r.status = 'running' AND r.lease_expires_at < leasework.now()
-                 AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts))
-           AND NOT EXISTS (
-                SELECT 1
-                  FROM leasework.runs o
-                 WHERE o.tenant = r.tenant
-                   AND o.status = 'running'
-                   AND o.id <> r.id
-                   AND o.lease_expires_at >= leasework.now()
-                   AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
-         ORDER BY r.priority, r.queued_at, r.id
-         LIMIT %(limit)s
-           FOR UPDATE OF r, t SKIP LOCKED
-      ) c
+      FROM (SELECT * FROM tenanted_queued UNION ALL SELECT * FROM tenanted_expired) c
      ORDER BY c.tenant, c.priority, c.queued_at, c.id
-), untenanted AS MATERIALIZED (
+), untenanted_queued AS MATERIALIZED (
     SELECT r.id, r.priority, r.queued_at
       FROM leasework.runs r
      WHERE r.tenant IS NULL
+       AND r.status = 'queued' AND r.queued_at <= leasework.now()
        AND r.kind = ANY(%(kinds)s)
-       AND ((r.status = 'queued' AND r.queued_at <= leasework.now())
-         OR (r.status = 'running' AND r.lease_expires_at < leasework.now()
-             AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts))
+     ORDER BY r.priority, r.queued_at, r.id
+     LIMIT %(limit)s
+       FOR UPDATE OF r SKIP LOCKED
+), untenanted_expired AS MATERIALIZED (
+    SELECT r.id, r.priority, r.queued_at
+      FROM leasework.runs r
+     WHERE r.tenant IS NULL
+       AND r.status = 'running' AND r.lease_expires_at < leasework.now()
+       AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+       AND r.kind = ANY(%(kinds)s)
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
@@ -63,7 +93,9 @@ WITH tenanted AS MATERIALIZED (
     SELECT id
       FROM (SELECT * FROM tenanted WHERE NOT leasework.limiter_conflict(id)
             UNION ALL
-            SELECT * FROM untenanted) u
+            SELECT * FROM untenanted_queued
+            UNION ALL
+            SELECT * FROM untenanted_expired) u
      ORDER BY priority, queued_at, id
      LIMIT %(limit)s
 )

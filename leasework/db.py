@@ -44,7 +44,26 @@ def connect(
         raise ConfigError(f"dsn is not a valid connection string: {redact_dsn(str(exc))}") from None
     except psycopg.OperationalError as exc:
         first = redact_dsn(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+        if is_refusal(str(exc)):
+            raise ConfigError(f"the database refused the connection: {first}") from None
         raise DatabaseUnavailable(f"cannot connect to the database: {first}") from exc
+
+
+# Server answers that no retry can fix: wrong credentials, an unknown role or database, a
+# pg_hba.conf that does not admit us. libpq reports them without an SQLSTATE, so by their text.
+_REFUSALS = (
+    "password authentication failed",
+    "authentication failed for user",
+    "no pg_hba.conf entry",
+    "does not exist",
+    "no password supplied",
+)
+
+
+def is_refusal(message: str) -> bool:
+    """True when a connection failure is a configuration problem, not an outage."""
+    text = message.lower()
+    return any(r in text for r in _REFUSALS)
 
 
 class DatabaseUnavailable(LeaseworkError):

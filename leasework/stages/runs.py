@@ -27,7 +27,7 @@ class RunsStage:
         ended, promoted = lease.settle_runs(worker.control_conn(), self.settle_limit)
         handled = ended + promoted
         for _ in range(self.limit):
-            if not worker.running and worker.stopping:
+            if worker.stopping:
                 break
             claims = lease.claim_runs(
                 worker.control_conn(), kinds, worker=worker.id, lease=worker.config.lease, limit=1

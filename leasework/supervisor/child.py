@@ -81,8 +81,8 @@ class Beacon:
             and not worker.stopping
         ):
             # Stop claiming without a deadline: the job in hand (if any) finishes normally and
-            # the loop ends after this poll. A child recycles after at least max_jobs jobs.
-            worker.running = False
+            # no stage claims again, so a child recycles after exactly max_jobs jobs.
+            worker.drain()
             log.event("child_recycling", worker=worker.id, jobs=worker.jobs_done)
         now = time.monotonic()
         state = (ctx.claim.id, ctx.last_renewal) if ctx is not None else (None, None)

@@ -65,6 +65,7 @@ class Worker:
         self._pool: ConnectionPool[Any] | None = None
         self._control: Conn | None = None
         self._stop_at: float | None = None  # monotonic time the current job must be aborted by
+        self._draining = False  # stop claiming, but let the job in hand finish with no deadline
         self._listening = False
         self._idle_until: dict[str, float] = {}  # stage name -> monotonic time to ask it again
         # A standalone worker keeps its own row in the workers table; under the supervisor the
@@ -251,9 +252,15 @@ class Worker:
         if self.current is not None and not graceful:
             self.current.signal.trip("shutdown")
 
+    def drain(self) -> None:
+        """Stop claiming after the job in hand, which finishes with no deadline (recycling a
+        child after max_jobs_per_child). Every stage checks `stopping` before it claims."""
+        self.running = False
+        self._draining = True
+
     @property
     def stopping(self) -> bool:
-        return self._stop_at is not None
+        return self._draining or self._stop_at is not None
 
     def shutdown_reason(self, now: float) -> str | None:
         if self._stop_at is not None and now >= self._stop_at:

@@ -160,6 +160,13 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], str, tuple[int, ...]]] = [
         )
     ),
     (
+        "unknown role (a refusal no retry fixes)",
+        ["status", "--dsn", "postgresql://no_such_role_lw:s3cretpw@127.0.0.1:5432/postgres"],
+        {},
+        "refused",
+        (2,),
+    ),
+    (
         "unreachable via DATABASE_URL",
         ["status"],
         {"DATABASE_URL": BAD_DSNS[0]},

@@ -596,3 +596,23 @@ def test_listen_is_re_established_after_a_reconnect(
     wait_for(lambda: (_listening_pid(worker) or old_pid) != old_pid)
     run_id = app.enqueue(conn, "job")
     wait_for(lambda: get_run(conn, run_id)["status"] == "succeeded", timeout=10)
+
+
+def test_drain_stops_claiming_after_the_job_in_hand(conn, make_worker):
+    """Recycling a child: no deadline for the job in hand, and no further claim in this poll."""
+    app = App()
+    holder: dict[str, Any] = {}
+
+    @app.task("drained")
+    def drained(ctx, payload):
+        holder["worker"].drain()
+        ctx.check()  # draining is not a shutdown: the job is not aborted
+        return {"done": True}
+
+    ids = [app.enqueue(conn, "drained", {}) for _ in range(3)]
+    worker = make_worker(app, runs_limit=10)
+    holder["worker"] = worker
+    worker.poll()
+    statuses = [get_run(conn, i)["status"] for i in ids]
+    assert statuses == ["succeeded", "queued", "queued"]
+    assert worker.stopping and not worker.running

@@ -85,6 +85,33 @@ class Config:
     graceful_timeout: float = field(
         default=30.0, metadata=_doc("seconds a stopping worker lets its current job finish")
     )
+    # -- the supervisor (supervisor/parent.py; decisions in supervisor/policy.py) ------------
+    max_jobs_per_child: int = field(
+        default=0,
+        metadata=_doc("restart a child after this many jobs (leaky user code); 0: never"),
+    )
+    watchdog: bool = field(
+        default=True,
+        metadata=_doc("kill a child that holds a lease it stopped renewing, or went silent"),
+    )
+    watchdog_margin: float = field(
+        default=20.0,
+        metadata=_doc("kill a child that has not renewed its lease for lease minus this many s"),
+    )
+    hang_timeout: float = field(
+        default=120.0,
+        metadata=_doc("kill a child silent (no poll, no ctx.check()) this many s; 0: never"),
+    )
+    restart_backoff: float = field(
+        default=0.1, metadata=_doc("first restart delay in s after a crash; doubles per crash")
+    )
+    restart_backoff_max: float = field(
+        default=30.0, metadata=_doc("longest restart delay in seconds")
+    )
+    restart_reset_after: float = field(
+        default=30.0,
+        metadata=_doc("a child up this many seconds clears its slot's crash streak"),
+    )
     # -- ingest, expand, maintenance (stages/ingest.py, expand.py, maintenance.py) ------------
     file_store: str = field(
         default=".leasework/files",
@@ -164,6 +191,10 @@ class Config:
         default=30 * 86400.0,
         metadata=_doc("seconds a tombstoned record (deleted upstream) is kept"),
     )
+    reconcile_interval: float = field(
+        default=60.0,
+        metadata=_doc("seconds between checks for files left `indexing` by an ended ingest run"),
+    )
     log_level: str = field(default="info", metadata=_doc("debug, info, warning or error"))
 
     def replace(self, **changes: Any) -> Config:
@@ -181,6 +212,14 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     try:
         if kind in ("str | None", "str"):
             if not isinstance(value, str):
+                raise TypeError
+            return value
+        if kind == "bool":
+            if from_env and value.strip().lower() in ("1", "true", "yes", "on"):
+                return True
+            if from_env and value.strip().lower() in ("0", "false", "no", "off"):
+                return False
+            if not isinstance(value, bool):
                 raise TypeError
             return value
         if kind == "float":
@@ -211,6 +250,7 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         "float": "a number",
         "int": "an integer",
         "tuple[float, ...]": "a non-empty list of numbers",
+        "bool": "true or false",
     }.get(str(kind), "a string")
     raise ConfigError(f"{where}: {name} must be {expected}, got {value!r}")
 
@@ -264,6 +304,7 @@ def validate(cfg: Config) -> Config:
     if not 0 <= cfg.backoff_jitter < 1:
         raise bad("backoff_jitter", f"must be in [0, 1), got {cfg.backoff_jitter}")
     _validate_ingest(cfg, bad)
+    _validate_supervisor(cfg, bad)
     if cfg.log_level.lower() not in _LOG_LEVELS:
         raise bad("log_level", f"must be one of {', '.join(_LOG_LEVELS)}, got {cfg.log_level!r}")
     return cfg
@@ -301,6 +342,7 @@ def _validate_ingest(cfg: Config, bad: Any) -> None:
         "retention_workers",
         "retention_uploads",
         "retention_tombstones",
+        "reconcile_interval",
     ):
         if getattr(cfg, key) <= 0:
             raise bad(key, f"must be > 0 seconds, got {getattr(cfg, key)}")

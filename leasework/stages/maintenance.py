@@ -82,11 +82,17 @@ def prune_tombstones(conn: Conn, app: App, limit: int) -> int:
     return len(conn.execute(Q["prune_tombstones"], params).fetchall())
 
 
+def reconcile_files(conn: Conn, app: App, limit: int) -> int:
+    """Files stuck `indexing` after their ingest run ended without its handler."""
+    return len(conn.execute(Q["reconcile_files"], {"limit": limit}).fetchall())
+
+
 HANDLERS: tuple[Handler, ...] = (
     Handler("prune_runs", lambda c: c.prune_interval, prune_runs),
     Handler("prune_uploads", lambda c: c.prune_interval, prune_uploads),
     Handler("prune_workers", lambda c: c.workers_prune_interval, prune_workers),
     Handler("prune_tombstones", lambda c: c.prune_interval, prune_tombstones),
+    Handler("reconcile_files", lambda c: c.reconcile_interval, reconcile_files),
 )
 
 

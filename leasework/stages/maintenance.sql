@@ -77,3 +77,29 @@ WITH doomed AS MATERIALIZED (
 )
 DELETE FROM leasework.records r USING doomed WHERE r.id = doomed.id
 RETURNING r.id
+
+-- name: reconcile_files
+-- Files left `indexing` by an ingest run that ended outside its handler (settle_runs fails a
+-- run whose lease expired on its last attempt, and knows nothing of files): follow the run.
+-- A cancelled run leaves the file `pending`, any other ending leaves it `failed`.
+WITH stuck AS MATERIALIZED (
+    SELECT f.id, r.status AS run_status, r.error
+      FROM leasework.files f
+     CROSS JOIN LATERAL (
+            SELECT status, error
+              FROM leasework.runs
+             WHERE key = 'file:' || f.id
+             ORDER BY id DESC
+             LIMIT 1) r
+     WHERE f.status = 'indexing'
+       AND r.status IN ('failed', 'cancelled', 'partial')
+     ORDER BY f.id
+     LIMIT %(limit)s
+       FOR UPDATE OF f SKIP LOCKED
+)
+UPDATE leasework.files f
+   SET status = CASE WHEN stuck.run_status = 'cancelled' THEN 'pending' ELSE 'failed' END,
+       error = left(coalesce(stuck.error, 'ingest run ended ' || stuck.run_status), 2000)
+  FROM stuck
+ WHERE f.id = stuck.id
+RETURNING f.id

@@ -8,7 +8,13 @@ import pytest
 from leasework import App
 from leasework.stages.maintenance import MaintenanceStage
 
-HANDLERS = ("prune_runs", "prune_uploads", "prune_workers", "prune_tombstones")
+HANDLERS = (
+    "prune_runs",
+    "prune_uploads",
+    "prune_workers",
+    "prune_tombstones",
+    "reconcile_files",
+)
 
 
 @pytest.fixture
@@ -57,6 +63,7 @@ def test_each_handler_runs_once_per_period_across_workers(conn, workers):
         "prune_uploads": 2,
         "prune_workers": 1,
         "prune_tombstones": 2,
+        "reconcile_files": 2,
     }
 
 
@@ -147,3 +154,39 @@ def test_old_tombstones_are_pruned_and_live_records_kept(conn, workers):
     workers(1)[0].poll()
     left = {r[0] for r in conn.execute("SELECT external_id FROM leasework.records").fetchall()}
     assert left == {"recent", "live"}
+
+
+def test_files_left_indexing_follow_their_ended_ingest_run(conn, workers):
+    """settle_runs fails a run whose lease expired on its last attempt without calling the
+    ingest handler; maintenance then moves its file out of `indexing`."""
+
+    def add_file(name: str, run_status: str | None) -> int:
+        fid = conn.execute(
+            "INSERT INTO leasework.files (project, name, store_key, size, sha256, status)"
+            " VALUES ('p', %s, %s, 1, 'x', 'indexing') RETURNING id",
+            (name, name),
+        ).fetchone()[0]
+        if run_status is not None:
+            finished = None if run_status == "running" else "now()"
+            conn.execute(
+                "INSERT INTO leasework.runs (kind, key, status, error, finished_at, lease_owner,"
+                " lease_expires_at) VALUES ('ingest', %s, %s, 'lease expired', "
+                + (finished or "NULL")
+                + ", %s, %s)",
+                (
+                    f"file:{fid}",
+                    run_status,
+                    "00000000-0000-0000-0000-000000000001" if run_status == "running" else None,
+                    "2099-01-01" if run_status == "running" else None,
+                ),
+            )
+        return fid
+
+    failed = add_file("a", "failed")
+    cancelled = add_file("b", "cancelled")
+    live = add_file("c", "running")
+    workers(1)[0].poll()
+    status = dict(conn.execute("SELECT id, status FROM leasework.files").fetchall())
+    assert status == {failed: "failed", cancelled: "pending", live: "indexing"}
+    error = conn.execute("SELECT error FROM leasework.files WHERE id = %s", (failed,)).fetchone()[0]
+    assert error == "lease expired"

@@ -64,6 +64,9 @@ class Connector:
     provider: str
     extract: Extract
     check_config: CheckConfig | None = None
+    # True when `extract` yields every table the upstream has: a table with live records that
+    # a finished extraction did not yield was removed upstream, and its rows are tombstoned.
+    complete: bool = False
 
 
 def builtin_connectors() -> dict[str, Connector]:

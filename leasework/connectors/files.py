@@ -95,4 +95,5 @@ def _csv_rows(path: Path) -> Iterator[Row]:
         raise TableError(f"{path.name}: {exc.strerror or exc}", retryable=True) from None
 
 
-files_connector = Connector("files", extract, check_config)
+# A directory lists every table it has: a removed file is a removed table.
+files_connector = Connector("files", extract, check_config, complete=True)

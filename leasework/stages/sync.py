@@ -281,14 +281,21 @@ class ConnectionKinds:
         }
         ctx.result = result
         failed: list[tuple[str, dict[str, Any]]] = []
+        yielded: set[str] = set()
         try:
             for table in connector.extract(ctx, connection):
                 ctx.check()
                 outcome = self._publish(ctx, connection, table)
+                yielded.add(table.name)
                 result["tables"][table.name] = outcome
                 ctx.result = result
                 if outcome["status"] == "failed":
                     failed.append((table.name, outcome))
+            if connector.complete:
+                for name in self._vanished_tables(ctx, connection.id, yielded):
+                    outcome = self._publish(ctx, connection, Table(name, ()))
+                    result["tables"][name] = {**outcome, "removed_upstream": True}
+                    ctx.result = result
         except (Aborted, LeaseLost):
             raise
         except Exception:
@@ -308,6 +315,12 @@ class ConnectionKinds:
                 message=f"{len(failed)} table(s) failed: {names}"[:2000],
             )
         return result
+
+    def _vanished_tables(self, ctx: Context, connection_id: int, yielded: set[str]) -> list[str]:
+        """Tables with live records that a complete extraction no longer yields."""
+        with ctx.connection() as conn:
+            rows = conn.execute(Q["live_tables"], {"connection_id": connection_id}).fetchall()
+        return sorted(r[0] for r in rows if r[0] not in yielded)
 
     def _active_or_cancel(self, ctx: Context, connection_id: int) -> Connection:
         """The connection, if active; otherwise end the run `cancelled` (trip the signal)."""

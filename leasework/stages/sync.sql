@@ -112,3 +112,10 @@ DELETE FROM leasework.records r
 DELETE FROM leasework.connections
  WHERE id = %(id)s AND status = 'deleting'
 RETURNING id
+
+-- name: live_tables
+-- The tables of a connection that still have live records (for connectors that yield every
+-- table: one missing from the extraction was removed upstream). Walks records_identity.
+SELECT DISTINCT table_name
+  FROM leasework.records
+ WHERE connection_id = %(connection_id)s AND deleted_at IS NULL

@@ -113,6 +113,32 @@ def test_sync_publishes_tombstones_and_revives(
     assert again["deleted_at"] is None and again["first_seen_at"] == first_seen
 
 
+def test_a_removed_file_tombstones_its_table_and_a_failed_table_is_kept(
+    conn: Conn, make_worker: Any, tmp_path: Path
+) -> None:
+    """The files connector lists every table there is: a file that is gone is a table that was
+    removed upstream. A table that failed to read tombstones nothing."""
+    write_jsonl(tmp_path, "projects", [{"id": 1}, {"id": 2}])
+    write_jsonl(tmp_path, "tasks", [{"id": "t1"}])
+    write_jsonl(tmp_path, "people", [{"id": "p1"}])
+    app = files_app()
+    cid = app.connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
+    worker = make_worker(app)
+    worker.poll()
+    assert len(live(conn, cid)) == 4
+
+    (tmp_path / "tasks.jsonl").unlink()
+    (tmp_path / "people.jsonl").write_text("not json\n", encoding="utf-8")
+    run_id = app.sync_now(conn, cid)
+    worker.poll()
+    run = get_run(conn, run_id)
+    assert run["status"] == "partial", run  # people failed, not retryable
+    assert run["result"]["tables"]["tasks"]["tombstoned"] == 1
+    assert run["result"]["tables"]["tasks"]["removed_upstream"] is True
+    assert tombstoned(conn, cid) == {("tasks", "t1")}
+    assert live(conn, cid) == {("projects", "1"), ("projects", "2"), ("people", "p1")}
+
+
 def test_connect_refuses_bad_input(conn: Conn) -> None:
     app = files_app()
     with pytest.raises(ConfigError, match="unknown provider"):

@@ -1,4 +1,9 @@
--- leasework schema. Idempotent: `leasework migrate` applies it as a whole, any number of times.
+-- leasework schema: the whole current schema, what `leasework migrate` installs on an empty
+-- database (idempotent). A database that already has the schema is upgraded by the versioned
+-- migrations in leasework/migrations/ instead, so every change here needs one there too:
+-- add NNNN_what.sql (the next number; write it so it also succeeds where the change is already
+-- in place: IF [NOT] EXISTS, CREATE OR REPLACE). tests/db/test_migrations.py checks that the
+-- migrations from 0001 give exactly this schema. The version is recorded by `migrate`.
 -- Everything lives in the `leasework` schema, never in the user's `public`.
 -- Each index names the query (in leasework/**/*.sql) that it serves.
 
@@ -217,9 +222,6 @@ CREATE INDEX IF NOT EXISTS schedules_due ON leasework.schedules (next_run_at);
 -- A key's runs, newest first (finished ones too). Serves: status_connections (each
 -- connection's last run), find_purge.
 CREATE INDEX IF NOT EXISTS runs_by_key ON leasework.runs (key, id) WHERE key IS NOT NULL;
-
-INSERT INTO leasework.schema_version (id, version) VALUES (true, 1)
-ON CONFLICT (id) DO UPDATE SET version = greatest(leasework.schema_version.version, EXCLUDED.version);
 
 -- ---------------------------------------------------------------------------------------------
 -- Files, chunks, uploads and maintenance markers (the ingest, expand and maintenance stages).

@@ -77,8 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="leasework", description="Leased background jobs in Postgres.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("migrate", help="apply schema.sql (idempotent)")
+    p = sub.add_parser("migrate", help="apply the pending schema migrations")
     _common(p)
+    p.add_argument(
+        "--check", action="store_true", help="apply nothing; exit 1 if migrations are pending"
+    )
 
     p = sub.add_parser("worker", help="run one worker in the foreground")
     _common(p)
@@ -181,8 +184,25 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Config:
 
 def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
     with db.connect(cfg.dsn) as conn:
-        version = db.migrate(conn)
-    print(f"schema leasework is at version {version}")
+        if args.check:
+            have, todo = db.current_version(conn), db.pending(conn)
+            if not todo:
+                print(f"schema leasework is at version {have}: up to date")
+                return EXIT_OK
+            names = ", ".join(f"{m.version:04d}_{m.name}" for m in todo)
+            state = "not installed" if have is None else f"at version {have}"
+            print(f"schema leasework is {state}, this leasework needs {db.SCHEMA_VERSION}: {names}")
+            return EXIT_ERROR
+        done = db.migrate(conn)
+    if done.before is None:
+        print(f"schema leasework installed at version {done.after}")
+    elif done.applied:
+        print(
+            f"schema leasework migrated from version {done.before} to {done.after}: "
+            + ", ".join(done.applied)
+        )
+    else:
+        print(f"schema leasework is at version {done.after}: up to date")
     return EXIT_OK
 
 

@@ -1,8 +1,12 @@
-"""Connections and the schema: opening connections and a worker's small pool, applying
-`schema.sql`, checking that the schema is there. Holds no connection at import time."""
+"""Connections and the schema: opening connections and a worker's small pool, installing
+`schema.sql` or applying the pending versioned migrations, checking that the schema is current.
+Holds no connection at import time."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,8 +17,8 @@ from psycopg_pool import ConnectionPool
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .log import redact_dsn
 
-SCHEMA_VERSION = 1
 NOTIFY_CHANNEL = "leasework"
+_MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
 def schema_text() -> str:
@@ -85,25 +89,105 @@ def make_pool(dsn: str | None, size: int, name: str) -> ConnectionPool[Any]:
     return pool
 
 
-def migrate(conn: psycopg.Connection[Any]) -> int:
-    """Apply schema.sql (idempotent) in one transaction, under an advisory lock so that two hosts
-    migrating at once take turns. Returns the schema version now applied."""
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    """The versioned migrations shipped in leasework/migrations/ (NNNN_what.sql), in order.
+    Numbers start at 1 and leave no gap, so "pending" is simply every number above the
+    database's version."""
+    found: list[Migration] = []
+    for entry in resources.files("leasework").joinpath("migrations").iterdir():
+        m = _MIGRATION_FILE.match(entry.name)
+        if m is None:
+            continue
+        found.append(Migration(int(m.group(1)), m.group(2), entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda mig: mig.version)
+    numbers = [mig.version for mig in found]
+    if numbers != list(range(1, len(found) + 1)):
+        raise LeaseworkError(
+            f"leasework/migrations/ must be numbered 1, 2, 3, ...; found {numbers}"
+        )
+    return tuple(found)
+
+
+SCHEMA_VERSION = migrations()[-1].version
+
+
+def current_version(conn: psycopg.Connection[Any]) -> int | None:
+    """The version recorded in the database, or None when the schema is not installed."""
+    row = conn.execute("SELECT to_regclass('leasework.schema_version') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return None
+    version = conn.execute("SELECT version FROM leasework.schema_version").fetchone()
+    return int(version[0]) if version else None
+
+
+def pending(conn: psycopg.Connection[Any]) -> list[Migration]:
+    """The migrations a database at its current version still needs (all of them if empty)."""
+    have = current_version(conn) or 0
+    return [m for m in migrations() if m.version > have]
+
+
+def _record(conn: psycopg.Connection[Any], version: int) -> None:
+    conn.execute(
+        "INSERT INTO leasework.schema_version (id, version, applied_at) VALUES (true, %s, now())"
+        " ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, applied_at = now()",
+        (version,),
+    )
+
+
+def apply_migrations(conn: psycopg.Connection[Any], todo: list[Migration]) -> None:
+    """Run migrations in order, recording each version (the caller holds the transaction)."""
+    for mig in todo:
+        try:
+            conn.execute(mig.sql.encode())
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            raise LeaseworkError(
+                f"migration {mig.version:04d}_{mig.name} failed, nothing was applied: {first}"
+            ) from exc
+        _record(conn, mig.version)
+
+
+@dataclass(frozen=True)
+class Migrated:
+    before: int | None  # None: the schema was not installed
+    after: int
+    applied: tuple[str, ...]  # "schema.sql" for a fresh install, else the migrations' names
+
+
+def migrate(conn: psycopg.Connection[Any]) -> Migrated:
+    """Bring the schema up to date in one transaction, under an advisory lock so that two hosts
+    migrating at once take turns (the second finds nothing left to do). An empty database gets
+    schema.sql whole; an installed one gets its pending migrations, in order. A failure rolls
+    everything back. A database newer than this leasework is left alone."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('leasework.migrate'))")
-        conn.execute(schema_text())
-    return SCHEMA_VERSION
+        before = current_version(conn)
+        if before is None:
+            conn.execute(schema_text().encode())
+            _record(conn, SCHEMA_VERSION)
+            return Migrated(None, SCHEMA_VERSION, ("schema.sql",))
+        todo = [m for m in migrations() if m.version > before]
+        apply_migrations(conn, todo)
+        after = todo[-1].version if todo else before
+        return Migrated(before, after, tuple(f"{m.version:04d}_{m.name}" for m in todo))
 
 
 def check_schema(conn: psycopg.Connection[Any]) -> None:
-    """Raise SchemaMissing with one clear line unless the schema is present and current."""
-    row = conn.execute(
-        "SELECT to_regclass('leasework.schema_version') IS NOT NULL AS present"
-    ).fetchone()
-    if not row or not row[0]:
+    """Raise SchemaMissing with one clear line unless the schema is present and not behind this
+    leasework (a newer schema is accepted: migrations only add, so older code keeps working
+    during a rolling upgrade)."""
+    have = current_version(conn)
+    if have is None:
         raise SchemaMissing("the leasework schema is missing: run `leasework migrate` first")
-    version = conn.execute("SELECT version FROM leasework.schema_version").fetchone()
-    if not version or version[0] < SCHEMA_VERSION:
-        have = version[0] if version else "none"
+    if have < SCHEMA_VERSION:
         raise SchemaMissing(
             f"the leasework schema is at version {have}, this leasework needs {SCHEMA_VERSION}: "
             "run `leasework migrate`"

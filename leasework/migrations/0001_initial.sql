@@ -1,0 +1,307 @@
+-- Migration 0001: the schema as of version 1, the baseline every later migration starts from.
+-- Frozen, like every migration once released: change the schema with the next migration.
+
+CREATE SCHEMA IF NOT EXISTS leasework;
+
+-- Singleton row (CHECK on a boolean primary key) recording which schema version is applied.
+CREATE TABLE IF NOT EXISTS leasework.schema_version (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    version    integer NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The database's idea of "now", shifted by the session setting leasework.now_offset (an interval,
+-- empty by default). Production never sets it; tests move time with it instead of sleeping.
+-- Every lease decision reads this, never the worker's clock.
+CREATE OR REPLACE FUNCTION leasework.now() RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT now() + coalesce(nullif(current_setting('leasework.now_offset', true), '')::interval,
+                            interval '0');
+$$;
+
+-- One row per tenant, made on enqueue. The claim locks it (FOR UPDATE OF r, t SKIP LOCKED) so two
+-- workers cannot both pass the rate limiter for the same tenant.
+CREATE TABLE IF NOT EXISTS leasework.tenants (
+    name       text PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS leasework.runs (
+    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind                text NOT NULL,
+    key                 text,
+    -- Not a foreign key: an enqueue's FK check would KEY SHARE-lock the tenant row for the whole
+    -- of the caller's transaction, and the claim (FOR UPDATE OF t SKIP LOCKED) would skip every
+    -- run of that tenant meanwhile. Enqueue makes the tenant row in the same statement instead.
+    tenant              text,
+    "group"             text,
+    exclusive           boolean NOT NULL DEFAULT false,
+    priority            integer NOT NULL DEFAULT 0,
+    status              text NOT NULL DEFAULT 'queued',
+    payload             jsonb NOT NULL DEFAULT '{}'::jsonb,
+    result              jsonb,
+    error               text,
+    attempts            integer NOT NULL DEFAULT 0,
+    max_attempts        integer NOT NULL DEFAULT 3,
+    lease_seconds       double precision,
+    timeout_seconds     double precision,
+    queued_at           timestamptz NOT NULL DEFAULT now(),
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    started_at          timestamptz,
+    finished_at         timestamptz,
+    lease_owner         uuid,
+    lease_expires_at    timestamptz,
+    lease_worker        text,
+    cancel_requested_at timestamptz,
+    processed_units     bigint NOT NULL DEFAULT 0,
+    total_units         bigint,
+    -- One entry per attempt: {attempt, owner, worker, started_at, ended_at, outcome, error}.
+    history             jsonb NOT NULL DEFAULT '[]'::jsonb,
+    CONSTRAINT runs_status_valid CHECK (
+        status IN ('waiting', 'queued', 'running', 'succeeded', 'partial', 'failed', 'cancelled')),
+    -- running <=> the lease columns are set
+    CONSTRAINT runs_running_has_lease CHECK (
+        (status = 'running') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
+    -- terminal <=> finished_at is set
+    CONSTRAINT runs_terminal_has_finished_at CHECK (
+        (status IN ('succeeded', 'partial', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
+    CONSTRAINT runs_attempts_valid CHECK (attempts >= 0 AND max_attempts >= 1),
+    CONSTRAINT runs_units_valid CHECK (processed_units >= 0 AND (total_units IS NULL OR total_units >= 0)),
+    CONSTRAINT runs_lease_positive CHECK (lease_seconds IS NULL OR lease_seconds > 0),
+    CONSTRAINT runs_timeout_positive CHECK (timeout_seconds IS NULL OR timeout_seconds > 0)
+);
+
+-- At most one active (queued or running) run per key: racing enqueues give one run.
+-- Serves: enqueue_run (ON CONFLICT), promote in settle_runs.
+CREATE UNIQUE INDEX IF NOT EXISTS runs_one_active_per_key
+    ON leasework.runs (key) WHERE status IN ('queued', 'running') AND key IS NOT NULL;
+
+-- At most one waiting (exclusive, draining) run per key. Serves: enqueue_waiting_run.
+CREATE UNIQUE INDEX IF NOT EXISTS runs_one_waiting_per_key
+    ON leasework.runs (key) WHERE status = 'waiting' AND key IS NOT NULL;
+
+-- The claim walks these in (priority, queued_at, id) order. Queued runs only: a claim moves its
+-- run out of them and adds nothing, so a busy queue leaves one dead entry per run behind (not two,
+-- as an index over running runs too would) and they stay small however many finished runs
+-- accumulate. One per claim branch, so that the tenanted branch never scans past untenanted runs
+-- and the other way round. (Replaced runs_claimable_*, which also held running runs.)
+DROP INDEX IF EXISTS leasework.runs_claimable_tenanted;
+DROP INDEX IF EXISTS leasework.runs_claimable_untenanted;
+
+-- Serves: claim_runs (tenanted_queued).
+CREATE INDEX IF NOT EXISTS runs_queued_tenanted
+    ON leasework.runs (priority, queued_at, id)
+    WHERE status = 'queued' AND tenant IS NOT NULL;
+
+-- Serves: claim_runs (untenanted_queued).
+CREATE INDEX IF NOT EXISTS runs_queued_untenanted
+    ON leasework.runs (priority, queued_at, id)
+    WHERE status = 'queued' AND tenant IS NULL;
+
+-- Serves: settle_runs (expired runs to end), claim_runs (tenanted_expired, untenanted_expired).
+CREATE INDEX IF NOT EXISTS runs_running_by_expiry
+    ON leasework.runs (lease_expires_at) WHERE status = 'running';
+
+-- The rate limiter's look-up of live leases in one tenant. Serves: claim_runs, limiter_conflict.
+CREATE INDEX IF NOT EXISTS runs_running_by_tenant
+    ON leasework.runs (tenant, lease_expires_at) WHERE status = 'running';
+
+-- The rate limiter's re-check inside claim_runs (leasework/workers/lease.sql), called on each
+-- tenanted run after the claim has locked it and its tenant row. It must be VOLATILE: a volatile
+-- function takes a fresh snapshot for each statement it runs, so it sees every rival claim that
+-- committed before we took the tenant lock, which the claim statement's own snapshot may not.
+-- True: another live lease of the run's tenant conflicts (either is exclusive, or same group).
+CREATE OR REPLACE FUNCTION leasework.limiter_conflict(run_id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT 1
+          FROM leasework.runs r
+          JOIN leasework.runs o ON o.tenant = r.tenant
+         WHERE r.id = run_id
+           AND o.status = 'running'
+           AND o.id <> r.id
+           AND o.lease_expires_at >= leasework.now()
+           AND (o.exclusive OR r.exclusive OR o."group" = r."group"));
+END
+$$;
+
+-- Finished runs by age, for pruning. Serves: maintenance pruning.
+CREATE INDEX IF NOT EXISTS runs_finished_at
+    ON leasework.runs (finished_at) WHERE finished_at IS NOT NULL;
+
+-- One row per worker process start; the id is never reused after a restart.
+CREATE TABLE IF NOT EXISTS leasework.workers (
+    id           text PRIMARY KEY,
+    host         text NOT NULL,
+    pid          integer NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    stopped_at   timestamptz,
+    current_run  bigint
+);
+
+-- ---------------------------------------------------------------------------------------------
+-- Connections, synced records and schedules (stages/sync.py, stages/schedule.py).
+
+-- An external system kept synced into `records`. Its sync and purge runs live in `runs` with
+-- key 'connection:{id}', tenant = workspace and group = provider, so the partial unique indexes
+-- give one active run and one pending purge per connection, and the claim's limiter keeps two
+-- connections to one provider in a workspace from syncing at once.
+CREATE TABLE IF NOT EXISTS leasework.connections (
+    id                    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workspace             text NOT NULL,
+    provider              text NOT NULL,
+    status                text NOT NULL DEFAULT 'active',
+    config                jsonb NOT NULL DEFAULT '{}'::jsonb,
+    -- NULL: synced on demand only.
+    sync_interval_seconds double precision,
+    next_run_at           timestamptz,
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT connections_status_valid CHECK (status IN ('active', 'disconnected', 'deleting')),
+    CONSTRAINT connections_interval_positive CHECK (
+        sync_interval_seconds IS NULL OR sync_interval_seconds > 0)
+);
+
+-- Due connections, in next_run_at order. Serves: advance_due_connections.
+CREATE INDEX IF NOT EXISTS connections_due
+    ON leasework.connections (next_run_at) WHERE status = 'active' AND next_run_at IS NOT NULL;
+
+-- The synced rows. `synced_by` is the lease owner token of the attempt that last saw the row:
+-- a table read to the end tombstones (deleted_at) the rows of that table this attempt did not
+-- see. A row that reappears upstream is live again (deleted_at back to NULL).
+CREATE TABLE IF NOT EXISTS leasework.records (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- No cascade: the purge deletes records in bounded batches before the connection row.
+    connection_id bigint NOT NULL REFERENCES leasework.connections (id),
+    table_name    text NOT NULL,
+    external_id   text NOT NULL,
+    data          jsonb NOT NULL,
+    first_seen_at timestamptz NOT NULL DEFAULT now(),
+    synced_at     timestamptz NOT NULL DEFAULT now(),
+    synced_by     uuid,
+    deleted_at    timestamptz
+);
+
+-- One row per (connection, table, external id). Serves: upsert_records (ON CONFLICT),
+-- tombstone_unseen, purge_records (by connection prefix), the caller's reads by table.
+CREATE UNIQUE INDEX IF NOT EXISTS records_identity
+    ON leasework.records (connection_id, table_name, external_id);
+
+-- Tombstones by age. Serves: prune_tombstones (maintenance).
+CREATE INDEX IF NOT EXISTS records_tombstoned
+    ON leasework.records (deleted_at) WHERE deleted_at IS NOT NULL;
+
+-- Recurring user tasks (@app.task(kind, every= | cron=)). Workers upsert the rows of their
+-- app's periodic tasks on start; the schedule stage enqueues due ones with the same no-backlog
+-- rule as connections: next_run_at is computed from now, never from its old value.
+CREATE TABLE IF NOT EXISTS leasework.schedules (
+    name             text PRIMARY KEY,
+    kind             text NOT NULL,
+    every_seconds    double precision,
+    cron             text,
+    timezone         text NOT NULL DEFAULT 'UTC',
+    next_run_at      timestamptz NOT NULL,
+    last_enqueued_at timestamptz,
+    last_run_id      bigint,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT schedules_one_spec CHECK ((every_seconds IS NULL) <> (cron IS NULL)),
+    CONSTRAINT schedules_every_positive CHECK (every_seconds IS NULL OR every_seconds > 0)
+);
+
+-- Due schedules, in next_run_at order. Serves: lock_due_schedules.
+CREATE INDEX IF NOT EXISTS schedules_due ON leasework.schedules (next_run_at);
+
+-- A key's runs, newest first (finished ones too). Serves: status_connections (each
+-- connection's last run), find_purge.
+CREATE INDEX IF NOT EXISTS runs_by_key ON leasework.runs (key, id) WHERE key IS NOT NULL;
+
+-- ---------------------------------------------------------------------------------------------
+-- Files, chunks, uploads and maintenance markers (the ingest, expand and maintenance stages).
+
+-- A ZIP archive to expand into files. The second claim shape: no lease, a processing_since
+-- timestamp; an upload stuck in `processing` past expand_reclaim is claimed again. The claim's
+-- processing_since is also the token the finishing write is scoped by.
+CREATE TABLE IF NOT EXISTS leasework.uploads (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    project          text NOT NULL,
+    name             text NOT NULL,
+    store_key        text NOT NULL,
+    size             bigint NOT NULL,
+    status           text NOT NULL DEFAULT 'pending',
+    processing_since timestamptz,
+    attempts         integer NOT NULL DEFAULT 0,
+    error            text,
+    result           jsonb,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    finished_at      timestamptz,
+    CONSTRAINT uploads_status_valid CHECK (status IN ('pending', 'processing', 'done', 'failed')),
+    CONSTRAINT uploads_processing_has_since CHECK ((status = 'processing') = (processing_since IS NOT NULL))
+);
+
+-- Only unfinished uploads, so it stays small. Serves: claim_upload, fail_stuck_uploads.
+CREATE INDEX IF NOT EXISTS uploads_claimable
+    ON leasework.uploads (id, processing_since) WHERE status IN ('pending', 'processing');
+
+-- Finished uploads by age. Serves: prune_uploads.
+CREATE INDEX IF NOT EXISTS uploads_finished_at
+    ON leasework.uploads (finished_at) WHERE finished_at IS NOT NULL;
+
+-- A document in a project (the scope its chunks are searched in). Its bytes are in the file
+-- store under store_key; each (re)index is an `ingest` run keyed `file:{id}`.
+CREATE TABLE IF NOT EXISTS leasework.files (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    project     text NOT NULL,
+    name        text NOT NULL,
+    store_key   text NOT NULL,
+    size        bigint NOT NULL,
+    sha256      text NOT NULL,
+    status      text NOT NULL DEFAULT 'pending',
+    error       text,
+    chunks      integer,
+    -- The content an ingest attempt started on: a later attempt that finds sha256 changed
+    -- starts over instead of resuming from processed_units.
+    indexing_sha256 text,
+    -- Set when the file came out of an archive: the upload and the member's path inside it.
+    upload_id   bigint REFERENCES leasework.uploads (id) ON DELETE SET NULL,
+    member      text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    indexed_at  timestamptz,
+    CONSTRAINT files_status_valid CHECK (status IN ('pending', 'indexing', 'ready', 'failed'))
+);
+
+-- One file per archive member, so redoing an expansion after a crash is harmless.
+-- Serves: insert_member_file (ON CONFLICT), member_files.
+CREATE UNIQUE INDEX IF NOT EXISTS files_upload_member
+    ON leasework.files (upload_id, member) WHERE upload_id IS NOT NULL;
+
+-- Files by scope. Serves: the caller's own listing/search by project; status_files.
+CREATE INDEX IF NOT EXISTS files_project ON leasework.files (project, status);
+
+-- One row per chunk; the primary key (file_id, idx) is what makes an upsert of a redone batch
+-- harmless. Serves: upsert_chunks, delete_tail_chunks.
+CREATE TABLE IF NOT EXISTS leasework.chunks (
+    file_id   bigint NOT NULL REFERENCES leasework.files (id) ON DELETE CASCADE,
+    idx       integer NOT NULL,
+    project   text NOT NULL,
+    page      integer NOT NULL,
+    text      text NOT NULL,
+    embedding real[] NOT NULL,
+    PRIMARY KEY (file_id, idx),
+    CONSTRAINT chunks_idx_valid CHECK (idx >= 0)
+);
+
+-- Chunks by scope. Serves: the caller's search restricted to one project; move_file.
+CREATE INDEX IF NOT EXISTS chunks_project ON leasework.chunks (project);
+
+-- The durable marker of each self-throttled maintenance handler: calling a handler every poll
+-- costs one read of this table; claim_maintenance lets one worker win each period. `backlog`
+-- means the last run stopped at its bound with work left, so it is due again at once.
+CREATE TABLE IF NOT EXISTS leasework.maintenance (
+    handler     text PRIMARY KEY,
+    last_run_at timestamptz NOT NULL,
+    backlog     boolean NOT NULL DEFAULT false,
+    runs        bigint NOT NULL DEFAULT 0,
+    last_result jsonb
+);

@@ -1,0 +1,261 @@
+"""Versioned migrations: every migration from 0001 gives exactly the schema a fresh `schema.sql`
+gives (catalog dumps compared), pending ones apply in order in one transaction under a lock, and
+`migrate --check`, workers and the supervisor refuse a schema that is behind."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from leasework import db
+from leasework.db import Migration
+from leasework.errors import LeaseworkError, SchemaMissing
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = db.migrations()
+
+# What "the same schema" means: every table, column, constraint, index, function, trigger, view
+# and sequence in the `leasework` schema, by name and definition. Column order is left out: a
+# migration can only append a column, while schema.sql may list it where it reads best.
+CATALOG: dict[str, str] = {
+    "tables": """
+        SELECT c.relname, c.relkind::text, c.relpersistence::text
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'leasework' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+         ORDER BY 1""",
+    "columns": """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               pg_get_expr(d.adbin, d.adrelid), a.attidentity::text, a.attgenerated::text
+          FROM pg_attribute a
+          JOIN pg_class c ON c.oid = a.attrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE n.nspname = 'leasework' AND c.relkind IN ('r', 'p') AND a.attnum > 0
+           AND NOT a.attisdropped
+         ORDER BY 1, 2""",
+    "constraints": """
+        SELECT c.relname, k.conname, pg_get_constraintdef(k.oid)
+          FROM pg_constraint k
+          JOIN pg_class c ON c.oid = k.conrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'leasework'
+         ORDER BY 1, 2""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes
+         WHERE schemaname = 'leasework' ORDER BY 1, 2""",
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'leasework' ORDER BY 1, 2""",
+    "triggers": """
+        SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid)
+          FROM pg_trigger t
+          JOIN pg_class c ON c.oid = t.tgrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'leasework' AND NOT t.tgisinternal
+         ORDER BY 1, 2""",
+    "views": """
+        SELECT viewname, definition FROM pg_views WHERE schemaname = 'leasework' ORDER BY 1""",
+}
+
+
+def catalog(conn: psycopg.Connection[Any]) -> dict[str, list[tuple[Any, ...]]]:
+    return {what: conn.execute(query).fetchall() for what, query in CATALOG.items()}
+
+
+@pytest.fixture
+def scratch(server_dsn: str) -> Iterator[Callable[[], str]]:
+    """scratch() -> the DSN of a new empty database, dropped after the test."""
+    made: list[str] = []
+
+    def factory() -> str:
+        name = f"leasework_mig_{os.getpid()}_{secrets.token_hex(3)}"
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        made.append(name)
+        params = conninfo_to_dict(server_dsn)
+        params["dbname"] = name
+        return make_conninfo(**params)
+
+    yield factory
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        for name in made:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@contextmanager
+def extra_migrations(monkeypatch: pytest.MonkeyPatch, *extra: str) -> Iterator[int]:
+    """Pretend this leasework ships more migrations than it does (the next versions)."""
+    base = SHIPPED
+    more = tuple(
+        Migration(len(base) + i + 1, f"test_{i + 1}", text) for i, text in enumerate(extra)
+    )
+    monkeypatch.setattr(db, "migrations", lambda: base + more)
+    monkeypatch.setattr(db, "SCHEMA_VERSION", len(base) + len(more))
+    yield len(base) + len(more)
+
+
+def test_every_migration_from_the_first_gives_the_fresh_schema(
+    scratch: Callable[[], str],
+) -> None:
+    with psycopg.connect(scratch(), autocommit=True) as fresh:
+        done = db.migrate(fresh)
+        assert done.before is None and done.applied == ("schema.sql",)
+        want = catalog(fresh)
+        fresh_version = db.current_version(fresh)
+    with psycopg.connect(scratch(), autocommit=True) as upgraded:
+        with upgraded.transaction():
+            db.apply_migrations(upgraded, list(db.migrations()))
+        got = catalog(upgraded)
+        assert db.current_version(upgraded) == fresh_version == db.SCHEMA_VERSION
+    for what in CATALOG:
+        missing = sorted(set(want[what]) - set(got[what]), key=repr)
+        extra = sorted(set(got[what]) - set(want[what]), key=repr)
+        assert not missing and not extra, (
+            f"{what} differ between schema.sql and the migrations 0001..{db.SCHEMA_VERSION}.\n"
+            f"  only in schema.sql: {missing}\n  only after the migrations: {extra}\n"
+            "Changed schema.sql? Add leasework/migrations/NNNN_what.sql making the same change."
+        )
+
+
+def test_migrations_are_numbered_without_gaps() -> None:
+    numbers = [m.version for m in db.migrations()]
+    assert numbers == list(range(1, len(numbers) + 1))
+    assert numbers[-1] == db.SCHEMA_VERSION
+    names = sorted(p.name for p in (ROOT / "leasework" / "migrations").glob("*.sql"))
+    assert len(names) == len(numbers), "a migration file does not match NNNN_what.sql"
+
+
+def test_migrate_twice_is_a_no_op(scratch: Callable[[], str]) -> None:
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        db.migrate(conn)
+        again = db.migrate(conn)
+        assert again.applied == () and again.after == db.SCHEMA_VERSION
+
+
+def test_pending_migrations_apply_in_order_and_a_failure_rolls_back_all(
+    scratch: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        db.migrate(conn)
+        base = db.SCHEMA_VERSION
+        with extra_migrations(
+            monkeypatch,
+            "ALTER TABLE leasework.runs ADD COLUMN note text",
+            "ALTER TABLE leasework.runs ADD COLUMN no_such_type nosuchtype",
+        ):
+            with pytest.raises(LeaseworkError, match=f"migration {base + 2:04d}_test_2 failed"):
+                db.migrate(conn)
+            assert db.current_version(conn) == base
+            cols = conn.execute(
+                "SELECT count(*) FROM information_schema.columns"
+                " WHERE table_schema = 'leasework' AND table_name = 'runs' AND column_name = 'note'"
+            ).fetchone()
+            assert cols == (0,), "the first migration must roll back with the second"
+        with extra_migrations(
+            monkeypatch,
+            "ALTER TABLE leasework.runs ADD COLUMN note text",
+            "UPDATE leasework.runs SET note = 'x'",  # needs the column: order matters
+        ) as latest:
+            done = db.migrate(conn)
+            assert done.before == base and done.after == latest
+            assert done.applied == (f"{base + 1:04d}_test_1", f"{base + 2:04d}_test_2")
+
+
+def test_two_hosts_migrating_at_once_apply_each_migration_once(
+    scratch: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = scratch()
+    with psycopg.connect(target, autocommit=True) as conn:
+        db.migrate(conn)
+    # Not idempotent on purpose: applied twice it would fail.
+    with extra_migrations(
+        monkeypatch, "ALTER TABLE leasework.runs ADD COLUMN note text; SELECT pg_sleep(0.3)"
+    ) as latest:
+        results: list[Any] = []
+
+        def run() -> None:
+            try:
+                with psycopg.connect(target, autocommit=True) as c:
+                    results.append(db.migrate(c))
+            except Exception as exc:
+                results.append(exc)
+
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert all(isinstance(r, db.Migrated) for r in results), results
+    assert sorted(len(r.applied) for r in results) == [0, 1]
+    assert all(r.after == latest for r in results)
+
+
+def test_check_schema_refuses_a_schema_that_is_behind(
+    scratch: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        with pytest.raises(SchemaMissing, match="missing: run `leasework migrate`"):
+            db.check_schema(conn)
+        db.migrate(conn)
+        db.check_schema(conn)
+        with (
+            extra_migrations(monkeypatch, "SELECT 1") as latest,
+            pytest.raises(SchemaMissing, match=f"needs {latest}: run `leasework migrate`"),
+        ):
+            db.check_schema(conn)
+        conn.execute("UPDATE leasework.schema_version SET version = version + 5")
+        db.check_schema(conn)  # newer than this code: accepted (rolling upgrades)
+
+
+def _cli(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LEASEWORK_DSN": dsn, "LEASEWORK_LOG_FORMAT": "json"}
+    env.pop("LEASEWORK_APP", None)
+    return subprocess.run(
+        [sys.executable, "-m", "leasework", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+def test_cli_migrate_check_and_workers_refuse_a_schema_behind(scratch: Callable[[], str]) -> None:
+    target = scratch()
+    check = _cli("migrate", "--check", dsn=target)
+    assert check.returncode == 1 and "not installed" in check.stdout, check
+    done = _cli("migrate", dsn=target)
+    assert done.returncode == 0 and f"installed at version {db.SCHEMA_VERSION}" in done.stdout
+    assert _cli("migrate", "--check", dsn=target).returncode == 0
+    with psycopg.connect(target, autocommit=True) as conn:
+        # A database one version behind (the last migration re-applies cleanly: idempotent).
+        conn.execute("UPDATE leasework.schema_version SET version = version - 1")
+    behind = _cli("migrate", "--check", dsn=target)
+    assert behind.returncode == 1 and f"needs {db.SCHEMA_VERSION}" in behind.stdout, behind
+    worker = _cli("worker", "--once", dsn=target)
+    assert worker.returncode == 2
+    assert worker.stderr.strip().splitlines() == [
+        f"leasework: the leasework schema is at version {db.SCHEMA_VERSION - 1}, this leasework "
+        f"needs {db.SCHEMA_VERSION}: run `leasework migrate`"
+    ], worker.stderr
+    supervisor = _cli("supervise", "--app", "leasework.demo:demo_app", dsn=target)
+    assert supervisor.returncode == 2 and "run `leasework migrate`" in supervisor.stderr
+    assert len(supervisor.stderr.strip().splitlines()) == 1, supervisor.stderr
+    up = _cli("migrate", dsn=target)
+    assert up.returncode == 0 and "migrated from version" in up.stdout, up
+    assert _cli("migrate", "--check", dsn=target).returncode == 0

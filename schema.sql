@@ -109,8 +109,11 @@ CREATE INDEX IF NOT EXISTS runs_running_by_expiry
     ON leasework.runs (lease_expires_at) WHERE status = 'running';
 
 -- The rate limiter's look-up of live leases in one tenant. Serves: claim_runs, limiter_conflict.
-CREATE INDEX IF NOT EXISTS runs_running_by_tenant
-    ON leasework.runs (tenant, lease_expires_at) WHERE status = 'running';
+-- Tenanted runs only, so claiming a run without a tenant does not pay an insert here.
+-- (Replaced runs_running_by_tenant, which also held untenanted runs.)
+DROP INDEX IF EXISTS leasework.runs_running_by_tenant;
+CREATE INDEX IF NOT EXISTS runs_running_tenanted
+    ON leasework.runs (tenant, lease_expires_at) WHERE status = 'running' AND tenant IS NOT NULL;
 
 -- The rate limiter's re-check inside claim_runs (leasework/workers/lease.sql), called on each
 -- tenanted run after the claim has locked it and its tenant row. It must be VOLATILE: a volatile

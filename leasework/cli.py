@@ -67,6 +67,11 @@ def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dsn", help="database (else LEASEWORK_DSN, DATABASE_URL, libpq defaults)")
     p.add_argument("--config", help="TOML config file (else LEASEWORK_CONFIG)")
+    p.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        help="log lines on stderr: JSON, text, or auto (text on a terminal; else config)",
+    )
 
 
 def _with_app(p: argparse.ArgumentParser) -> None:
@@ -177,6 +182,7 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Config:
             "dsn": getattr(args, "dsn", None),
             "app": getattr(args, "app", None),
             "processes": getattr(args, "processes", None),
+            "log_format": getattr(args, "log_format", None),
             **overrides,
         },
     )
@@ -443,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         cfg = _config(args)
-        log.setup(cfg.log_level)
+        log.setup(cfg.log_level, cfg.log_format)
         return _RUNNERS[args.command](args, cfg)
     except (ConfigError, SchemaMissing) as exc:
         return _fail(str(exc), EXIT_USAGE)

@@ -196,6 +196,10 @@ class Config:
         metadata=_doc("seconds between checks for files left `indexing` by an ended ingest run"),
     )
     log_level: str = field(default="info", metadata=_doc("debug, info, warning or error"))
+    log_format: str = field(
+        default="auto",
+        metadata=_doc("json, text, or auto: text on a terminal, JSON lines otherwise"),
+    )
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
@@ -203,6 +207,7 @@ class Config:
 
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+_LOG_FORMATS = ("auto", "json", "text")
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
@@ -307,6 +312,8 @@ def validate(cfg: Config) -> Config:
     _validate_supervisor(cfg, bad)
     if cfg.log_level.lower() not in _LOG_LEVELS:
         raise bad("log_level", f"must be one of {', '.join(_LOG_LEVELS)}, got {cfg.log_level!r}")
+    if cfg.log_format.lower() not in _LOG_FORMATS:
+        raise bad("log_format", f"must be one of {', '.join(_LOG_FORMATS)}, got {cfg.log_format!r}")
     return cfg
 
 

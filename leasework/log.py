@@ -1,4 +1,5 @@
-"""Logs are events: a stable name plus structured fields, one JSON object per line (orjson).
+"""Logs are events: a stable name plus structured fields, one per line: a JSON object (orjson)
+when stderr is not a terminal, a readable `key=value` line on one (`log_format` chooses).
 
 Never logs a DSN's password: `redact_dsn` is applied wherever a DSN could reach a message.
 """
@@ -25,28 +26,79 @@ def redact_dsn(text: str) -> str:
     return _PASSWORD_URL.sub(r"\1***\3", text)
 
 
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The event's structured fields, with any DSN password in a string value hidden."""
+    fields = getattr(record, "fields", None) or {}
+    return {k: redact_dsn(v) if isinstance(v, str) else v for k, v in fields.items()}
+
+
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line: {"ts", "level", "event", **fields}. For machines (journald,
+    log shippers): the default when stderr is not a terminal."""
+
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "event": record.getMessage(),
         }
-        fields = getattr(record, "fields", None)
-        if fields:
-            doc.update(fields)
+        doc.update(_fields(record))
         if record.exc_info:
             doc["exc"] = redact_dsn(self.formatException(record.exc_info))
         return orjson.dumps(doc, default=str).decode()
 
 
-def setup(level: str = "INFO") -> None:
-    """Route leasework's events to stderr as JSON lines (idempotent)."""
-    if any(getattr(h, "_leasework", False) for h in logger.handlers):
-        logger.setLevel(level.upper())
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+class TextFormatter(logging.Formatter):
+    """One readable line per event: `12:00:01.250 INFO  run_claimed run_id=7 kind=sync`. For
+    people: the default on a terminal. A traceback, when there is one, follows indented."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        millis = int(record.msecs)
+        parts = [f"{stamp}.{millis:03d} {record.levelname:<5} {record.getMessage()}"]
+        for key, value in _fields(record).items():
+            if not isinstance(value, str):
+                text = orjson.dumps(value, default=str).decode()
+            elif not value or any(ch.isspace() or ch in '"=' for ch in value):
+                text = orjson.dumps(value).decode()  # quoted, so the line stays one line
+            else:
+                text = value
+            parts.append(f"{key}={text}")
+        line = " ".join(parts)
+        if record.exc_info:
+            trace = redact_dsn(self.formatException(record.exc_info))
+            line += "\n" + "\n".join("    " + t for t in trace.splitlines())
+        return line
+
+
+LOG_FORMATS = ("auto", "json", "text")
+
+
+def resolve_format(fmt: str, stream: Any = None) -> str:
+    """ "auto" is text on a terminal, JSON otherwise."""
+    fmt = fmt.lower()
+    if fmt != "auto":
+        return fmt
+    stream = sys.stderr if stream is None else stream
+    try:
+        return "text" if stream.isatty() else "json"
+    except (AttributeError, ValueError):
+        return "json"
+
+
+def setup(level: str = "INFO", fmt: str = "auto", stream: Any = None) -> None:
+    """Route leasework's events to stderr (or `stream`), one per line, as JSON or text
+    (idempotent: a second call replaces the format and level)."""
+    stream = sys.stderr if stream is None else stream
+    chosen = resolve_format(fmt, stream)
+    formatter: logging.Formatter = TextFormatter() if chosen == "text" else JsonFormatter()
+    for h in logger.handlers:
+        if getattr(h, "_leasework", False):
+            h.setFormatter(formatter)
+            logger.setLevel(level.upper())
+            return
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
     handler._leasework = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(level.upper())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -168,6 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schedules", help="periodic tasks with their next run")
     _common(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("dashboard", help="read-only web page, /metrics and /healthz")
+    _common(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a further Host header to accept on loopback, e.g. behind a local proxy",
+    )
 
     p = sub.add_parser("demo", help="run the sample pipeline end to end")
     _common(p)
@@ -412,6 +425,31 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     return EXIT_OK
 
 
+def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
+    import signal
+
+    from .dashboard import Dashboard
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"dashboard: --port must be 0-65535, got {args.port}")
+    # A missing schema is bad usage (exit 2); a database that is down is served as 503 until back.
+    try:
+        with db.connect(cfg.dsn, connect_timeout=5) as conn:
+            db.check_schema(conn)
+    except db.DatabaseUnavailable as exc:
+        log.event("dashboard_database_unavailable", logging.WARNING, error=str(exc))
+    dash = Dashboard(cfg, host=args.host, port=args.port, allow_hosts=args.allow_host)
+    signal.signal(signal.SIGTERM, lambda signum, frame: dash.shutdown())
+    print(f"leasework dashboard on {dash.url} (read-only; Ctrl-C stops it)", flush=True)
+    try:
+        dash.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dash.close()
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace, cfg: Config) -> int:
     from . import demo
 
@@ -429,6 +467,7 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "upload": cmd_upload,
     "connections": cmd_connections,
     "schedules": cmd_schedules,
+    "dashboard": cmd_dashboard,
     "demo": cmd_demo,
 }
 

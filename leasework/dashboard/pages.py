@@ -1,0 +1,475 @@
+"""The dashboard's HTML: pure functions from snapshots (plain dicts) to pages. Every value that
+came from the database or a user goes through `esc`; no page carries a script or a form."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+STATUS_ORDER = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
+LIVE_STATUSES = frozenset({"waiting", "queued", "running"})
+REFRESH_SECONDS = 5
+
+CSS = """\
+:root { --fg: #1d2330; --muted: #6b7385; --line: #dde1e8; --bg: #f6f7f9; --card: #fff;
+        --ok: #1f8a4c; --bad: #c0392b; --warn: #b7791f; --run: #2563eb; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif;
+       color: var(--fg); background: var(--bg); }
+header { display: flex; align-items: baseline; gap: 1.5em; padding: .8em 1.5em;
+         background: #1d2330; color: #fff; }
+header h1 { font-size: 1.15em; margin: 0; }
+header a { color: #fff; text-decoration: none; }
+header .note { color: #aab1c2; font-size: .9em; }
+main { padding: 1em 1.5em 3em; max-width: 1400px; }
+section { background: var(--card); border: 1px solid var(--line); border-radius: 6px;
+          padding: .8em 1em; margin: 0 0 1em; }
+h2 { font-size: 1em; margin: 0 0 .6em; }
+.cards { display: flex; flex-wrap: wrap; gap: .8em; margin-bottom: 1em; }
+.card { background: var(--card); border: 1px solid var(--line); border-radius: 6px;
+        padding: .6em 1em; min-width: 9em; }
+.card .n { font-size: 1.6em; font-weight: 600; }
+.card .l { color: var(--muted); font-size: .85em; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: .3em .6em; border-bottom: 1px solid var(--line);
+         vertical-align: top; }
+th { color: var(--muted); font-weight: 500; font-size: .85em; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.muted, .empty { color: var(--muted); }
+.status { display: inline-block; padding: 0 .5em; border-radius: 3px; font-size: .85em;
+          background: #eef0f4; }
+.s-succeeded, .s-alive, .s-active { background: #e3f4ea; color: var(--ok); }
+.s-failed, .s-gone, .s-expired, .s-crashed { background: #fbe7e4; color: var(--bad); }
+.s-partial, .s-cancelled, .s-released, .s-retry { background: #fbf1df; color: var(--warn); }
+.s-running { background: #e3ecfd; color: var(--run); }
+progress { width: 12em; height: .9em; vertical-align: middle; }
+.progress { white-space: nowrap; }
+pre { background: #f3f4f7; border: 1px solid var(--line); border-radius: 4px; padding: .6em;
+      overflow: auto; max-height: 30em; margin: 0; white-space: pre-wrap; word-break: break-word; }
+dl { display: grid; grid-template-columns: max-content 1fr; gap: .2em 1.2em; margin: 0; }
+dt { color: var(--muted); }
+dd { margin: 0; }
+.error { color: var(--bad); }
+"""
+
+
+def esc(value: object) -> str:
+    """Text for HTML (element content and quoted attributes alike)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def when(value: object) -> str:
+    """A timestamp (datetime or ISO text) as `YYYY-MM-DD HH:MM:SS` UTC; blank when unset."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return str(value)
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def ago(seconds: object) -> str:
+    """A duration for people: `4 s`, `3 min 5 s`, `2 h 10 min`, `3 d 4 h`."""
+    if not isinstance(seconds, int | float):
+        return ""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def status_badge(status: object) -> str:
+    text = esc(status)
+    return f'<span class="status s-{text}">{text}</span>'
+
+
+def progress(done: object, total: object) -> str:
+    """A `<progress>` bar with `processed / total` beside it; indeterminate when total is unknown."""
+    done_n = done if isinstance(done, int) else 0
+    if isinstance(total, int) and total > 0:
+        pct = min(100.0, 100.0 * done_n / total)
+        return (
+            f'<span class="progress"><progress value="{min(done_n, total)}" max="{total}">'
+            f"{pct:.0f}%</progress> {done_n:,} / {total:,} ({pct:.0f}%)</span>"
+        )
+    return f'<span class="progress"><progress></progress> {done_n:,} / ?</span>'
+
+
+def run_link(run_id: object) -> str:
+    if not isinstance(run_id, int):
+        return ""
+    return f'<a class="run-link" href="/runs/{run_id}">#{run_id}</a>'
+
+
+def first_line(text: object, limit: int = 160) -> str:
+    lines = str(text or "").strip().splitlines()
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[: limit - 1] + "\u2026"
+
+
+def pretty_json(value: Any) -> str:
+    return orjson.dumps(
+        value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str
+    ).decode()
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str) -> str:
+    """Rows are already-escaped cells; a header starting with '#' is right-aligned (numbers)."""
+    body = [
+        "<tr>"
+        + "".join(
+            f'<td class="num">{cell}</td>' if h.startswith("#") else f"<td>{cell}</td>"
+            for h, cell in zip(headers, row, strict=True)
+        )
+        + "</tr>"
+        for row in rows
+    ]
+    if not body:
+        return f'<p class="empty">{esc(empty)}</p>'
+    head = "".join(
+        f'<th class="num">{esc(h[1:])}</th>' if h.startswith("#") else f"<th>{esc(h)}</th>"
+        for h in headers
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def layout(title: str, body: str, *, refresh: int | None) -> str:
+    meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
+    note = f"read-only; refreshes every {refresh} s" if refresh else "read-only"
+    return (
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"{meta}<title>{esc(title)} \u00b7 leasework</title>"
+        '<link rel="stylesheet" href="/static/dashboard.css"></head><body>'
+        '<header><h1><a href="/">leasework</a></h1>'
+        f'<span class="note">{esc(note)}</span></header>'
+        f"<main>{body}</main></body></html>\n"
+    )
+
+
+def _card(label: str, value: object, key: str) -> str:
+    return (
+        f'<div class="card" data-card="{esc(key)}"><div class="n">{esc(value)}</div>'
+        f'<div class="l">{esc(label)}</div></div>'
+    )
+
+
+def overview(
+    snap: Mapping[str, Any],
+    recent: Sequence[Mapping[str, Any]],
+    *,
+    oldest_queued: float | None,
+    now: object,
+) -> str:
+    """The `/` page: cards, running runs with progress bars, queue by kind, workers, connections,
+    recent failures and the newest runs."""
+    workers = list(snap.get("workers") or [])
+    alive = sum(1 for w in workers if w.get("alive"))
+    by_status: Mapping[str, int] = snap.get("runs_by_status") or {}
+    cards = "".join(
+        [
+            _card("workers alive", alive, "workers-alive"),
+            _card("queued", by_status.get("queued", 0), "queued"),
+            _card("running", by_status.get("running", 0), "running"),
+            _card("waiting", by_status.get("waiting", 0), "waiting"),
+            _card("failed", by_status.get("failed", 0), "failed"),
+            _card(
+                "oldest queued",
+                ago(oldest_queued) if oldest_queued is not None else "-",
+                "oldest-queued",
+            ),
+        ]
+    )
+    parts = [
+        f'<p class="muted">database time {esc(when(now))} UTC</p>',
+        f'<div class="cards">{cards}</div>',
+        _running_section(snap.get("running") or []),
+        _queue_section(snap.get("runs_by_kind") or {}),
+        _workers_section(workers),
+        _connections_section(snap.get("connections") or []),
+        _failures_section(snap.get("recent_failures") or []),
+        _recent_section(recent),
+    ]
+    return layout("overview", "".join(parts), refresh=REFRESH_SECONDS)
+
+
+def _running_section(running: Sequence[Mapping[str, Any]]) -> str:
+    rows = []
+    for r in running:
+        flags = (
+            ' <span class="status s-cancelled">cancel requested</span>'
+            if r.get("cancel_requested")
+            else ""
+        )
+        rate = r.get("rate")
+        eta = r.get("eta")
+        rows.append(
+            [
+                run_link(r.get("id")),
+                esc(r.get("kind")),
+                esc(r.get("key") or ""),
+                progress(r.get("processed_units"), r.get("total_units")) + flags,
+                esc(f"{rate:.1f}/s") if isinstance(rate, int | float) else "",
+                esc(ago(eta)) if isinstance(eta, int | float) else "",
+                esc(f"{r.get('attempts')}/{r.get('max_attempts')}"),
+                esc(ago(r.get("running_for"))),
+                esc(ago(r.get("lease_left"))),
+                esc(r.get("lease_worker") or ""),
+            ]
+        )
+    headers = [
+        "run",
+        "kind",
+        "key",
+        "progress",
+        "rate",
+        "eta",
+        "attempt",
+        "running",
+        "lease left",
+        "worker",
+    ]
+    return f'<section id="running"><h2>Running</h2>{table(headers, rows, empty="nothing running")}</section>'
+
+
+def _queue_section(by_kind: Mapping[str, Mapping[str, int]]) -> str:
+    rows = [
+        [esc(kind)] + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
+        for kind, per in sorted(by_kind.items())
+    ]
+    headers = ["kind", *(f"#{s}" for s in STATUS_ORDER)]
+    return f'<section id="queue"><h2>Runs by kind</h2>{table(headers, rows, empty="no runs")}</section>'
+
+
+def _workers_section(workers: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            status_badge("alive" if w.get("alive") else "gone"),
+            esc(w.get("host")),
+            esc(w.get("pid")),
+            run_link(w.get("current_run")) or '<span class="muted">idle</span>',
+            esc(ago(w.get("heartbeat_age"))) + " ago",
+            esc(when(w.get("started_at"))),
+            esc(w.get("id")),
+        ]
+        for w in workers
+    ]
+    headers = ["state", "host", "#pid", "current run", "heartbeat", "started (UTC)", "worker id"]
+    return f'<section id="workers"><h2>Workers</h2>{table(headers, rows, empty="no workers")}</section>'
+
+
+def _connections_section(connections: Sequence[Mapping[str, Any]]) -> str:
+    if not connections:
+        return ""
+    rows = []
+    for c in connections:
+        tables = c.get("tables") or {}
+        results = "<br>".join(
+            f"{esc(name)}: {_table_result(t)}" for name, t in sorted(tables.items())
+        )
+        last = (
+            f"{run_link(c.get('last_run_id'))} {esc(c.get('last_run_kind'))} "
+            f"{status_badge(c.get('last_run_status'))}"
+            if c.get("last_run_id")
+            else '<span class="muted">never run</span>'
+        )
+        every = c.get("sync_interval_seconds")
+        rows.append(
+            [
+                esc(c.get("id")),
+                esc(f"{c.get('workspace')}/{c.get('provider')}"),
+                status_badge(c.get("status")),
+                last,
+                results,
+                esc(f"every {ago(every)}") if every else '<span class="muted">on demand</span>',
+                esc(when(c.get("next_run_at"))),
+            ]
+        )
+    headers = [
+        "#id",
+        "workspace/provider",
+        "status",
+        "last run",
+        "per-table results",
+        "schedule",
+        "next run (UTC)",
+    ]
+    return (
+        f'<section id="connections"><h2>Connections</h2>{table(headers, rows, empty="")}</section>'
+    )
+
+
+def _table_result(t: object) -> str:
+    if not isinstance(t, Mapping):
+        return esc(t)
+    if t.get("status") == "failed":
+        return f'<span class="error">failed: {esc(first_line(t.get("error")))}</span>'
+    return esc(f"+{t.get('upserted', 0)} upserted, -{t.get('tombstoned', 0)} tombstoned")
+
+
+def _failures_section(failures: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            run_link(f.get("id")),
+            esc(f.get("kind")),
+            esc(f.get("key") or ""),
+            esc(f.get("attempts")),
+            esc(when(f.get("finished_at"))),
+            f'<span class="error">{esc(first_line(f.get("error")))}</span>',
+        ]
+        for f in failures
+    ]
+    headers = ["run", "kind", "key", "#attempts", "failed at (UTC)", "error"]
+    return f'<section id="failures"><h2>Recent failures</h2>{table(headers, rows, empty="no failures")}</section>'
+
+
+def _recent_section(recent: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            run_link(r.get("id")),
+            esc(r.get("kind")),
+            esc(r.get("key") or ""),
+            esc(r.get("tenant") or ""),
+            status_badge(r.get("status")),
+            esc(f"{r.get('attempts')}/{r.get('max_attempts')}"),
+            progress(r.get("processed_units"), r.get("total_units"))
+            if r.get("total_units") or r.get("processed_units")
+            else "",
+            esc(when(r.get("finished_at") or r.get("started_at") or r.get("queued_at"))),
+        ]
+        for r in recent
+    ]
+    headers = ["run", "kind", "key", "tenant", "status", "attempt", "progress", "last change (UTC)"]
+    return f'<section id="recent"><h2>Newest runs</h2>{table(headers, rows, empty="no runs")}</section>'
+
+
+def run_page(run: Mapping[str, Any], *, now: datetime | None) -> str:
+    """The `/runs/<id>` page: fields, progress, attempt history, per-table results, payload,
+    result and error. Refreshes itself while the run is live."""
+    rid = run.get("id")
+    status = run.get("status")
+    lease_left = ""
+    expires = run.get("lease_expires_at")
+    if isinstance(expires, datetime) and now is not None:
+        lease_left = ago((expires - now).total_seconds())
+    fields: list[tuple[str, str]] = [
+        ("status", status_badge(status)),
+        ("kind", esc(run.get("kind"))),
+        ("key", esc(run.get("key") or "")),
+        ("tenant", esc(run.get("tenant") or "")),
+        ("group", esc(run.get("group") or "")),
+        ("priority", esc(run.get("priority"))),
+        ("exclusive", "yes" if run.get("exclusive") else "no"),
+        ("attempts", esc(f"{run.get('attempts')} of {run.get('max_attempts')}")),
+        ("progress", progress(run.get("processed_units"), run.get("total_units"))),
+        ("created (UTC)", esc(when(run.get("created_at")))),
+        ("due (UTC)", esc(when(run.get("queued_at")))),
+        ("started (UTC)", esc(when(run.get("started_at")))),
+        ("finished (UTC)", esc(when(run.get("finished_at")))),
+    ]
+    if run.get("lease_worker"):
+        fields.append(("worker", esc(run.get("lease_worker"))))
+        fields.append(("lease left", esc(lease_left)))
+    if run.get("cancel_requested_at"):
+        fields.append(("cancel requested (UTC)", esc(when(run.get("cancel_requested_at")))))
+    dl = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in fields)
+    parts = [
+        f'<section id="run"><h2>Run #{esc(rid)}</h2><dl>{dl}</dl></section>',
+        _history_section(run.get("history") or []),
+        _tables_section(run.get("result")),
+    ]
+    if run.get("error"):
+        parts.append(
+            f'<section id="error"><h2>Error</h2><pre class="error">{esc(run.get("error"))}</pre></section>'
+        )
+    parts.append(
+        f'<section id="payload"><h2>Payload</h2><pre>{esc(pretty_json(run.get("payload")))}</pre></section>'
+    )
+    result = run.get("result")
+    parts.append(
+        '<section id="result"><h2>Result</h2>'
+        + (
+            f"<pre>{esc(pretty_json(result))}</pre>"
+            if result is not None
+            else '<p class="empty">no result yet</p>'
+        )
+        + "</section>"
+    )
+    live = status in LIVE_STATUSES
+    return layout(f"run #{rid}", "".join(parts), refresh=REFRESH_SECONDS if live else None)
+
+
+def _duration(start: object, end: object) -> str:
+    try:
+        a = datetime.fromisoformat(str(start))
+        b = datetime.fromisoformat(str(end))
+    except ValueError:
+        return ""
+    return ago((b - a).total_seconds())
+
+
+def _history_section(history: Sequence[Any]) -> str:
+    rows = [
+        [
+            esc(h.get("attempt")),
+            esc(h.get("worker") or ""),
+            esc(when(h.get("started_at"))),
+            esc(when(h.get("ended_at"))),
+            esc(_duration(h.get("started_at"), h.get("ended_at"))),
+            status_badge(h.get("outcome")),
+            f'<span class="error">{esc(first_line(h.get("error"), 300))}</span>'
+            if h.get("error")
+            else "",
+        ]
+        for h in history
+        if isinstance(h, Mapping)
+    ]
+    headers = ["#attempt", "worker", "started (UTC)", "ended (UTC)", "took", "outcome", "error"]
+    return f'<section id="history"><h2>Attempt history</h2>{table(headers, rows, empty="no attempt has ended yet")}</section>'
+
+
+def _tables_section(result: object) -> str:
+    tables = result.get("tables") if isinstance(result, Mapping) else None
+    if not isinstance(tables, Mapping) or not tables:
+        return ""
+    rows = []
+    for name, t in sorted(tables.items()):
+        t = t if isinstance(t, Mapping) else {}
+        rows.append(
+            [
+                esc(name),
+                status_badge(t.get("status", "")),
+                esc(t.get("upserted", "")),
+                esc(t.get("tombstoned", "")),
+                f'<span class="error">{esc(first_line(t.get("error"), 300))}</span>'
+                if t.get("error")
+                else "",
+            ]
+        )
+    headers = ["table", "status", "#upserted", "#tombstoned", "error"]
+    return (
+        f'<section id="tables"><h2>Per-table results</h2>{table(headers, rows, empty="")}</section>'
+    )
+
+
+def error_page(code: int, message: str) -> str:
+    return layout(
+        str(code),
+        f'<section><h2>{code}</h2><p class="error">{esc(message)}</p></section>',
+        refresh=None,
+    )

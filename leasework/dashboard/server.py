@@ -1,0 +1,340 @@
+"""The dashboard's HTTP server: the standard library's threading server, GET and HEAD only, a
+small pool of read-only database sessions. Never writes: the sessions refuse writes, and every
+other method is answered 405."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+from collections.abc import Iterable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from .. import db, log, status
+from ..config import Config
+from ..errors import ConfigError, SchemaMissing
+from ..queries import load
+from . import metrics, pages
+
+Q = load("leasework.dashboard", "dashboard.sql")
+RUNS = load("leasework", "runs.sql")
+
+POOL_SIZE = 4  # a refresh storm cannot take more than this from Postgres
+POOL_TIMEOUT = 5.0  # seconds a request waits for a connection before answering 503
+STATEMENT_TIMEOUT = "10s"
+RECENT_RUNS = 25
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+_RUN_PATH = re.compile(r"^/runs/([0-9]{1,18})/?$")
+
+# No script anywhere; styles only from our own stylesheet; not to be framed.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; base-uri 'none'; "
+        "form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class Unavailable(Exception):
+    """The database did not answer (or has no leasework schema): 503, with a password-free line."""
+
+
+class Dashboard:
+    """Owns the listening socket and the pool. `serve_forever()` in the foreground (the CLI) or
+    `start()` on a thread (tests); `close()` stops both."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        allow_hosts: Iterable[str] = (),
+    ) -> None:
+        self.cfg = cfg
+        self.pool: ConnectionPool[Any] = ConnectionPool(
+            cfg.dsn or "",
+            min_size=0,
+            max_size=POOL_SIZE,
+            kwargs={
+                "autocommit": True,
+                "application_name": "leasework-dashboard",
+                "connect_timeout": 5,
+            },
+            configure=_read_only_session,
+            check=ConnectionPool.check_connection,
+            open=False,
+            name="leasework-dashboard",
+            timeout=POOL_TIMEOUT,
+        )
+        try:
+            server = _Server6 if ":" in host else _Server
+            self.httpd = server((host, port), _Handler)
+        except OSError as exc:
+            raise ConfigError(
+                f"dashboard: cannot listen on {host}:{port}: {exc.strerror or exc}"
+            ) from None
+        self.httpd.dashboard = self
+        self.host, self.port = host, int(self.httpd.server_address[1])
+        self.allowed_hosts = _allowed_hosts(host, self.port, allow_hosts)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{shown}:{self.port}/"
+
+    def serve_forever(self) -> None:
+        self.pool.open(wait=False)
+        self.httpd.serve_forever(poll_interval=0.2)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.serve_forever, name="leasework-dashboard", daemon=True
+        )
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop serve_forever() from another thread (or a signal handler's thread)."""
+        threading.Thread(target=self.httpd.shutdown, daemon=True).start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self.httpd.shutdown()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.httpd.server_close()
+        self.pool.close(timeout=5)
+
+    # -- pages: each takes a connection from the pool for the length of one request ----------
+
+    def overview(self) -> str:
+        with self._connection() as conn:
+            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+            with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+                recent = cur.execute(Q["dashboard_recent_runs"], {"limit": RECENT_RUNS}).fetchall()
+                now = cur.execute(Q["dashboard_clock"]).fetchone()
+                oldest = cur.execute(Q["metrics_oldest_queued"]).fetchall()
+        oldest_age = max((r["age"] for r in oldest), default=None)
+        return pages.overview(
+            snap, recent, oldest_queued=oldest_age, now=now["now"] if now else None
+        )
+
+    def run(self, run_id: int) -> str | None:
+        with self._connection() as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            row = cur.execute(RUNS["get_run"], {"id": run_id}).fetchone()
+            now = cur.execute(Q["dashboard_clock"]).fetchone()
+        if row is None:
+            return None
+        return pages.run_page(row, now=now["now"] if now else None)
+
+    def metrics(self) -> bytes:
+        try:
+            with self._connection() as conn:
+                snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+                fams = metrics.families(conn, snap, heartbeat_interval=self.cfg.heartbeat_interval)
+        except Unavailable:
+            fams = metrics.database_down()
+        return metrics.exposition(fams)
+
+    def health(self) -> None:
+        """Raises Unavailable unless the database answers and has the leasework schema."""
+        with self._connection() as conn:
+            conn.execute("SELECT 1")
+
+    def _connection(self) -> _PooledConnection:
+        return _PooledConnection(self.pool)
+
+
+class _PooledConnection:
+    """`with` a pooled connection; the database being down or the schema missing is Unavailable,
+    with the reason redacted to one line."""
+
+    def __init__(self, pool: ConnectionPool[Any]) -> None:
+        self._cm = pool.connection(timeout=POOL_TIMEOUT)
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        try:
+            conn: psycopg.Connection[Any] = self._cm.__enter__()
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise Unavailable(f"database unavailable: {_line(exc)}") from None
+        try:
+            db.check_schema(conn)
+        except SchemaMissing as exc:
+            self._cm.__exit__(None, None, None)
+            raise Unavailable(str(exc)) from None
+        except psycopg.OperationalError as exc:
+            self._cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise Unavailable(f"database unavailable: {_line(exc)}") from None
+        return conn
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._cm.__exit__(*exc)
+        except psycopg.OperationalError as e:  # the connection broke mid-request
+            raise Unavailable(f"database unavailable: {_line(e)}") from None
+        if exc[0] is not None and issubclass(exc[0], psycopg.OperationalError):
+            raise Unavailable(f"database unavailable: {_line(exc[1])}") from None
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return log.redact_dsn(text.splitlines()[0] if text else type(exc).__name__)
+
+
+def _read_only_session(conn: psycopg.Connection[Any]) -> None:
+    # Belt and braces: even a bug in a page cannot write through these sessions.
+    conn.execute("SET default_transaction_read_only = on")
+    conn.execute(f"SET statement_timeout = '{STATEMENT_TIMEOUT}'")
+
+
+def _allowed_hosts(host: str, port: int, extra: Iterable[str]) -> frozenset[str] | None:
+    """Host headers accepted when bound to loopback (a guard against DNS rebinding: a page on
+    another site whose name resolves to 127.0.0.1 must not read the dashboard). None: any."""
+    if host not in LOOPBACK and not host.startswith("127."):
+        return None
+    names = {*LOOPBACK, host, *extra}
+    allowed: set[str] = set()
+    for name in names:
+        shown = f"[{name}]" if ":" in name and not name.startswith("[") else name
+        allowed.update({shown.lower(), f"{shown}:{port}".lower()})
+    return frozenset(allowed)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    dashboard: Dashboard
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "leasework-dashboard"
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # a slow client cannot hold a thread for ever
+
+    # -- read-only: GET and HEAD; everything else is refused ---------------------------------
+
+    def do_GET(self) -> None:
+        self._route(head=False)
+
+    def do_HEAD(self) -> None:
+        self._route(head=True)
+
+    def _refuse(self) -> None:
+        self.close_connection = True  # its body, if any, is never read
+        self._send(
+            HTTPStatus.METHOD_NOT_ALLOWED,
+            b"the dashboard is read-only: GET and HEAD only\n",
+            "text/plain; charset=utf-8",
+            head=False,
+            extra={"Allow": "GET, HEAD", "Connection": "close"},
+        )
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _refuse
+
+    def _route(self, *, head: bool) -> None:
+        d = self.server.dashboard
+        if d.allowed_hosts is not None:
+            host = (self.headers.get("Host") or "").strip().lower()
+            if host not in d.allowed_hosts:
+                self._send(
+                    HTTPStatus.MISDIRECTED_REQUEST,
+                    b"unexpected Host header (see --allow-host)\n",
+                    "text/plain; charset=utf-8",
+                    head=head,
+                )
+                return
+        path = urlsplit(self.path).path
+        try:
+            if path == "/":
+                self._html(HTTPStatus.OK, d.overview(), head=head)
+            elif (m := _RUN_PATH.match(path)) is not None:
+                page = d.run(int(m.group(1)))
+                if page is None:
+                    self._html(
+                        HTTPStatus.NOT_FOUND,
+                        pages.error_page(404, f"no run {m.group(1)} (it may have been pruned)"),
+                        head=head,
+                    )
+                else:
+                    self._html(HTTPStatus.OK, page, head=head)
+            elif path == "/metrics":
+                self._send(HTTPStatus.OK, d.metrics(), metrics.CONTENT_TYPE, head=head)
+            elif path == "/healthz":
+                d.health()
+                self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8", head=head)
+            elif path == "/static/dashboard.css":
+                self._send(HTTPStatus.OK, pages.CSS.encode(), "text/css; charset=utf-8", head=head)
+            else:
+                self._html(HTTPStatus.NOT_FOUND, pages.error_page(404, "no such page"), head=head)
+        except Unavailable as exc:
+            message = log.redact_dsn(str(exc))
+            if path == "/healthz":
+                body = f"unavailable: {message}\n".encode()
+                self._send(
+                    HTTPStatus.SERVICE_UNAVAILABLE, body, "text/plain; charset=utf-8", head=head
+                )
+            else:
+                self._html(
+                    HTTPStatus.SERVICE_UNAVAILABLE, pages.error_page(503, message), head=head
+                )
+        except Exception as exc:
+            log.event(
+                "dashboard_error",
+                logging.ERROR,
+                path=path,
+                error=log.redact_dsn(f"{type(exc).__name__}: {exc}"),
+            )
+            self._html(
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                pages.error_page(500, "internal error (logged)"),
+                head=head,
+            )
+
+    def _html(self, code: HTTPStatus, page: str, *, head: bool) -> None:
+        self._send(code, page.encode(), "text/html; charset=utf-8", head=head)
+
+    def _send(
+        self,
+        code: HTTPStatus,
+        body: bytes,
+        content_type: str,
+        *,
+        head: bool,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in {**SECURITY_HEADERS, **(extra or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.event(
+            "dashboard_request",
+            logging.DEBUG,
+            client=self.client_address[0],
+            request=format % args,
+        )

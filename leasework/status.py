@@ -19,20 +19,38 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
 
 
-def collect(conn: psycopg.Connection[Any], *, heartbeat_interval: float = 15.0) -> dict[str, Any]:
+def collect(
+    conn: psycopg.Connection[Any],
+    *,
+    heartbeat_interval: float = 15.0,
+    previous: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The snapshot behind `leasework status`, `--json` and the dashboard: JSON-ready data.
+
+    Each running run carries `rate` (units per second) and `eta` (seconds), or None while
+    unknown. Given the `previous` snapshot, the rate is measured between the two; otherwise it
+    is the attempt's average, known only for a first attempt (a resumed attempt starts part way).
+    """
     with conn.cursor(row_factory=dict_row) as cur:
+        now_row = cur.execute(Q["status_now"]).fetchone()
         workers = cur.execute(Q["status_workers"], {"stale": heartbeat_interval * 3}).fetchall()
         counts = cur.execute(Q["status_counts"]).fetchall()
         running = cur.execute(Q["status_running"]).fetchall()
         failures = cur.execute(Q["status_failures"]).fetchall()
         connections = cur.execute(Q["status_connections"]).fetchall()
         documents = cur.execute(Q["status_files"]).fetchall()
+    taken_at = float(now_row["taken_at"]) if now_row else 0.0
     by_status: dict[str, int] = {}
     by_kind: dict[str, dict[str, int]] = {}
     for row in counts:
         by_status[row["status"]] = by_status.get(row["status"], 0) + row["n"]
         by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
+    before = {(r["id"], r["attempts"]): r for r in (previous or {}).get("running", []) if "id" in r}
+    elapsed = taken_at - float((previous or {}).get("taken_at") or 0.0)
+    for r in running:
+        r["rate"], r["eta"] = progress_rate(r, before.get((r["id"], r["attempts"])), elapsed)
     return {
+        "taken_at": taken_at,
         "workers": [_plain(w) for w in workers],
         "runs_by_status": by_status,
         "runs_by_kind": by_kind,
@@ -42,6 +60,43 @@ def collect(conn: psycopg.Connection[Any], *, heartbeat_interval: float = 15.0) 
         "files": {r["status"]: r["n"] for r in documents if r["what"] == "files"},
         "uploads": {r["status"]: r["n"] for r in documents if r["what"] == "uploads"},
     }
+
+
+def progress_rate(
+    run: dict[str, Any], before: dict[str, Any] | None, elapsed: float
+) -> tuple[float | None, float | None]:
+    """(units per second, seconds left) for one running run; None where unknown."""
+    done = int(run.get("processed_units") or 0)
+    rate: float | None = None
+    if before is not None and elapsed > 0.2 and done >= int(before.get("processed_units") or 0):
+        measured = (done - int(before.get("processed_units") or 0)) / elapsed
+        # Between two close snapshots nothing may have moved: keep the earlier figure then.
+        rate = measured if measured > 0 or before.get("rate") is None else before.get("rate")
+    elif run.get("attempts") == 1 and (run.get("running_for") or 0) > 0.5:
+        rate = done / float(run["running_for"])
+    total = run.get("total_units")
+    eta = None
+    if rate and total is not None and total >= done:
+        eta = (total - done) / rate
+    return rate, eta
+
+
+def duration(seconds: float | None) -> str:
+    """`42s`, `3m05s`, `2h07m`; `?` when unknown."""
+    if seconds is None:
+        return "?"
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _rate(rate: float | None) -> str:
+    if rate is None:
+        return "?/s"
+    return f"{rate:.1f}/s" if rate < 100 else f"{rate:.0f}/s"
 
 
 def bar(done: int, total: int | None, width: int = 20) -> str:
@@ -97,16 +152,22 @@ def render(snap: dict[str, Any]) -> str:
         out.append("running:")
         for r in snap["running"]:
             total = r["total_units"]
-            progress = bar(r["processed_units"], total)
+            progress = bar(r["processed_units"], total, width=16)
             units = f"{r['processed_units']}/{total if total is not None else '?'}"
+            pace = ""
+            if total or r.get("rate") is not None:
+                pace = f" {_rate(r.get('rate'))} eta {duration(r.get('eta'))}"
             flag = " cancel requested" if r["cancel_requested"] else ""
-            out.append(f"  #{r['id']:<7} {r['kind'][:16]:<16} {progress} {units}{flag}"[:80])
+            line = f"  #{r['id']:<6} {r['kind'][:14]:<14} {progress} {units}{pace}"
+            out.append((line[: 80 - len(flag)] + flag) if flag else line[:80])
     if snap["recent_failures"]:
         out.append("")
         out.append("recent failures:")
         for f in snap["recent_failures"]:
             first = (f["error"] or "").splitlines()[0] if f["error"] else ""
-            out.append(f"  #{f['id']:<7} {f['kind'][:16]:<16} {first}"[:80])
+            when = "retrying" if f.get("will_retry") else f.get("status", "failed")
+            tries = f"{f.get('attempts', '?')}/{f.get('max_attempts', '?')}"
+            out.append(f"  #{f['id']:<6} {f['kind'][:14]:<14} {when:<8} {tries:<5} {first}"[:80])
     out.extend(_render_connections(snap.get("connections") or []))
     return "\n".join(out) + "\n"
 

@@ -1,5 +1,8 @@
 -- Read-only queries behind `leasework status`.
 
+-- name: status_now
+SELECT extract(epoch FROM leasework.now())::float8 AS taken_at
+
 -- name: status_workers
 SELECT id, host, pid, started_at, heartbeat_at, stopped_at, current_run,
        stopped_at IS NULL AND heartbeat_at > leasework.now() - make_interval(secs => %(stale)s) AS alive,
@@ -16,6 +19,7 @@ SELECT kind, status, count(*)::bigint AS n
 
 -- name: status_running
 SELECT id, kind, key, tenant, attempts, max_attempts, processed_units, total_units, lease_worker,
+       started_at,
        extract(epoch FROM lease_expires_at - leasework.now())::float8 AS lease_left,
        extract(epoch FROM leasework.now() - started_at)::float8 AS running_for,
        cancel_requested_at IS NOT NULL AS cancel_requested
@@ -25,10 +29,17 @@ SELECT id, kind, key, tenant, attempts, max_attempts, processed_units, total_uni
  LIMIT 50
 
 -- name: status_failures
-SELECT id, kind, key, attempts, finished_at, left(coalesce(error, ''), 200) AS error
+-- The latest failed attempts: runs that ended `failed` or `partial`, and runs requeued after a
+-- failed attempt (will_retry), newest failure first. Scans the live runs and the last day's
+-- finished ones only (runs_finished_at), however long the retention.
+SELECT id, kind, key, status, attempts, max_attempts, status = 'queued' AS will_retry,
+       coalesce(finished_at, (history -> -1 ->> 'ended_at')::timestamptz) AS failed_at,
+       left(coalesce(error, ''), 200) AS error
   FROM leasework.runs
- WHERE status = 'failed'
- ORDER BY finished_at DESC
+ WHERE error IS NOT NULL
+   AND (status = 'queued'
+        OR (status IN ('failed', 'partial') AND finished_at > leasework.now() - interval '1 day'))
+ ORDER BY failed_at DESC NULLS LAST, id DESC
  LIMIT 10
 
 -- name: status_connections

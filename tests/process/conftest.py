@@ -112,7 +112,9 @@ def alive(pid: int) -> bool:
 class Supervised:
     """One running supervisor and what it logged."""
 
-    def __init__(self, tmp: Path, dsn: str, config: dict[str, Any]) -> None:
+    def __init__(
+        self, tmp: Path, dsn: str, config: dict[str, Any], app: str = "lwtestapp:app"
+    ) -> None:
         self.tmp = tmp
         self.dsn = dsn
         self.config_path = tmp / "leasework.toml"
@@ -128,7 +130,7 @@ class Supervised:
                 "leasework",
                 "supervise",
                 "--app",
-                "lwtestapp:app",
+                app,
                 "--config",
                 str(self.config_path),
                 "--dsn",

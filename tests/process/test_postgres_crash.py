@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,6 +22,7 @@ from leasework import App, Config, db
 from leasework.workers.worker import Worker
 
 from ..conftest import wait_for
+from ..pgcluster import Cluster, private_cluster
 
 pytestmark = pytest.mark.chaos
 
@@ -45,73 +41,10 @@ def effect(ctx: Any, payload: Any) -> None:
             ctx.checkpoint(1)
 
 
-def _as_postgres(cmd: list[str]) -> list[str]:
-    if os.geteuid() == 0:  # the server refuses to run as root
-        return ["runuser", "-u", "postgres", "--", *cmd]
-    return cmd
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Cluster:
-    def __init__(self, root: Path) -> None:
-        self.data = root / "data"
-        self.log = root / "server.log"
-        self.port = _free_port()
-        self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def init(self) -> None:
-        if os.geteuid() == 0:
-            self.data.parent.chmod(0o755)
-            shutil.chown(self.data.parent, "postgres")
-        subprocess.run(
-            _as_postgres(["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust"]),
-            check=True,
-            capture_output=True,
-        )
-
-    def start(self) -> None:
-        opts = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data}"
-        )
-        subprocess.run(
-            _as_postgres(
-                ["pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", opts, "-w", "start"]
-            ),
-            check=True,
-            capture_output=True,
-        )
-
-    def crash(self) -> None:
-        """Immediate shutdown: no checkpoint, WAL not flushed; the restart replays the WAL."""
-        subprocess.run(
-            _as_postgres(["pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop"]),
-            check=True,
-            capture_output=True,
-        )
-
-
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
-        pytest.skip("initdb / pg_ctl not on PATH")
-    # Not under tmp_path: as root, the server runs as `postgres`, who must reach the directory.
-    root = Path(tempfile.mkdtemp(prefix="leasework-pgcrash-"))
-    c = Cluster(root)
-    try:
-        c.init()
-        c.start()
+    with private_cluster("leasework-pgcrash-") as c:
         yield c
-    finally:
-        subprocess.run(
-            _as_postgres(["pg_ctl", "-D", str(c.data), "-m", "immediate", "stop"]),
-            capture_output=True,
-        )
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _work(dsn: str) -> None:

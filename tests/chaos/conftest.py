@@ -1,0 +1,35 @@
+"""Chaos fixtures: each test gets its own private Postgres cluster (so it may crash, pause and
+restart it) and a `ChaosRun` on it; every supervisor started is stopped afterwards."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pgcluster import private_cluster
+
+from .harness import ChaosRun
+
+
+@pytest.fixture
+def chaos(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., ChaosRun]]:
+    """chaos(seed=None, **config) -> a ChaosRun on a fresh private cluster."""
+    runs: list[ChaosRun] = []
+    with private_cluster("leasework-chaos-") as cluster:
+
+        def make(seed: int | None = None, **config: Any) -> ChaosRun:
+            seed = random.randrange(1 << 32) if seed is None else seed
+            print(f"chaos seed {seed}")
+            run = ChaosRun(cluster, tmp_path, request.node.name, dict(config), random.Random(seed))
+            runs.append(run)
+            return run
+
+        try:
+            yield make
+        finally:
+            for run in runs:
+                run.stop()

@@ -1,6 +1,6 @@
-"""The dashboard's HTTP server: the standard library's threading server, GET and HEAD only, a
-small pool of read-only database sessions. Never writes: the sessions refuse writes, and every
-other method is answered 405."""
+"""The dashboard's HTTP server: the standard library's threading server, GET and HEAD only, one
+read-only database session per request (at most four at once). Never writes: the sessions refuse
+writes, and every other method is answered 405."""
 
 from __future__ import annotations
 
@@ -8,26 +8,29 @@ import logging
 import re
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import db, log, status
 from ..config import Config
-from ..errors import ConfigError, SchemaMissing
+from ..errors import ConfigError, LeaseworkError, SchemaMissing
 from ..queries import load
 from . import metrics, pages
 
 Q = load("leasework.dashboard", "dashboard.sql")
 RUNS = load("leasework", "runs.sql")
 
-POOL_SIZE = 4  # a refresh storm cannot take more than this from Postgres
-POOL_TIMEOUT = 5.0  # seconds a request waits for a connection before answering 503
+# A session per request: a database that is down is reported at once (a pool would wait out its
+# timeout), and no connection is left stale across a database restart. A refresh storm still
+# cannot take more than SESSIONS connections from Postgres.
+SESSIONS = 4
+SESSION_WAIT = 5.0  # seconds a request waits for a free session before answering 503
 STATEMENT_TIMEOUT = "10s"
 RECENT_RUNS = 25
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -52,7 +55,7 @@ class Unavailable(Exception):
 
 
 class Dashboard:
-    """Owns the listening socket and the pool. `serve_forever()` in the foreground (the CLI) or
+    """Owns the listening socket. `serve_forever()` in the foreground (the CLI) or
     `start()` on a thread (tests); `close()` stops both."""
 
     def __init__(
@@ -64,21 +67,7 @@ class Dashboard:
         allow_hosts: Iterable[str] = (),
     ) -> None:
         self.cfg = cfg
-        self.pool: ConnectionPool[Any] = ConnectionPool(
-            cfg.dsn or "",
-            min_size=0,
-            max_size=POOL_SIZE,
-            kwargs={
-                "autocommit": True,
-                "application_name": "leasework-dashboard",
-                "connect_timeout": 5,
-            },
-            configure=_read_only_session,
-            check=ConnectionPool.check_connection,
-            open=False,
-            name="leasework-dashboard",
-            timeout=POOL_TIMEOUT,
-        )
+        self._sessions = threading.BoundedSemaphore(SESSIONS)
         try:
             server = _Server6 if ":" in host else _Server
             self.httpd = server((host, port), _Handler)
@@ -97,7 +86,6 @@ class Dashboard:
         return f"http://{shown}:{self.port}/"
 
     def serve_forever(self) -> None:
-        self.pool.open(wait=False)
         self.httpd.serve_forever(poll_interval=0.2)
 
     def start(self) -> None:
@@ -116,12 +104,11 @@ class Dashboard:
             self._thread.join(timeout=10)
             self._thread = None
         self.httpd.server_close()
-        self.pool.close(timeout=5)
 
-    # -- pages: each takes a connection from the pool for the length of one request ----------
+    # -- pages: each opens one read-only session for the length of one request ---------------
 
     def overview(self) -> str:
-        with self._connection() as conn:
+        with self.session() as conn:
             snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
             with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
                 recent = cur.execute(Q["dashboard_recent_runs"], {"limit": RECENT_RUNS}).fetchall()
@@ -133,7 +120,7 @@ class Dashboard:
         )
 
     def run(self, run_id: int) -> str | None:
-        with self._connection() as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        with self.session() as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
             row = cur.execute(RUNS["get_run"], {"id": run_id}).fetchone()
             now = cur.execute(Q["dashboard_clock"]).fetchone()
         if row is None:
@@ -142,7 +129,7 @@ class Dashboard:
 
     def metrics(self) -> bytes:
         try:
-            with self._connection() as conn:
+            with self.session() as conn:
                 snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
                 fams = metrics.families(conn, snap, heartbeat_interval=self.cfg.heartbeat_interval)
         except Unavailable:
@@ -151,53 +138,42 @@ class Dashboard:
 
     def health(self) -> None:
         """Raises Unavailable unless the database answers and has the leasework schema."""
-        with self._connection() as conn:
+        with self.session() as conn:
             conn.execute("SELECT 1")
 
-    def _connection(self) -> _PooledConnection:
-        return _PooledConnection(self.pool)
-
-
-class _PooledConnection:
-    """`with` a pooled connection; the database being down or the schema missing is Unavailable,
-    with the reason redacted to one line."""
-
-    def __init__(self, pool: ConnectionPool[Any]) -> None:
-        self._cm = pool.connection(timeout=POOL_TIMEOUT)
-
-    def __enter__(self) -> psycopg.Connection[Any]:
+    @contextmanager
+    def session(self) -> Iterator[psycopg.Connection[Any]]:
+        """A read-only session with the leasework schema checked. The database being down, busy
+        or without the schema is Unavailable, with the reason on one password-free line."""
+        if not self._sessions.acquire(timeout=SESSION_WAIT):
+            raise Unavailable(f"busy: all {SESSIONS} database sessions are in use")
         try:
-            conn: psycopg.Connection[Any] = self._cm.__enter__()
-        except (PoolTimeout, psycopg.OperationalError) as exc:
-            raise Unavailable(f"database unavailable: {_line(exc)}") from None
-        try:
-            db.check_schema(conn)
-        except SchemaMissing as exc:
-            self._cm.__exit__(None, None, None)
-            raise Unavailable(str(exc)) from None
-        except psycopg.OperationalError as exc:
-            self._cm.__exit__(type(exc), exc, exc.__traceback__)
-            raise Unavailable(f"database unavailable: {_line(exc)}") from None
-        return conn
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self._cm.__exit__(*exc)
-        except psycopg.OperationalError as e:  # the connection broke mid-request
-            raise Unavailable(f"database unavailable: {_line(e)}") from None
-        if exc[0] is not None and issubclass(exc[0], psycopg.OperationalError):
-            raise Unavailable(f"database unavailable: {_line(exc[1])}") from None
+            try:
+                conn = db.connect(
+                    self.cfg.dsn, application_name="leasework-dashboard", connect_timeout=5
+                )
+            except LeaseworkError as exc:  # down, or a malformed DSN
+                raise Unavailable(log.redact_dsn(str(exc))) from None
+            with conn:
+                try:
+                    # Belt and braces: even a bug in a page cannot write through this session.
+                    conn.execute(
+                        "SET default_transaction_read_only = on; "
+                        f"SET statement_timeout = '{STATEMENT_TIMEOUT}'"
+                    )
+                    db.check_schema(conn)
+                    yield conn
+                except SchemaMissing as exc:
+                    raise Unavailable(str(exc)) from None
+                except psycopg.OperationalError as exc:
+                    raise Unavailable(f"database unavailable: {_line(exc)}") from None
+        finally:
+            self._sessions.release()
 
 
 def _line(exc: BaseException) -> str:
     text = str(exc).strip()
     return log.redact_dsn(text.splitlines()[0] if text else type(exc).__name__)
-
-
-def _read_only_session(conn: psycopg.Connection[Any]) -> None:
-    # Belt and braces: even a bug in a page cannot write through these sessions.
-    conn.execute("SET default_transaction_read_only = on")
-    conn.execute(f"SET statement_timeout = '{STATEMENT_TIMEOUT}'")
 
 
 def _allowed_hosts(host: str, port: int, extra: Iterable[str]) -> frozenset[str] | None:

@@ -1,0 +1,284 @@
+"""The dashboard's pages, /metrics and /healthz over real HTTP against real Postgres: what each
+page shows, that user data is escaped, that it never writes, that the DSN's password never
+appears, and that it answers 503 (not a traceback) when the database is away."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from leasework.dashboard import Dashboard
+from leasework.workers.worker import Worker
+
+from ..conftest import fast_config, wait_for
+from .dashboard_helpers import (
+    HOSTILE_ERROR,
+    HOSTILE_KEY,
+    HOSTILE_TENANT,
+    Scenario,
+    populate,
+    request,
+    running_dashboard,
+)
+
+Conn = psycopg.Connection[Any]
+PASSWORD = "s3cret-Pa55word"
+
+
+def with_password(dsn: str) -> str:
+    """The test DSN with a password in it (the test server trusts local connections, so the
+    password is carried along but never checked: it must still never reach a page)."""
+    params = conninfo_to_dict(dsn)
+    params["password"] = PASSWORD
+    return make_conninfo(**params)
+
+
+def without_schema(server_dsn: str) -> str:
+    """A database with no leasework schema (template1 is never migrated)."""
+    params = conninfo_to_dict(server_dsn)
+    params["dbname"] = "template1"
+    return make_conninfo(**params)
+
+
+@pytest.fixture
+def scenario(conn: Conn, make_worker: Callable[..., Worker]) -> Scenario:
+    return populate(conn, make_worker)
+
+
+@pytest.fixture
+def dash(dsn: str, conn: Conn) -> Iterator[Dashboard]:
+    with running_dashboard(fast_config(with_password(dsn))) as d:
+        yield d
+
+
+def test_overview_shows_the_whole_picture(dash: Dashboard, scenario: Scenario) -> None:
+    resp = request(dash.url)
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/html")
+    page = resp.text
+    # the running run with its progress bar, its worker and a link to its page
+    assert re.search(r'<progress value="4" max="10">', page)
+    assert f'href="/runs/{scenario.indexing}"' in page
+    assert "w-indexer" in page and "host-&lt;1&gt;" in page
+    # runs by kind, recent failures, newest runs link to every run
+    for kind in ("send_report", "flaky", "broken", "steady", "index_docs"):
+        assert f"<td>{kind}</td>" in page
+    assert 'id="failures"' in page and f'href="/runs/{scenario.broken}"' in page
+    for rid in (scenario.report, scenario.flaky, scenario.expired, scenario.crashed):
+        assert f'href="/runs/{rid}"' in page
+    # it refreshes itself, without a script
+    assert '<meta http-equiv="refresh" content="5">' in page
+    assert "<script" not in page.lower()
+
+
+def test_user_data_is_escaped_everywhere(dash: Dashboard, scenario: Scenario) -> None:
+    pages = [request(dash.url).text] + [
+        request(f"{dash.url}runs/{rid}").text for rid in (scenario.report, scenario.broken)
+    ]
+    joined = "\n".join(pages)
+    assert "<script" not in joined.lower()
+    assert "<img" not in joined.lower()
+    assert "&lt;script&gt;alert(&quot;key&quot;)&lt;/script&gt;" in joined
+    assert "&lt;img src=x onerror=alert(&#x27;error&#x27;)&gt;" in joined
+    assert (
+        HOSTILE_KEY not in joined and HOSTILE_TENANT not in joined and HOSTILE_ERROR not in joined
+    )
+
+
+def test_run_page_shows_attempts_tables_payload_and_result(
+    dash: Dashboard, scenario: Scenario
+) -> None:
+    report = request(f"{dash.url}runs/{scenario.report}")
+    assert report.status == 200
+    page = report.text
+    assert f"Run #{scenario.report}" in page
+    assert 'id="tables"' in page and "<td>users</td>" in page and "<td>orders</td>" in page
+    assert "HTTP 503 &lt;b&gt;" in page
+    assert 'id="payload"' in page and "&lt;/pre&gt;&lt;script&gt;" in page
+    assert 'id="result"' in page and "&quot;upserted&quot;: 3" in page
+    assert 'http-equiv="refresh"' not in page  # finished: nothing left to watch
+
+    flaky = request(f"{dash.url}runs/{scenario.flaky}").text
+    history = flaky.split('id="history"')[1].split("</section>")[0]
+    assert history.count("<tr>") == 3  # header + two attempts
+    assert "first attempt fails" in history and "s-succeeded" in history
+
+    for rid, outcome in ((scenario.expired, "expired"), (scenario.crashed, "crashed")):
+        page = request(f"{dash.url}runs/{rid}").text
+        history = page.split('id="history"')[1].split("</section>")[0]
+        assert f"s-{outcome}" in history and "s-succeeded" in history
+
+    live = request(f"{dash.url}runs/{scenario.indexing}").text
+    assert '<progress value="4" max="10">' in live and "w-indexer" in live
+    assert 'http-equiv="refresh"' in live  # running: it refreshes itself
+
+
+def test_unknown_pages_and_runs_are_404(dash: Dashboard, conn: Conn) -> None:
+    assert request(f"{dash.url}runs/999999").status == 404
+    assert request(f"{dash.url}runs/abc").status == 404
+    assert request(f"{dash.url}nope").status == 404
+    css = request(f"{dash.url}static/dashboard.css")
+    assert css.status == 200 and css.headers["Content-Type"].startswith("text/css")
+
+
+def test_metrics_in_prometheus_format(dash: Dashboard, scenario: Scenario, conn: Conn) -> None:
+    resp = request(f"{dash.url}metrics")
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(resp.text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+
+    def get(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert get("leasework_database_up") == 1
+    assert get("leasework_runs", kind="steady", status="succeeded") == 2
+    assert get("leasework_runs", kind="flaky", status="succeeded") == 1
+    assert get("leasework_runs", kind="broken", status="failed") == 1
+    assert get("leasework_runs", kind="index_docs", status="running") == 1
+    assert get("leasework_workers_alive") >= 2  # w-indexer and the test's own worker
+    assert get("leasework_lease_losses", kind="steady", outcome="expired") == 1
+    assert get("leasework_lease_losses", kind="steady", outcome="crashed") == 1
+    assert get("leasework_reclaims", kind="steady") == 2
+    # every claim in this test happened just now: all of them are in the histogram
+    claims = conn.execute(
+        "SELECT count(*) FROM leasework.runs WHERE started_at IS NOT NULL"
+    ).fetchone()
+    assert claims is not None
+    assert get("leasework_claim_latency_seconds_count") == claims[0]
+    assert get("leasework_claim_latency_seconds_bucket", le="+Inf") == claims[0]
+
+    # a due queued run shows its age; a delayed one does not count
+    conn.execute(
+        "INSERT INTO leasework.runs (kind, queued_at) VALUES ('later', now() + interval '1 hour'),"
+        " ('backlog', now() - interval '90 seconds')"
+    )
+    text = request(f"{dash.url}metrics").text
+    ages = {
+        s.labels["kind"]: s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "leasework_oldest_queued_age_seconds"
+        for s in f.samples
+    }
+    assert set(ages) == {"backlog"} and 89 <= ages["backlog"] < 200
+
+
+def test_healthz(dash: Dashboard, conn: Conn) -> None:
+    resp = request(f"{dash.url}healthz")
+    assert (resp.status, resp.text) == (200, "ok\n")
+
+
+def test_read_only(dash: Dashboard, scenario: Scenario, conn: Conn) -> None:
+    def snapshot() -> list[Any]:
+        return conn.execute(
+            "SELECT id, status, attempts, cancel_requested_at FROM leasework.runs ORDER BY id"
+        ).fetchall()
+
+    before = snapshot()
+    for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+        for path in (
+            "",
+            f"runs/{scenario.indexing}",
+            "metrics",
+            f"runs/{scenario.indexing}/cancel",
+        ):
+            resp = request(f"{dash.url}{path}", method=method, data=b"x=1")
+            assert resp.status == 405, (method, path)
+            assert resp.headers["Allow"] == "GET, HEAD"
+    head = request(dash.url, method="HEAD")
+    assert head.status == 200 and head.body == b""
+    assert snapshot() == before
+    # and its own database sessions refuse writes even if a page tried
+    with dash.session() as c, pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        c.execute("UPDATE leasework.runs SET priority = 1")
+
+
+def test_security_headers_and_host_check(dsn: str, conn: Conn) -> None:
+    with running_dashboard(fast_config(dsn), allow_hosts=["dash.internal"]) as d:
+        resp = request(d.url)
+        assert "script-src" not in resp.headers["Content-Security-Policy"]
+        assert resp.headers["Content-Security-Policy"].startswith("default-src 'none'")
+        assert resp.headers["X-Frame-Options"] == "DENY"
+        # DNS rebinding: a name that resolved to 127.0.0.1 for someone else's page is refused
+        assert request(d.url, headers={"Host": "evil.example"}).status == 421
+        assert request(d.url, headers={"Host": f"localhost:{d.port}"}).status == 200
+        assert request(d.url, headers={"Host": "dash.internal"}).status == 200
+
+
+def test_the_password_never_appears(dsn: str, dash: Dashboard, scenario: Scenario) -> None:
+    for path in ("", f"runs/{scenario.report}", "runs/424242", "metrics", "healthz", "x"):
+        assert PASSWORD not in request(f"{dash.url}{path}").text
+    # a database that is down: 503 with the reason, never the password
+    params = conninfo_to_dict(with_password(dsn))
+    params.update(host="127.0.0.1", port="1", connect_timeout="2")
+    with running_dashboard(fast_config(make_conninfo(**params))) as down:
+        health = request(f"{down.url}healthz")
+        assert health.status == 503 and health.text.startswith("unavailable: cannot connect to the database")
+        page = request(down.url)
+        assert page.status == 503 and "cannot connect to the database" in page.text
+        metrics = request(f"{down.url}metrics")
+        assert metrics.status == 200 and "leasework_database_up 0.0" in metrics.text
+        for r in (health, page, metrics):
+            assert PASSWORD not in r.text
+
+
+def test_schema_missing_is_503(server_dsn: str, conn: Conn) -> None:
+    with running_dashboard(fast_config(without_schema(server_dsn))) as d:
+        resp = request(f"{d.url}healthz")
+        assert resp.status == 503 and "leasework migrate" in resp.text
+
+
+def test_cli_serves_until_sigterm(dsn: str, conn: Conn) -> None:
+    env = {**os.environ, "LEASEWORK_DSN": dsn}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leasework", "dashboard", "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = re.search(r"(http://127\.0\.0\.1:\d+/)", line)
+        assert m, line
+        assert request(f"{m.group(1)}healthz").status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: proc.poll() is not None, timeout=15)
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_refuses_a_missing_schema_and_a_bad_port(server_dsn: str) -> None:
+    env = {**os.environ, "LEASEWORK_DSN": without_schema(server_dsn)}
+    run = subprocess.run(
+        [sys.executable, "-m", "leasework", "dashboard", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 2 and "leasework migrate" in run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "leasework", "dashboard", "--port", "70000"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 2 and "--port" in run.stderr

@@ -193,8 +193,10 @@ def checkpoint(conn: Conn, claim: Claim, processed: int, total: int | None = Non
 
 def fence(conn: Conn, claim: Claim) -> bool:
     """Inside an open transaction: lock the run against reclaim if it is still ours with a live
-    lease. False: it is not, and the caller must write nothing."""
-    row = conn.execute(Q["fence_run"], _params(claim), prepare=True).fetchone()
+    lease. False: it is not, and the caller must write nothing. The transaction may then sit
+    idle for at most the lease before the server ends it (see fence_run)."""
+    idle_ms = str(max(1, round(claim.lease_seconds * 1000)))
+    row = conn.execute(Q["fence_run"], _params(claim, idle_ms=idle_ms), prepare=True).fetchone()
     return row is not None
 
 

@@ -286,10 +286,16 @@ RETURNING lease_expires_at
 -- row until we commit, so nobody can take the run while our effects are uncommitted. It does not
 -- conflict with the plain UPDATEs of renewal or cancel, so the reserved control connection can
 -- still renew while a handler holds a transaction open.
+-- That lock is also why the transaction may not sit idle longer than a lease
+-- (idle_in_transaction_session_timeout, local to it): a worker cut off with it open (a partition,
+-- a process killed while its socket is black-holed) would otherwise keep the run from reclaim
+-- until the server noticed the dead peer, by TCP keepalive, hours later. A handler idle that long
+-- has stopped renewing and is killed by the watchdog anyway. tests/chaos/test_faults.py.
 SELECT lease_expires_at
   FROM leasework.runs
  WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
    AND lease_expires_at > leasework.now()
+   AND set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) IS NOT NULL
    FOR KEY SHARE
 
 -- name: db_now

@@ -4,7 +4,8 @@
 writes one effect row through the fenced transaction, together with its checkpoint, so a retry
 resumes after the last committed step. Every start of a handler is logged (autocommit) to
 public.chaos_exec: executions, not only commits. `payload.die` kills the worker with SIGKILL at a
-critical point on the first attempt. `poison` kills its worker on every attempt."""
+critical point on the first attempt. `payload.tx_sleep` sleeps inside each step's
+open transaction. `poison` kills its worker on every attempt."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def steps(ctx: Context, payload: Any) -> dict[str, Any]:
                 )
                 if die == "before_checkpoint" and step == 1:
                     _die()
+                # Work done inside the open transaction (a partition may cut it off here).
+                time.sleep(float(payload.get("tx_sleep", 0.0)))
                 ctx.checkpoint(step + 1)
         except psycopg.Error as exc:
             if exc.sqlstate == ORACLE_SQLSTATE:

@@ -12,7 +12,15 @@ import pytest
 
 from tests.pgcluster import private_cluster
 
-from .harness import ChaosRun
+from .harness import SUMMARY, ChaosRun
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line per chaos run: runs, faults by type, violations, worst recovery time."""
+    if SUMMARY:
+        terminalreporter.section("chaos summary")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

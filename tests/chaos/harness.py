@@ -30,6 +30,7 @@ from .proxy import Proxy
 
 Conn = psycopg.Connection[Any]
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
+SUMMARY: list[str] = []
 ORACLE = (Path(__file__).parent / "oracle.sql").read_text()
 
 CONFIG: dict[str, Any] = {
@@ -134,6 +135,15 @@ class ChaosRun:
         self.enqueued.extend(ids)
         return ids
 
+    def ensure_work(self, live: int = 6) -> None:
+        """Enqueue more runs if fewer than `live` are queued or running (a schedule's fault on a
+        busy child needs one)."""
+        rows = self.query(
+            "SELECT count(*) FROM leasework.runs WHERE status IN ('queued', 'running')"
+        )
+        if rows[0][0] < live:
+            self.enqueue(live, steps=4)
+
     def running(self) -> list[tuple[int, str, str]]:
         """(run id, owner, worker) of every running run."""
         rows = self.query(
@@ -160,6 +170,10 @@ class ChaosRun:
 
     # -- faults --------------------------------------------------------------------------------
 
+    def sleep(self, seconds: float) -> None:
+        """A random moment between faults (part of the schedule, not a wait for a condition)."""
+        time.sleep(seconds)
+
     def kill_child(self, pid: int | None = None, sig: int = signal.SIGKILL) -> Fault:
         """kill -9 a child: the one given, else a busy one."""
         run_id: int | None = None
@@ -185,16 +199,38 @@ class ChaosRun:
         self.faults.append(fault)
         return fault
 
-    def blackhole_child(self, seconds: float) -> tuple[Fault, int]:
-        pid, run_id, owner = self.busy_child()
-        fault = Fault("blackhole_child", time.time(), run_id, owner)
+    def partition_child(self, *, in_transaction: bool = False) -> tuple[Fault, int]:
+        """Black-hole a busy child's traffic until `heal_child`. in_transaction: pick a child
+        whose job holds a fenced transaction open at that moment."""
+        if in_transaction:
+
+            def in_tx() -> tuple[int, int, str] | None:
+                pid, run_id, owner = self.busy_child()
+                rows = self.query(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE %s"
+                    " AND state = 'idle in transaction'",
+                    (f"leasework:%-{pid}-%",),
+                )
+                return (pid, run_id, owner) if rows else None
+
+            pid, run_id, owner = wait_for(in_tx, timeout=20, interval=0.01)
+        else:
+            pid, run_id, owner = self.busy_child()
         self.proxy.set_mode(pid, "blackhole")
-        try:
-            time.sleep(seconds)
-        finally:
-            self.proxy.heal(pid)
-        fault.healed = time.time()
+        fault = Fault("blackhole_child", time.time(), run_id, owner)
         self.faults.append(fault)
+        return fault, pid
+
+    def heal_child(self, fault: Fault, pid: int) -> None:
+        self.proxy.heal(pid)
+        fault.healed = time.time()
+
+    def blackhole_child(self, seconds: float) -> tuple[Fault, int]:
+        fault, pid = self.partition_child()
+        try:
+            time.sleep(seconds)  # the fault's duration
+        finally:
+            self.heal_child(fault, pid)
         return fault, pid
 
     def delay_child(self, seconds: float, delay: float = 0.05) -> Fault:
@@ -442,11 +478,7 @@ class ChaosRun:
             f" elapsed={time.time() - self.started:.1f}s"
         )
         print(line)
-        with contextlib.suppress(OSError):
-            log = os.environ.get("LEASEWORK_CHAOS_SUMMARY")
-            if log:
-                with open(log, "a") as f:
-                    f.write(line + "\n")
+        SUMMARY.append(line)  # repeated at the end of the pytest run (conftest.py)
         return line
 
     def finish(self, *, control: bool = False, quiesce: bool = True) -> str:

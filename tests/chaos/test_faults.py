@@ -125,6 +125,39 @@ def test_blackholed_child_is_stopped_before_its_lease_expires(chaos: Chaos) -> N
     run.finish()
 
 
+def test_a_partition_inside_a_fenced_transaction_does_not_hold_the_run(chaos: Chaos) -> None:
+    """The partitioned child had a fenced transaction open: its server session keeps the run's
+    row lock until the server notices, and a reclaim skips locked rows. The run must still move
+    to another worker within the lease (plus the watchdog), not when the partition heals."""
+    run = chaos()
+    sup = run.start()
+    run.enqueue(9, steps=4, sleep=(0.05, 0.1))
+    run.enqueue(3, steps=4, sleep=(0.05, 0.1))
+    run.query(
+        "UPDATE leasework.runs SET payload = payload || '{\"tx_sleep\": 0.5}' WHERE id = ANY(%s)",
+        (run.enqueued[-3:],),
+    )
+    fault, pid = run.partition_child(in_transaction=True)
+    lease = float(run.cfg["lease"])
+    try:
+        moved = wait_for(
+            lambda: run.query(
+                "SELECT extract(epoch FROM min(at)) FROM public.chaos_transitions"
+                " WHERE run_id = %s AND new_status = 'running'"
+                " AND new_owner IS DISTINCT FROM %s::uuid AND at > to_timestamp(%s)",
+                (fault.run_id, fault.owner, fault.at),
+            )[0][0],
+            timeout=4 * lease,
+        )
+        took = float(moved) - fault.at
+        print(f"run {fault.run_id} moved {took:.2f} s into the partition")
+        assert took < 2 * lease, f"run {fault.run_id} held {took:.2f} s by a partitioned child"
+        sup.wait_event("child_killed_by_watchdog", lambda e: e["pid"] == pid, timeout=1)
+    finally:
+        run.heal_child(fault, pid)
+    run.finish()
+
+
 def test_pg_terminate_backend_of_worker_sessions(chaos: Chaos) -> None:
     run = chaos()
     run.start()

@@ -119,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="workers, runs by status, running runs with progress")
     _common(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh in place every SECONDS (default 2) until Ctrl-C",
+    )
 
     p = sub.add_parser("ingest", help="store a document and enqueue its indexing")
     _common(p)
@@ -182,9 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a further Host header to accept on loopback, e.g. behind a local proxy",
     )
 
-    p = sub.add_parser("demo", help="run the sample pipeline end to end")
+    p = sub.add_parser("demo", help="run the whole story end to end on 4 worker processes")
     _common(p)
-    _with_app(p)
+    p.add_argument(
+        "--embedded",
+        action="store_true",
+        help="use an embedded Postgres even if a server is reachable (else LEASEWORK_DEMO_EMBEDDED)",
+    )
+    _with_app(p)  # accepted for symmetry; the demo runs its own app (leasework.demo:demo_app)
     return parser
 
 
@@ -306,16 +320,38 @@ def cmd_cancel(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
+    import time
+
     from . import status
 
+    if args.watch is not None and not args.watch > 0:
+        raise ConfigError(f"status: --watch must be a positive number of seconds, got {args.watch}")
+    tty = sys.stdout.isatty()
+    snapshot: dict[str, Any] | None = None
     with db.connect(cfg.dsn) as conn:
         db.check_schema(conn)
-        snapshot = status.collect(conn, heartbeat_interval=cfg.heartbeat_interval)
-    if args.json:
-        sys.stdout.write(orjson.dumps(snapshot, option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        sys.stdout.write(status.render(snapshot))
-    return EXIT_OK
+        while True:
+            snapshot = status.collect(
+                conn, heartbeat_interval=cfg.heartbeat_interval, previous=snapshot
+            )
+            if args.json:
+                option = orjson.OPT_INDENT_2 if args.watch is None else 0
+                sys.stdout.write(orjson.dumps(snapshot, option=option).decode() + "\n")
+            elif args.watch is None:
+                sys.stdout.write(status.render(snapshot))
+            else:
+                # In place on a terminal (home, clear to end); one block after another otherwise.
+                text = status.render(snapshot)
+                stamp = time.strftime("%H:%M:%S")
+                head = f"leasework status at {stamp}, every {args.watch:g}s (Ctrl-C to stop)\n\n"
+                sys.stdout.write(("\x1b[H\x1b[J" if tty else "\n") + head + text)
+            sys.stdout.flush()
+            if args.watch is None:
+                return EXIT_OK
+            try:
+                time.sleep(args.watch)
+            except KeyboardInterrupt:
+                return EXIT_OK
 
 
 def cmd_ingest(args: argparse.Namespace, cfg: Config) -> int:
@@ -453,7 +489,7 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
 def cmd_demo(args: argparse.Namespace, cfg: Config) -> int:
     from . import demo
 
-    return demo.main(cfg)
+    return demo.main(cfg, embedded=args.embedded or None)
 
 
 _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {

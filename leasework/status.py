@@ -93,7 +93,7 @@ def duration(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _rate(rate: float | None) -> str:
+def rate_text(rate: float | None) -> str:
     if rate is None:
         return "?/s"
     return f"{rate:.1f}/s" if rate < 100 else f"{rate:.0f}/s"
@@ -156,7 +156,7 @@ def render(snap: dict[str, Any]) -> str:
             units = f"{r['processed_units']}/{total if total is not None else '?'}"
             pace = ""
             if total or r.get("rate") is not None:
-                pace = f" {_rate(r.get('rate'))} eta {duration(r.get('eta'))}"
+                pace = f" {rate_text(r.get('rate'))} eta {duration(r.get('eta'))}"
             flag = " cancel requested" if r["cancel_requested"] else ""
             line = f"  #{r['id']:<6} {r['kind'][:14]:<14} {progress} {units}{pace}"
             out.append((line[: 80 - len(flag)] + flag) if flag else line[:80])

@@ -44,7 +44,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
           background: #eef0f4; }
 .s-succeeded, .s-alive, .s-active { background: #e3f4ea; color: var(--ok); }
 .s-failed, .s-gone, .s-expired, .s-crashed { background: #fbe7e4; color: var(--bad); }
-.s-partial, .s-cancelled, .s-released, .s-retry { background: #fbf1df; color: var(--warn); }
+.s-partial, .s-cancelled, .s-released, .s-retry, .s-will-retry { background: #fbf1df; color: var(--warn); }
 .s-running { background: #e3ecfd; color: var(--run); }
 progress { width: 12em; height: .9em; vertical-align: middle; }
 .progress { white-space: nowrap; }
@@ -55,6 +55,14 @@ dt { color: var(--muted); }
 dd { margin: 0; }
 .error { color: var(--bad); }
 """
+
+
+FAVICON = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+    '<rect width="16" height="16" rx="3" fill="#1d2330"/>'
+    '<rect x="3" y="9" width="10" height="3" rx="1" fill="#2563eb"/>'
+    '<rect x="3" y="4" width="6" height="3" rx="1" fill="#1f8a4c"/></svg>\n'
+)
 
 
 def esc(value: object) -> str:
@@ -94,7 +102,7 @@ def ago(seconds: object) -> str:
 
 def status_badge(status: object) -> str:
     text = esc(status)
-    return f'<span class="status s-{text}">{text}</span>'
+    return f'<span class="status s-{text.replace(" ", "-")}">{text}</span>'
 
 
 def progress(done: object, total: object) -> str:
@@ -155,7 +163,8 @@ def layout(title: str, body: str, *, refresh: int | None) -> str:
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"{meta}<title>{esc(title)} \u00b7 leasework</title>"
-        '<link rel="stylesheet" href="/static/dashboard.css"></head><body>'
+        '<link rel="stylesheet" href="/static/dashboard.css">'
+        '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml"></head><body>'
         '<header><h1><a href="/">leasework</a></h1>'
         f'<span class="note">{esc(note)}</span></header>'
         f"<main>{body}</main></body></html>\n"
@@ -328,13 +337,14 @@ def _failures_section(failures: Sequence[Mapping[str, Any]]) -> str:
             run_link(f.get("id")),
             esc(f.get("kind")),
             esc(f.get("key") or ""),
+            status_badge("will retry" if f.get("will_retry") else f.get("status", "failed")),
             esc(f.get("attempts")),
-            esc(when(f.get("finished_at"))),
+            esc(when(f.get("failed_at") or f.get("finished_at"))),
             f'<span class="error">{esc(first_line(f.get("error")))}</span>',
         ]
         for f in failures
     ]
-    headers = ["run", "kind", "key", "#attempts", "failed at (UTC)", "error"]
+    headers = ["run", "kind", "key", "status", "#attempts", "failed at (UTC)", "error"]
     return f'<section id="failures"><h2>Recent failures</h2>{table(headers, rows, empty="no failures")}</section>'
 
 
@@ -376,7 +386,12 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None) -> str:
         ("priority", esc(run.get("priority"))),
         ("exclusive", "yes" if run.get("exclusive") else "no"),
         ("attempts", esc(f"{run.get('attempts')} of {run.get('max_attempts')}")),
-        ("progress", progress(run.get("processed_units"), run.get("total_units"))),
+        (
+            "progress",
+            progress(run.get("processed_units"), run.get("total_units"))
+            if run.get("total_units") or run.get("processed_units")
+            else '<span class="muted">none reported</span>',
+        ),
         ("created (UTC)", esc(when(run.get("created_at")))),
         ("due (UTC)", esc(when(run.get("queued_at")))),
         ("started (UTC)", esc(when(run.get("started_at")))),

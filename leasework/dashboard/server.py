@@ -257,6 +257,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8", head=head)
             elif path == "/static/dashboard.css":
                 self._send(HTTPStatus.OK, pages.CSS.encode(), "text/css; charset=utf-8", head=head)
+            elif path == "/static/favicon.svg":
+                self._send(HTTPStatus.OK, pages.FAVICON.encode(), "image/svg+xml", head=head)
             else:
                 self._html(HTTPStatus.NOT_FOUND, pages.error_page(404, "no such page"), head=head)
         except Unavailable as exc:

@@ -42,6 +42,7 @@ class Scenario:
     expired: int  # its first worker's lease ran out; reclaimed and finished
     crashed: int  # its first worker died (the supervisor's fast release); reclaimed and finished
     indexing: int  # running, 4 of 10 units done, held by worker "w-indexer"
+    indexing_claim: lease.Claim  # to move its progress on
 
 
 def make_app() -> App:
@@ -108,7 +109,7 @@ def populate(conn: Conn, make_worker: Callable[..., Worker]) -> Scenario:
         return queued == 0
 
     wait_for(settled)
-    return Scenario(report, flaky, broken, expired, crashed, indexing)
+    return Scenario(report, flaky, broken, expired, crashed, indexing, held)
 
 
 @dataclass

@@ -1,0 +1,171 @@
+"""The dashboard's HTML, without a database: whatever text the runs hold, the pages carry only
+the dashboard's own tags and attributes (hypothesis), and the small formatters behave."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leasework.dashboard import pages
+from leasework.dashboard.server import _allowed_hosts
+
+ALLOWED_TAGS = {
+    "html", "head", "meta", "title", "link", "body", "header", "h1", "h2", "a", "span", "main",
+    "section", "p", "div", "table", "thead", "tbody", "tr", "th", "td", "progress", "br", "pre",
+    "dl", "dt", "dd",
+}  # fmt: skip
+ALLOWED_ATTRS = {"lang", "charset", "name", "content", "http-equiv", "rel", "href", "type", "class", "id", "value", "max", "data-card"}  # fmt: skip
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: set[str] = set()
+        self.attrs: set[str] = set()
+        self.hrefs: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+        for name, value in attrs:
+            self.attrs.add(name)
+            if name == "href":
+                self.hrefs.add(value or "")
+
+
+def parse(page: str) -> _Tags:
+    p = _Tags()
+    p.feed(page)
+    p.close()
+    return p
+
+
+def check_markup(page: str) -> None:
+    found = parse(page)
+    assert found.tags <= ALLOWED_TAGS, found.tags - ALLOWED_TAGS
+    assert found.attrs <= ALLOWED_ATTRS, found.attrs - ALLOWED_ATTRS
+    for href in found.hrefs:
+        assert href == "/" or href.startswith(("/runs/", "/static/")), href
+
+
+hostile = st.text(alphabet=st.sampled_from('<>"\'&=/ ab\n\u2028;:'), max_size=40) | st.sampled_from(
+    ['<script>alert(1)</script>', '"><img src=x onerror=alert(1)>', "</pre><a href=//evil>", "javascript:x"]
+)  # fmt: skip
+
+
+def snapshot(t: str, n: int) -> dict[str, Any]:
+    return {
+        "workers": [
+            {
+                "id": t,
+                "host": t,
+                "pid": n,
+                "current_run": n,
+                "alive": True,
+                "heartbeat_age": 1.5,
+                "started_at": t,
+            },
+        ],
+        "runs_by_status": {"queued": n, t: n},
+        "runs_by_kind": {t: {"queued": n, t: n}},
+        "running": [
+            {
+                "id": n,
+                "kind": t,
+                "key": t,
+                "tenant": t,
+                "attempts": n,
+                "max_attempts": n,
+                "processed_units": n,
+                "total_units": n + 1,
+                "lease_worker": t,
+                "lease_left": 3.0,
+                "running_for": 2.0,
+                "cancel_requested": True,
+                "rate": 1.5,
+                "eta": 3.0,
+            },
+        ],
+        "recent_failures": [
+            {"id": n, "kind": t, "key": t, "status": t, "attempts": n, "failed_at": t, "error": t},
+        ],
+        "connections": [
+            {
+                "id": n,
+                "workspace": t,
+                "provider": t,
+                "status": t,
+                "sync_interval_seconds": 60,
+                "next_run_at": t,
+                "last_run_id": n,
+                "last_run_kind": t,
+                "last_run_status": t,
+                "tables": {t: {"status": "failed", "error": t}, "x": {"status": t}},
+            },
+        ],
+    }
+
+
+@settings(max_examples=200, deadline=None)
+@given(hostile, st.integers(min_value=1, max_value=10**12))
+def test_overview_carries_only_its_own_markup(t: str, n: int) -> None:
+    recent = [{"id": n, "kind": t, "key": t, "tenant": t, "status": t, "attempts": 1,
+               "max_attempts": 3, "processed_units": 1, "total_units": None, "queued_at": None}]  # fmt: skip
+    check_markup(pages.overview(snapshot(t, n), recent, oldest_queued=4.0, now=t))
+
+
+@settings(max_examples=200, deadline=None)
+@given(hostile, st.integers(min_value=1, max_value=10**12))
+def test_run_page_carries_only_its_own_markup(t: str, n: int) -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    run = {
+        "id": n, "kind": t, "key": t, "tenant": t, "group": t, "exclusive": True, "priority": 0,
+        "status": t, "payload": {t: [t]}, "result": {"tables": {t: {"status": t, "error": t}}, t: t},
+        "error": t, "attempts": 2, "max_attempts": 3, "queued_at": now, "created_at": now,
+        "started_at": now, "finished_at": None, "lease_worker": t,
+        "lease_expires_at": now + timedelta(seconds=30), "cancel_requested_at": now,
+        "processed_units": 5, "total_units": 10,
+        "history": [{"attempt": 1, "worker": t, "started_at": t, "ended_at": t, "outcome": t, "error": t}, t],
+    }  # fmt: skip
+    check_markup(pages.run_page(run, now=now))
+    check_markup(pages.error_page(503, t))
+
+
+def test_progress_bars() -> None:
+    assert '<progress value="4" max="10">' in pages.progress(4, 10)
+    assert "4 / 10 (40%)" in pages.progress(4, 10)
+    assert '<progress value="10" max="10">' in pages.progress(12, 10)  # a bar never overflows
+    assert "<progress></progress> 3 / ?" in pages.progress(3, None)  # unknown total
+    assert "<progress></progress> 0 / ?" in pages.progress(None, 0)
+
+
+def test_durations_and_times() -> None:
+    assert [pages.ago(s) for s in (0, 59, 61, 3600 + 120, 90000, -5)] == [
+        "0 s", "59 s", "1 min 1 s", "1 h 2 min", "1 d 1 h", "0 s",
+    ]  # fmt: skip
+    assert pages.ago(None) == ""
+    assert pages.when("2026-01-02T03:04:05.678+01:00") == "2026-01-02 02:04:05"
+    assert pages.when(None) == "" and pages.when("not a time") == "not a time"
+
+
+def test_refresh_only_while_a_run_is_live() -> None:
+    base = {"id": 1, "payload": {}, "history": [], "result": None}
+    assert 'http-equiv="refresh"' in pages.run_page({**base, "status": "running"}, now=None)
+    assert 'http-equiv="refresh"' not in pages.run_page({**base, "status": "failed"}, now=None)
+
+
+def test_host_allowlist() -> None:
+    allowed = _allowed_hosts("127.0.0.1", 8080, ["dash.internal"])
+    assert allowed is not None
+    assert {
+        "127.0.0.1:8080",
+        "localhost:8080",
+        "localhost",
+        "[::1]:8080",
+        "dash.internal",
+    } <= allowed
+    assert "evil.example:8080" not in allowed
+    assert _allowed_hosts("0.0.0.0", 8080, []) is None  # not loopback: any Host

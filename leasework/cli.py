@@ -191,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a further Host header to accept on loopback, e.g. behind a local proxy",
     )
 
+    p = sub.add_parser("config", help="print the settings in effect, or the reference")
+    _common(p)
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="every setting with its default and meaning, as a Markdown table",
+    )
+
     p = sub.add_parser("demo", help="run the whole story end to end on 4 worker processes")
     _common(p)
     p.add_argument(
@@ -486,6 +494,19 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
     return EXIT_OK
 
 
+def cmd_config(args: argparse.Namespace, cfg: Config) -> int:
+    if args.reference:
+        sys.stdout.write(configmod.reference())
+        return EXIT_OK
+    for name in configmod.FIELDS:
+        value = getattr(cfg, name)
+        text = "unset" if value is None else configmod.toml_value(value)
+        if name == "dsn" and value:
+            text = configmod.toml_value(log.redact_dsn(value))
+        print(f"{name} = {text}")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace, cfg: Config) -> int:
     from . import demo
 
@@ -504,6 +525,7 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "connections": cmd_connections,
     "schedules": cmd_schedules,
     "dashboard": cmd_dashboard,
+    "config": cmd_config,
     "demo": cmd_demo,
 }
 

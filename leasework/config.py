@@ -423,3 +423,26 @@ def load(
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = _coerce(key, value, f"--{key.replace('_', '-')}")
     return validate(Config(**values))
+
+
+def toml_value(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def reference() -> str:
+    """The configuration reference as a Markdown table, generated from the field definitions:
+    `leasework config --reference` prints it, and the README's copy is checked against it."""
+    rows = ["| key | default | environment | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Config):
+        doc = f.metadata.get("doc", "").replace("|", "\\|")
+        default = toml_value(f.default)
+        rows.append(f"| `{f.name}` | `{default}` | `{ENV_PREFIX}{f.name.upper()}` | {doc} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,48 @@
+"""The README's configuration reference is the one generated from leasework/config.py, and the
+README keeps its two commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leasework import config
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
+
+
+def test_configuration_reference_is_current() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert START in text and END in text, "README lost its config-reference markers"
+    section = text[text.index(START) + len(START) : text.index(END)]
+    assert section == config.reference(), (
+        "README's configuration reference is stale: replace the lines between the "
+        "config-reference markers with the output of `leasework config --reference`"
+    )
+
+
+def test_every_setting_is_in_the_reference() -> None:
+    reference = config.reference()
+    for name, f in config.FIELDS.items():
+        assert f"| `{name}` |" in reference
+        assert f.metadata.get("doc"), f"config field {name} has no _doc(...) text"
+
+
+def test_readme_keeps_the_two_commands() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert "make test" in text and "make demo" in text
+
+
+def test_config_command_prints_the_reference_and_hides_the_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from leasework.cli import main
+
+    assert main(["config", "--reference"]) == 0
+    assert capsys.readouterr().out == config.reference()
+    assert main(["config", "--dsn", "postgresql://app:s3cret@db/app"]) == 0
+    out = capsys.readouterr().out
+    assert 'dsn = "postgresql://app:***@db/app"' in out and "s3cret" not in out
+    assert "lease = 120.0" in out

@@ -113,12 +113,15 @@ def render(snap: dict[str, Any]) -> str:
     workers = snap["workers"]
     alive = sum(1 for w in workers if w["alive"])
     out.append(f"workers: {alive} alive, {len(workers) - alive} gone")
-    for w in workers[:20]:
+    shown = [w for w in workers if w["alive"]][:20] + [w for w in workers if not w["alive"]][:5]
+    for w in shown:
         state = "alive" if w["alive"] else "gone "
         run = f"run {w['current_run']}" if w["current_run"] else "idle"
         out.append(
             f"  {state} {w['host'][:24]:<24} pid {w['pid']:<7} {run:<12} beat {w['heartbeat_age']:.0f}s ago"
         )
+    if len(shown) < len(workers):
+        out.append(f"  ... and {len(workers) - len(shown)} more")
     out.append("")
     order = ["waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled"]
     totals = snap["runs_by_status"]

@@ -46,13 +46,21 @@ def _effects(conn: Conn, run_id: int) -> list[tuple[int, int]]:
     return [(r[0], r[1]) for r in rows]
 
 
+def _hold(conn: Conn, app_dir: Path) -> int:
+    """Enqueue a `hold` run and its marker file in one transaction: workers wake on the commit's
+    NOTIFY at once, and must not find the run before its marker exists."""
+    with conn.transaction():
+        run_id = enqueue(conn, "hold", {"hold": True})
+        (app_dir / f"hold-{run_id}").touch()
+    return run_id
+
+
 def test_kill_9_of_a_child_mid_job_is_recovered_within_a_poll(
     supervise: Start, pconn: Conn, app_dir: Path
 ) -> None:
     sup = supervise(processes=2)
     first = sup.wait_children(2)
-    run_id = enqueue(pconn, "hold", {"hold": True})
-    (app_dir / f"hold-{run_id}").touch()
+    run_id = _hold(pconn, app_dir)
     run = wait_for(lambda: _running(pconn, run_id, 1))
     victim = holder_pid(run["lease_worker"])
     assert victim in first
@@ -102,8 +110,7 @@ def test_sigstop_past_the_lease_then_sigcont_writes_nothing(
 ) -> None:
     sup = supervise(processes=2, watchdog=False)
     sup.wait_children(2)
-    run_id = enqueue(pconn, "hold", {"hold": True})
-    (app_dir / f"hold-{run_id}").touch()
+    run_id = _hold(pconn, app_dir)
     run = wait_for(lambda: _running(pconn, run_id, 1))
     paused = holder_pid(run["lease_worker"])
     os.kill(paused, signal.SIGSTOP)
@@ -132,9 +139,11 @@ def test_watchdog_kills_a_child_that_stopped_renewing(
 ) -> None:
     sup = supervise(processes=2)
     sup.wait_children(2)
-    run_id = enqueue(pconn, "hold", {"hold": True})
-    (app_dir / f"hold-{run_id}").touch()
+    run_id = _hold(pconn, app_dir)
     run = wait_for(lambda: _running(pconn, run_id, 1))
+    # A checkpoint means the handler called ctx.check(), whose beat told the parent which run
+    # it holds; stopped before that, the child would look idle and die as hung instead.
+    wait_for(lambda: get_run(pconn, run_id)["processed_units"] >= 10)
     paused = holder_pid(run["lease_worker"])
     os.kill(paused, signal.SIGSTOP)
     # lease 6 s, margin 2 s: killed ~4 s after its last renewal (QUIT, then KILL 2 s later).
@@ -155,8 +164,7 @@ def test_term_is_graceful_and_releases_an_unfinished_run(
 ) -> None:
     sup = supervise(processes=2, graceful_timeout=2.0)
     kids = sup.wait_children(2)
-    run_id = enqueue(pconn, "hold", {"hold": True})
-    (app_dir / f"hold-{run_id}").touch()
+    run_id = _hold(pconn, app_dir)
     wait_for(lambda: _running(pconn, run_id, 1))
     t0 = time.monotonic()
     sup.signal(signal.SIGTERM)
@@ -176,8 +184,7 @@ def test_kill_9_of_the_supervisor_takes_its_children_down(
 ) -> None:
     sup = supervise(processes=2)
     kids = sup.wait_children(2)
-    run_id = enqueue(pconn, "hold", {"hold": True})
-    (app_dir / f"hold-{run_id}").touch()
+    run_id = _hold(pconn, app_dir)
     wait_for(lambda: _running(pconn, run_id, 1))
     t0 = time.monotonic()
     sup.signal(signal.SIGKILL)

@@ -44,6 +44,9 @@ class Task:
     # The stage that claims and executes this kind: "runs" for user tasks, syncs and purges;
     # built-in families with a stage of their own (e.g. "ingest") name it here.
     stage: str = "runs"
+    # Short tasks may opt into claiming up to `batch` runs per statement (runs stage, one at a
+    # time inline, each under its own lease) and finishing the successes in one statement.
+    batch: int = 1
 
 
 def check_kind(kind: object) -> str:
@@ -126,11 +129,19 @@ class App:
         every: float | None = None,
         cron: str | None = None,
         tz: str = "UTC",
+        batch: int = 1,
     ) -> Callable[[F], F]:
         """Register `fn(ctx, payload)` as the handler of `kind`. With `every=` seconds or
         `cron=` (in time zone `tz`) it is also a periodic task: the schedule stage enqueues it
-        (key `schedule:{kind}`, one active run at a time, no backlog after downtime)."""
+        (key `schedule:{kind}`, one active run at a time, no backlog after downtime).
+
+        `batch=N` (short tasks only): a worker claims up to N runs of this kind in one statement,
+        runs them one at a time, each under its own lease, and finishes the successes in one
+        statement at the end of the batch. A crash re-runs the successes not yet written, and
+        runs claimed but not started hold their leases meanwhile (README, "Batches")."""
         check_kind(kind)
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1000:
+            raise ConfigError(f"batch must be an integer from 1 to 1000, got {batch!r}")
         _check_attempts(max_attempts)
         _check_seconds("lease", lease, allow_zero=False)
         _check_seconds("timeout", timeout, allow_zero=False)
@@ -141,7 +152,7 @@ class App:
             spec = ScheduleSpec.make(kind, every=every, cron=cron, tz=tz)
 
         def register(fn: F) -> F:
-            self.register(Task(kind, fn, max_attempts, lease, timeout))
+            self.register(Task(kind, fn, max_attempts, lease, timeout, batch=batch))
             if spec is not None:
                 self.schedules[kind] = spec
             return fn

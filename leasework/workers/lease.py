@@ -156,6 +156,20 @@ def finish(
     return row is not None
 
 
+def finish_many(conn: Conn, done: Sequence[tuple[Claim, Any]]) -> set[int]:
+    """Seal a batch's successes, each with its result, in one statement. Returns the ids that
+    were still ours; a run missing from it was no longer ours and nothing was written for it."""
+    if not done:
+        return set()
+    params = {
+        "ids": [c.id for c, _ in done],
+        "owners": [c.owner for c, _ in done],
+        "results": [_jsonb(r) for _, r in done],
+    }
+    rows = conn.execute(Q["finish_runs"], params, prepare=True).fetchall()
+    return {r[0] for r in rows}
+
+
 def requeue(
     conn: Conn,
     claim: Claim,

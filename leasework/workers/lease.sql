@@ -213,6 +213,31 @@ UPDATE leasework.runs
  WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
 RETURNING status
 
+-- name: finish_runs
+-- A batch's successes in one statement (tasks declared with batch=N): each row is matched by its
+-- own id AND owner, so a run in the batch whose lease was lost meanwhile writes nothing, exactly as
+-- finish_run would. The same row writes as finish_run with status `succeeded`.
+UPDATE leasework.runs r
+   SET status = 'succeeded',
+       result = coalesce(d.result, r.result),
+       error = NULL,
+       finished_at = leasework.now(),
+       lease_owner = NULL,
+       lease_expires_at = NULL,
+       lease_worker = NULL,
+       history = r.history || jsonb_build_array(jsonb_build_object(
+           'attempt', r.attempts, 'owner', r.lease_owner, 'worker', r.lease_worker,
+           'started_at', r.started_at, 'ended_at', leasework.now(),
+           'outcome', 'succeeded', 'error', NULL))
+  FROM unnest(%(ids)s::bigint[], %(owners)s::uuid[], %(results)s::jsonb[]) AS d(id, owner, result)
+ WHERE r.id = ANY(%(ids)s::bigint[])
+   AND r.id = d.id AND r.lease_owner = d.owner
+   -- `(SELECT 'running')`, not a literal: the planner cannot match it to the partial index of
+   -- running runs, whose stale statistics (few running at the last ANALYZE) would otherwise win
+   -- and walk every running run per batch; this way the rows come by primary key.
+   AND r.status = (SELECT 'running')
+RETURNING r.id
+
 -- name: requeue_run
 -- Retry in place on the same row, due after %(delay)s seconds. Re-checks the world: a cancel
 -- requested meanwhile ends the run `cancelled`; no attempts left ends it `failed`.

@@ -275,9 +275,13 @@ class Worker:
 
     # -- executing one claimed run ------------------------------------------------------------
 
-    def execute(self, claim: Claim, handler: Handler) -> str | None:
+    def execute(
+        self, claim: Claim, handler: Handler, *, defer: list[tuple[Claim, Any]] | None = None
+    ) -> str | None:
         """Run the handler inline under the claim's lease and record the outcome (owner-scoped).
-        Returns the run's new status, or None when the lease was lost and nothing was written."""
+        Returns the run's new status, or None when the lease was lost and nothing was written.
+        With `defer` (a batch), a success is appended there for `finish_successes` instead of
+        written now; every other outcome is written at once."""
         cfg = self.config
         ratio = claim.lease_seconds / cfg.lease
         ctx = Context(
@@ -333,12 +337,99 @@ class Worker:
             if ctx.signal.tripped:
                 ctx.result = value if value is not None else ctx.result
                 return self._settle_aborted(ctx)
+            if defer is not None:
+                defer.append((claim, value))
+                return "succeeded"
             return self._record(
                 lambda c: lease.finish(c, claim, "succeeded", result=value), ctx, "succeeded"
             )
         finally:
             self.current = None
             self.jobs_done += 1
+
+    def execute_batch(self, claims: Sequence[Claim], handler: Handler) -> int:
+        """Run a batch claimed in one statement (a kind with batch=N): one run at a time, inline,
+        each under its own lease, context and fence exactly as `execute`; failures, retries,
+        cancels and lost leases are written at once, successes together at the end.
+
+        The batch's leases were all taken at claim time. Each time a third of the lease has
+        passed, the successes so far are written and every run not yet started is renewed (one
+        that is no longer ours is skipped, never started). Runs not started when the worker
+        stops are released (the attempt not charged). Returns how many runs were taken in hand."""
+        done: list[tuple[Claim, Any]] = []
+        lost: set[int] = set()
+        executed = 0
+        renewed_at = time.monotonic()
+        try:
+            for i, claim in enumerate(claims):
+                if self.stopping:
+                    break
+                executed = i + 1
+                now = time.monotonic()
+                if (
+                    now - renewed_at
+                    >= self.config.renew_interval * claim.lease_seconds / self.config.lease
+                ):
+                    self.finish_successes(done)
+                    done.clear()
+                    for waiting in claims[i:]:
+                        if (
+                            waiting.id not in lost
+                            and lease.renew(self.control_conn(), waiting) is None
+                        ):
+                            lost.add(waiting.id)
+                            log.event(
+                                "lease_lost",
+                                run_id=waiting.id,
+                                owner=str(waiting.owner),
+                                action="batch run not started",
+                            )
+                    renewed_at = now
+                if claim.id not in lost:
+                    self.execute(claim, handler, defer=done)
+        finally:
+            self.finish_successes(done)
+            for claim in claims[executed:]:
+                with suppress(psycopg.Error):
+                    lease.release(self.control_conn(), claim, "batch stopped before this run")
+        return executed
+
+    def finish_successes(self, done: Sequence[tuple[Claim, Any]]) -> set[int]:
+        """Write a batch's successes in one owner-scoped statement, retrying transient errors a
+        few times; a run whose lease was lost meanwhile is logged and nothing is written for it.
+        If the write never lands, the leases lapse and the runs are redone (at least once)."""
+        if not done:
+            return set()
+        for attempt in range(3):
+            try:
+                ok = lease.finish_many(self.control_conn(), done)
+            except psycopg.Error as exc:
+                if not is_transient(exc) or attempt == 2:
+                    log.event(
+                        "outcome_not_recorded",
+                        level=40,
+                        run_ids=[c.id for c, _ in done],
+                        outcome="succeeded",
+                        error=str(exc),
+                    )
+                    return set()
+                self.drop_control_conn()
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            for claim, _ in done:
+                if claim.id in ok:
+                    log.event(
+                        "run_succeeded", run_id=claim.id, kind=claim.kind, attempt=claim.attempts
+                    )
+                else:
+                    log.event(
+                        "lease_lost",
+                        run_id=claim.id,
+                        owner=str(claim.owner),
+                        action="succeeded matched nothing",
+                    )
+            return ok
+        return set()
 
     def _retry(
         self, ctx: Context, after: float | None, error: str, outcome: str, result: Any = None

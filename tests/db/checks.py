@@ -48,6 +48,7 @@ def stale_owner_writes_nothing(conn: Conn) -> None:
     assert lease.control(conn, old) == "lost"
     assert lease.checkpoint(conn, old, 5, 10) is False
     assert lease.finish(conn, old, "succeeded", result={"stale": True}) is False
+    assert lease.finish_many(conn, [(old, {"stale": True})]) == set()
     assert lease.requeue(conn, old, delay=0, error="stale") is None
     assert lease.release(conn, old) is None
     with conn.transaction():

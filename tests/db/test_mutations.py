@@ -37,6 +37,7 @@ def mutate(name: str, remove: str, replace: str = "") -> Any:
 
 RENEW_WITHOUT_OWNER = ("renew_lease", "AND lease_owner = %(owner)s ", "")
 CLAIM_IGNORES_CANCEL = ("claim_runs", "AND r.cancel_requested_at IS NULL ", "")
+BATCH_FINISH_WITHOUT_OWNER = ("finish_runs", "AND r.lease_owner = d.owner", "")
 
 
 def fails_with(
@@ -67,3 +68,9 @@ def test_claim_ignoring_cancel_requests_is_caught(
 ) -> None:
     err = fails_with(monkeypatch, conn, CLAIM_IGNORES_CANCEL, cancel_beats_reclaim)
     assert "cancel request" in str(err)
+
+
+def test_batch_finish_without_owner_predicate_is_caught(
+    monkeypatch: pytest.MonkeyPatch, conn: Conn
+) -> None:
+    fails_with(monkeypatch, conn, BATCH_FINISH_WITHOUT_OWNER, stale_owner_writes_nothing)

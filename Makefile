@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo chaos clean bench bench-quick
+.PHONY: test lint demo chaos clean bench bench-quick bench-peers
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -34,9 +34,15 @@ bench: $(STAMP)
 	@for b in $(BENCHES); do \
 		echo; $(PY) bench/$$b.py --dsn '$(BENCH_DSN)' $(BENCH_FLAGS) || exit 1; \
 	done
+	@echo; bench/peers.sh --dsn '$(BENCH_DSN)' $(BENCH_FLAGS)
+
+# PGQueuer and Procrastinate beside leasework and the raw loops, in bench/.venv-peers (made on
+# first use, gitignored): never dependencies of leasework.
+bench-peers:
+	bench/peers.sh --dsn '$(BENCH_DSN)' $(BENCH_FLAGS)
 
 bench-quick:
 	$(MAKE) bench BENCH_FLAGS=--quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) bench/.venv-peers .pytest_cache .mypy_cache .ruff_cache

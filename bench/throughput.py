@@ -1,9 +1,11 @@
 """Throughput of no-op jobs, one claim and one finish per job: the raw psycopg loop (the ceiling)
 against leasework's worker, in the same invocation, against the same server, in a database of
-its own. Prints medians and ranges and the ratio to the target; asserts nothing.
+its own; with --batch N (default 100, 0 for none) also the raw loop claiming and completing N at
+a time against a kind declared `batch=N`. Prints medians and ranges and the ratio to the target;
+asserts nothing.
 
     .venv/bin/python bench/throughput.py [--dsn DSN] [--jobs 20000] [--procs 2] [--repeat 3]
-                                         [--tenants 0] [--quick]
+                                         [--tenants 0] [--batch 100] [--quick]
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import multiprocessing as mp
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -51,6 +54,30 @@ def raw_worker(dsn: str) -> None:
             conn.execute(RAW_DONE, (row[0], row[1]), prepare=True)
 
 
+# The raw batched loop: claim N in one statement, complete them in one (owner-scoped per row).
+RAW_CLAIM_MANY = """
+UPDATE bench_raw_jobs SET status = 'running', lease_owner = gen_random_uuid(),
+       lease_expires_at = now() + interval '120 seconds'
+ WHERE id = ANY(ARRAY(SELECT id FROM bench_raw_jobs WHERE status = 'queued'
+                       ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED))
+RETURNING id, lease_owner, payload
+"""
+RAW_DONE_MANY = """
+UPDATE bench_raw_jobs j SET status = 'done'
+  FROM unnest(%s::bigint[], %s::uuid[]) AS d(id, owner)
+ WHERE j.id = d.id AND j.lease_owner = d.owner
+"""
+
+
+def raw_batch_worker(batch: int, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            rows = conn.execute(RAW_CLAIM_MANY, (batch,), prepare=True).fetchall()
+            if not rows:
+                return
+            conn.execute(RAW_DONE_MANY, ([r[0] for r in rows], [r[1] for r in rows]), prepare=True)
+
+
 def raw_setup(dsn: str, jobs: int, tenants: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(RAW_SCHEMA)
@@ -68,11 +95,18 @@ def noop(ctx: Any, payload: Any) -> None:
     return None
 
 
-def lw_worker(dsn: str) -> None:
+def batch_app(batch: int) -> App:
+    """The same no-op kind declared `batch=N`."""
+    app = App()
+    app.task("noop", batch=batch)(noop)
+    return app
+
+
+def lw_worker(dsn: str, app: App = bench_app) -> None:
     """The worker's own loop (`Worker.run` without the idle sleep): poll until a poll finds
     nothing, skipping idle stages between back-to-back polls as `run()` does."""
     cfg = Config(dsn=dsn, poll_interval=2.0)
-    worker = Worker(bench_app.with_config(cfg), cfg, register=False)
+    worker = Worker(app.with_config(cfg), cfg, register=False)
     worker.open()
     worker.running = True
     try:
@@ -135,6 +169,9 @@ def main() -> None:
     ap.add_argument(
         "--tenants", type=int, default=0, help="also run with runs spread over N tenants"
     )
+    ap.add_argument(
+        "--batch", type=int, default=100, help="also raw and leasework batched by N (0: not)"
+    )
     ap.add_argument("--quick", action="store_true", help="5,000 jobs, 2 repeats")
     args = ap.parse_args()
     if args.quick:
@@ -147,6 +184,11 @@ def main() -> None:
     ]
     if args.tenants:
         variants.append((f"leasework, {args.tenants:,} tenants", lw_setup, lw_worker, args.tenants))
+    raw_batched, lw_batched = f"raw batched ({args.batch})", f"leasework batch={args.batch}"
+    if args.batch:
+        variants.append((raw_batched, raw_setup, partial(raw_batch_worker, args.batch), 0))
+        app = batch_app(args.batch)
+        variants.append((lw_batched, lw_setup, partial(lw_worker, app=app), 0))
     results: dict[str, list[float]] = {v[0]: [] for v in variants}
     try:
         for _ in range(args.repeat):  # interleaved, so drift in machine load hits all alike
@@ -159,9 +201,11 @@ def main() -> None:
     rows = []
     for label, values in results.items():
         target = "≥ 0.80" if label == "leasework one-at-a-time" else ""
-        rows.append(
-            [label, f"{med(values):,.0f}", spread(values), f"{med(values) / base:.2f}", target]
-        )
+        ratio = f"{med(values) / base:.2f}"
+        if label == lw_batched:
+            target = f"≥ 0.40 x {raw_batched}"
+            ratio += f" ({med(values) / med(results[raw_batched]):.2f} x batched)"
+        rows.append([label, f"{med(values):,.0f}", spread(values), ratio, target])
     print_table(["system", "jobs/s (median)", "range", "x raw", "target"], rows)
 
 

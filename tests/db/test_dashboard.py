@@ -225,7 +225,9 @@ def test_the_password_never_appears(dsn: str, dash: Dashboard, scenario: Scenari
     params.update(host="127.0.0.1", port="1", connect_timeout="2")
     with running_dashboard(fast_config(make_conninfo(**params))) as down:
         health = request(f"{down.url}healthz")
-        assert health.status == 503 and health.text.startswith("unavailable: cannot connect to the database")
+        assert health.status == 503 and health.text.startswith(
+            "unavailable: cannot connect to the database"
+        )
         page = request(down.url)
         assert page.status == 503 and "cannot connect to the database" in page.text
         metrics = request(f"{down.url}metrics")

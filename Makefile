@@ -28,7 +28,7 @@ demo: $(STAMP)
 # `make bench-quick`) about 2. Set BENCH_DSN for another server.
 BENCH_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 BENCH_FLAGS ?=
-BENCHES := throughput pickup_latency claim_flatness bulk_enqueue
+BENCHES := throughput pickup_latency claim_flatness bulk_enqueue recovery
 
 bench: $(STAMP)
 	@for b in $(BENCHES); do \

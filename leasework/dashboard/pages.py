@@ -405,7 +405,7 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None) -> str:
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in fields)
     parts = [
         f'<section id="run"><h2>Run #{esc(rid)}</h2><dl>{dl}</dl></section>',
-        _history_section(run.get("history") or []),
+        _history_section(run.get("history") or [], run, now),
         _tables_section(run.get("result")),
     ]
     if run.get("error"):
@@ -438,7 +438,9 @@ def _duration(start: object, end: object) -> str:
     return ago((b - a).total_seconds())
 
 
-def _history_section(history: Sequence[Any]) -> str:
+def _history_section(history: Sequence[Any], run: Mapping[str, Any], now: datetime | None) -> str:
+    """Ended attempts from the run's history, then the attempt in progress, if any (a crashed
+    attempt stays `running` until it is reclaimed; its entry is already in the history)."""
     rows = [
         [
             esc(h.get("attempt")),
@@ -454,8 +456,23 @@ def _history_section(history: Sequence[Any]) -> str:
         for h in history
         if isinstance(h, Mapping)
     ]
+    ended = {h.get("attempt") for h in history if isinstance(h, Mapping)}
+    started = run.get("started_at")
+    if run.get("status") == "running" and run.get("attempts") not in ended:
+        took = (now - started).total_seconds() if isinstance(started, datetime) and now else None
+        rows.append(
+            [
+                esc(run.get("attempts")),
+                esc(run.get("lease_worker") or ""),
+                esc(when(started)),
+                "",
+                esc(ago(took)),
+                status_badge("running"),
+                "",
+            ]
+        )
     headers = ["#attempt", "worker", "started (UTC)", "ended (UTC)", "took", "outcome", "error"]
-    return f'<section id="history"><h2>Attempt history</h2>{table(headers, rows, empty="no attempt has ended yet")}</section>'
+    return f'<section id="history"><h2>Attempt history</h2>{table(headers, rows, empty="not started yet")}</section>'
 
 
 def _tables_section(result: object) -> str:

@@ -120,6 +120,8 @@ def test_run_page_shows_attempts_tables_payload_and_result(
 
     live = request(f"{dash.url}runs/{scenario.indexing}").text
     assert '<progress value="4" max="10">' in live and "w-indexer" in live
+    history = live.split('id="history"')[1].split("</section>")[0]
+    assert history.count("<tr>") == 2 and "s-running" in history  # the attempt in progress
     assert 'http-equiv="refresh"' in live  # running: it refreshes itself
 
 

@@ -26,12 +26,12 @@ from leasework.errors import LeaseworkError, SchemaMissing
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = db.migrations()
 
-# What "the same schema" means: every table, column, constraint, index, function, trigger, view
-# and sequence in the `leasework` schema, by name and definition. Column order is left out: a
+# What "the same schema" means: every table (with its storage parameters), column, constraint,
+# index, function, trigger, view and sequence in the `leasework` schema, by name and definition. Column order is left out: a
 # migration can only append a column, while schema.sql may list it where it reads best.
 CATALOG: dict[str, str] = {
     "tables": """
-        SELECT c.relname, c.relkind::text, c.relpersistence::text
+        SELECT c.relname, c.relkind::text, c.relpersistence::text, c.reloptions::text
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = 'leasework' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
          ORDER BY 1""",

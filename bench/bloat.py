@@ -134,12 +134,16 @@ def main() -> None:
                 p.join()
             final = conn.execute(SIZES).fetchone()
             assert final is not None
+            autovacuum = conn.execute("SHOW autovacuum").fetchone()
             reloptions = conn.execute(
                 "SELECT reloptions FROM pg_class WHERE oid = 'leasework.runs'::regclass"
             ).fetchone()
     finally:
         drop_database(args.dsn, name)
     peak = max(samples, key=lambda s: s[3])
+    if autovacuum and autovacuum[0] != "on":
+        print("WARNING: autovacuum is off on this server: the table's settings cannot act, and")
+        print("nothing reclaims dead tuples; these figures are the unvacuumed growth.")
     print(
         f"bloat: {args.jobs:,} jobs in {drained:.0f} s ({args.jobs / drained:,.0f} jobs/s),"
         f" retention {args.retention:g} s, storage {args.storage}:"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -120,10 +119,6 @@ class LocalStore:
             raise
         return Stored(key, size, digest.hexdigest())
 
-    def put_path(self, key: str, source: str | os.PathLike[str]) -> Stored:
-        with open(source, "rb") as src:
-            return self.put(key, src)
-
     @contextmanager
     def open(self, key: str) -> Iterator[BinaryIO]:
         try:
@@ -147,8 +142,3 @@ class LocalStore:
         with suppress(OSError):
             if path.parent != self.root:
                 path.parent.rmdir()
-
-    def delete_tree(self, prefix: str) -> None:
-        """Remove everything under a key prefix (an upload's expanded members)."""
-        path = self.path(prefix)
-        shutil.rmtree(path, ignore_errors=True)

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -34,8 +34,12 @@ def free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, listen: Sequence[str] = (), hba: Sequence[str] = ()) -> None:
+        """listen: addresses to listen on besides 127.0.0.1; hba: networks (CIDR) admitted
+        with trust besides loopback (e.g. the host side of a test's veth pairs)."""
         self.root = root
+        self.listen = ",".join(["127.0.0.1", *listen])
+        self.hba = list(hba)
         self.data = root / "data"
         self.log = root / "server.log"
         self.port = free_port()
@@ -51,10 +55,14 @@ class Cluster:
             check=True,
             capture_output=True,
         )
+        if self.hba:
+            with open(self.data / "pg_hba.conf", "a") as f:
+                f.writelines(f"host all all {net} trust\n" for net in self.hba)
 
     def start(self) -> None:
         opts = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.data}"
+            f"-p {self.port} -c listen_addresses={self.listen}"
+            f" -c unix_socket_directories={self.data}"
             " -c fsync=off -c synchronous_commit=on -c full_page_writes=off -c max_connections=200"
         )
         subprocess.run(
@@ -114,12 +122,14 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def private_cluster(prefix: str = "leasework-pg-") -> Iterator[Cluster]:
+def private_cluster(
+    prefix: str = "leasework-pg-", listen: Sequence[str] = (), hba: Sequence[str] = ()
+) -> Iterator[Cluster]:
     if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
         pytest.skip("initdb / pg_ctl not on PATH")
     # Not under tmp_path: as root, the server runs as `postgres`, who must reach the directory.
     root = Path(tempfile.mkdtemp(prefix=prefix))
-    c = Cluster(root)
+    c = Cluster(root, listen, hba)
     try:
         c.init()
         c.start()

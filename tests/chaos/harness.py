@@ -13,7 +13,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,12 +98,22 @@ class ChaosRun:
         result: tuple[list[tuple[Any, ...]]] = wait_for(attempt, timeout=30, interval=0.1)
         return result[0]
 
-    def start(self, **config: Any) -> Supervised:
+    def start(
+        self,
+        *,
+        dsn: str | None = None,
+        wrap: Sequence[str] = (),
+        tmp: Path | None = None,
+        **config: Any,
+    ) -> Supervised:
+        """A supervisor whose children reach Postgres through the proxy, unless `dsn` is given
+        (`wrap`: a command prefix, e.g. `ip netns exec NS`; `tmp`: its own config and log dir)."""
         sup = Supervised(
-            self.tmp,
-            self.proxy.dsn(),
+            tmp or self.tmp,
+            dsn or self.proxy.dsn(),
             {**self.cfg, **config},
             app="tests.chaos.chaosapp:app",
+            wrap=wrap,
         )
         self.supervisors.append(sup)
         sup.wait_children(int(config.get("processes", self.cfg["processes"])), timeout=20)

@@ -8,7 +8,8 @@ CREATE TABLE IF NOT EXISTS public.chaos_effects (
     owner   uuid NOT NULL,
     attempt int NOT NULL,
     pid     int NOT NULL,
-    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+    at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    client  inet DEFAULT inet_client_addr()  -- the writing host (tests/chaos/test_hosts.py)
 );
 
 -- Each start of a handler (autocommit, before any effect): executions, committed or not.
@@ -52,7 +53,9 @@ CREATE TABLE IF NOT EXISTS public.chaos_transitions (
     old_units    bigint,
     new_units    bigint NOT NULL,
     cancel_requested boolean NOT NULL,
-    at           timestamptz NOT NULL DEFAULT clock_timestamp()
+    at           timestamptz NOT NULL DEFAULT clock_timestamp(),
+    client       inet DEFAULT inet_client_addr(),  -- the writing session's host
+    app          text DEFAULT current_setting('application_name')  -- and its worker
 );
 
 CREATE OR REPLACE FUNCTION public.chaos_log_transition() RETURNS trigger LANGUAGE plpgsql AS $$

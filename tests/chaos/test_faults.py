@@ -234,11 +234,3 @@ def test_cancels_race_reclaims_and_retries(chaos: Chaos) -> None:
     run.finish()
     cancelled = run.query("SELECT count(*) FROM leasework.runs WHERE status = 'cancelled'")
     assert cancelled[0][0] >= 1
-
-
-@pytest.mark.chaos
-def test_two_hosts_in_network_namespaces() -> None:
-    pytest.skip(
-        "two hosts in network namespaces are not built yet: the proxy's black-hole mode covers "
-        "a partitioned host's traffic (test_blackholed_child_is_stopped_before_its_lease_expires)"
-    )

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +113,15 @@ class Supervised:
     """One running supervisor and what it logged."""
 
     def __init__(
-        self, tmp: Path, dsn: str, config: dict[str, Any], app: str = "lwtestapp:app"
+        self,
+        tmp: Path,
+        dsn: str,
+        config: dict[str, Any],
+        app: str = "lwtestapp:app",
+        wrap: Sequence[str] = (),
     ) -> None:
+        """wrap: a command prefix that execs the supervisor (e.g. `ip netns exec NS`): its pid
+        stays the supervisor's."""
         self.tmp = tmp
         self.dsn = dsn
         self.config_path = tmp / "leasework.toml"
@@ -125,6 +132,7 @@ class Supervised:
         env.pop("LEASEWORK_CONFIG", None)
         self.proc = subprocess.Popen(
             [
+                *wrap,
                 sys.executable,
                 "-m",
                 "leasework",

@@ -35,14 +35,17 @@ def connect(
     autocommit: bool = True,
     application_name: str = "leasework",
     connect_timeout: int = 10,
+    **libpq: Any,
 ) -> psycopg.Connection[Any]:
-    """One connection; raises LeaseworkError with a one-line, password-free message on failure."""
+    """One connection; raises LeaseworkError with a one-line, password-free message on failure.
+    `libpq` adds connection parameters (they override the DSN's)."""
     try:
         return psycopg.connect(
             dsn or "",
             autocommit=autocommit,
             application_name=application_name,
             connect_timeout=connect_timeout,
+            **libpq,
         )
     except psycopg.ProgrammingError as exc:  # a malformed DSN
         raise ConfigError(f"dsn is not a valid connection string: {redact_dsn(str(exc))}") from None

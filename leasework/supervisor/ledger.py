@@ -26,6 +26,17 @@ Q = load("leasework.supervisor", "ledger.sql")
 # outage costs the parent loop one short connect timeout per interval, not one per tick.
 RETRY_AFTER = 2.0
 CONNECT_TIMEOUT = 2  # seconds; libpq's minimum
+# The parent's loop must never hang on its database connection: while it waits, its watchdog
+# does not run, and a host cut off from the database would let its jobs run past their leases.
+# A write left unacknowledged for a second, or an answer that keepalives show will never come,
+# fails the statement instead (the ledger then retries after RETRY_AFTER).
+HANG_GUARD: dict[str, Any] = {
+    "tcp_user_timeout": 1000,  # milliseconds
+    "keepalives": 1,
+    "keepalives_idle": 1,
+    "keepalives_interval": 1,
+    "keepalives_count": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,7 @@ class Ledger:
                 self.config.dsn,
                 application_name="leasework:supervisor",
                 connect_timeout=CONNECT_TIMEOUT,
+                **HANG_GUARD,
             )
         return self._conn
 

@@ -197,11 +197,10 @@ def two_hosts(
 def test_cutting_a_hosts_link_moves_its_runs_to_the_other_host(
     two_hosts: tuple[HostsRun, Host, Host], options: str
 ) -> None:
-    """With a plain DSN, nothing bounds how long a hung connection waits: the cut host's
-    supervisor waits on its own (a heartbeat), so its watchdog only runs again after the heal and
-    the cut host's jobs are stopped by their lease being gone, not before. With
-    `tcp_user_timeout` in the DSN the supervisor's hung write fails, and its watchdog must stop
-    every job the cut host held before that job's lease expired in database time."""
+    """The cut host's supervisor never hangs on its own database connection (the ledger's
+    tcp_user_timeout and keepalives, whatever the DSN says), so its watchdog must stop every job
+    the cut host held before that job's lease expired in database time; the children's
+    connections may hang (plain DSN) or fail (tcp_user_timeout in the DSN)."""
     run, a, b = two_hosts
     lease = float(run.cfg["lease"])
     sup_a = run.start_on(a, options)
@@ -220,19 +219,18 @@ def test_cutting_a_hosts_link_moves_its_runs_to_the_other_host(
     try:
         # Every run A held moves to B (database time is checked over the history in `check`).
         wait_for(lambda: not run.held_by(a), timeout=3 * lease, interval=0.05)
-        if options:
-            wait_for(
-                lambda: (
-                    {r for r, _ in held}
-                    <= {e["run_id"] for e in sup_a.events("child_killed_by_watchdog")}
-                ),
-                timeout=lease,
-            )
+        wait_for(
+            lambda: (
+                {r for r, _ in held}
+                <= {e["run_id"] for e in sup_a.events("child_killed_by_watchdog")}
+            ),
+            timeout=lease,
+        )
         kills = {e["run_id"]: e["ts"] for e in sup_a.events("child_killed_by_watchdog")}
     finally:
         run.heal(fault)
     print(f"host A held runs {sorted(r for r, _ in held)} at the cut; watchdog kills {kills}")
-    for run_id, owner in held if options else []:
+    for run_id, owner in held:
         expiry = run.query(
             "SELECT extract(epoch FROM max(new_expires)) FROM public.chaos_transitions"
             " WHERE run_id = %s AND new_owner = %s::uuid",

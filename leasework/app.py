@@ -469,9 +469,7 @@ class App:
             'id, kind, tenant, "group", priority, payload, max_attempts, lease_seconds, '
             "timeout_seconds, queued_at"
         )
-        with conn.cursor().copy(
-            f"COPY leasework.runs ({columns}) FROM STDIN"
-        ) as copy:
+        with conn.cursor().copy(f"COPY leasework.runs ({columns}) FROM STDIN") as copy:
             for run_id, payload in zip(ids, encoded, strict=True):
                 copy.write_row(
                     (

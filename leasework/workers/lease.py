@@ -7,6 +7,7 @@ value (False / None), never an exception. Never runs job code.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -15,7 +16,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from ..queries import load
@@ -82,34 +82,43 @@ def claim_runs(
     params = {"kinds": list(kinds), "worker": worker, "lease": lease, "limit": limit}
     # A connection outside autocommit still gets the claim committed on its own.
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
-    with own_tx, conn.cursor(row_factory=dict_row) as cur:
+    with own_tx, conn.cursor() as cur:
         cur.execute(Q["claim_runs"], params, prepare=True)
         rows = cur.fetchall()
-    return [
-        Claim(
-            id=r["id"],
-            kind=r["kind"],
-            key=r["key"],
-            tenant=r["tenant"],
-            group=r["group"],
-            exclusive=r["exclusive"],
-            priority=r["priority"],
-            payload=r["payload"],
-            result=r["result"],
-            attempts=r["attempts"],
-            max_attempts=r["max_attempts"],
-            owner=r["lease_owner"],
-            lease_expires_at=r["lease_expires_at"],
-            lease_seconds=r["lease_seconds"] if r["lease_seconds"] is not None else lease,
-            timeout_seconds=r["timeout_seconds"],
-            processed_units=r["processed_units"],
-            total_units=r["total_units"],
-            created_at=r["created_at"],
-            queued_at=r["queued_at"],
-            started_at=r["started_at"],
-        )
-        for r in sorted(rows, key=lambda r: (r["priority"], r["queued_at"], r["id"]))
-    ]
+        if not rows:
+            return []
+        if not _claim_columns_checked:  # cur.description builds 20 objects: once per process
+            _check_claim_columns(cur.description)
+    # Plain tuples, in Claim's field order (the claim's RETURNING list): the claim is the hot path
+    # of one-at-a-time mode, and a dict per row cost more than building the Claim itself.
+    if len(rows) > 1:
+        rows.sort(key=lambda r: (r[_PRIORITY], r[_QUEUED_AT], r[0]))
+    return [_claim(r, lease) for r in rows]
+
+
+def _claim(row: tuple[Any, ...], lease: float) -> Claim:
+    if row[_LEASE_SECONDS] is None:  # the kind's lease is the worker's
+        row = (*row[:_LEASE_SECONDS], lease, *row[_LEASE_SECONDS + 1 :])
+    return Claim(*row)
+
+
+# The claim's RETURNING columns, in order: Claim's fields, `owner` being the lease_owner column.
+CLAIM_COLUMNS = tuple(
+    "lease_owner" if f.name == "owner" else f.name for f in dataclasses.fields(Claim)
+)
+_PRIORITY = CLAIM_COLUMNS.index("priority")
+_QUEUED_AT = CLAIM_COLUMNS.index("queued_at")
+_LEASE_SECONDS = CLAIM_COLUMNS.index("lease_seconds")
+_claim_columns_checked = False
+
+
+def _check_claim_columns(description: Sequence[Any] | None) -> None:
+    """Once per process: the claim statement returns exactly Claim's fields, in order."""
+    global _claim_columns_checked
+    names = tuple(d.name for d in description or ())
+    if names != CLAIM_COLUMNS:
+        raise RuntimeError(f"claim_runs returns {names}, Claim expects {CLAIM_COLUMNS}")
+    _claim_columns_checked = True
 
 
 def settle_runs(conn: Conn, limit: int) -> tuple[int, int]:

@@ -1,6 +1,6 @@
-"""The `runs` stage: settle expired and waiting runs, then claim and execute up to `limit` runs
-of the app's task kinds, one at a time, inline (a kind declared with batch=N: up to `limit`
-batches of N, claimed in one statement each, still executed one at a time)."""
+"""The `runs` stage: claim and execute up to `limit` runs of the app's task kinds, one at a time,
+inline (a kind declared with batch=N: up to `limit` batches of N, claimed in one statement each,
+still executed one at a time), then settle expired and waiting runs."""
 
 from __future__ import annotations
 
@@ -23,10 +23,9 @@ class RunsStage:
 
     def step(self, worker: Worker) -> int:
         kinds = self.app.kinds(stage=self.name)
-        # Settle and claim on the control connection: idle between runs, it spares a pool
+        # Claim and settle on the control connection: idle between runs, it spares a pool
         # check-out per claim and keeps the claim's generic plan (worker.control_conn).
-        ended, promoted = lease.settle_runs(worker.control_conn(), self.settle_limit)
-        handled = ended + promoted
+        handled = 0
         for _ in range(self.limit):
             if worker.stopping:
                 break
@@ -47,4 +46,8 @@ class RunsStage:
                 conn, [first.kind], worker=worker.id, lease=worker.config.lease, limit=batch - 1
             )
             handled += worker.execute_batch(claims, handler)
-        return handled
+        # Settle after claiming, so that a worker woken by a NOTIFY spends its first round trip
+        # on the claim (pickup latency). What settle promotes counts as work, so the worker polls
+        # again at once and claims it then.
+        ended, promoted = lease.settle_runs(worker.control_conn(), self.settle_limit)
+        return handled + ended + promoted

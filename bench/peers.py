@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import multiprocessing as mp
-import time
 from collections.abc import Callable
 from functools import partial
 
@@ -28,7 +26,16 @@ from common import DEFAULT_DSN, bench_database, drop_database, med, print_table,
 from pgqueuer import AsyncpgDriver, Queries, QueueManager  # type: ignore[import-not-found]
 from pgqueuer.models import Job  # type: ignore[import-not-found]
 from pgqueuer.types import QueueExecutionMode  # type: ignore[import-not-found]
-from throughput import batch_app, lw_setup, lw_worker, raw_batch_worker, raw_setup, raw_worker
+from throughput import (
+    Setup,
+    batch_app,
+    lw_setup,
+    lw_worker,
+    raw_batch_worker,
+    raw_setup,
+    raw_worker,
+    timed,
+)
 
 
 def asyncpg_connect(dsn: str) -> object:
@@ -122,22 +129,6 @@ def pro_worker(concurrency: int, dsn: str) -> None:
 
 
 # -- the run -------------------------------------------------------------------------------------
-
-Setup = Callable[[str, int, int], None]
-
-
-def timed(setup: Setup, work: Callable[[str], None], dsn: str, jobs: int, procs: int) -> float:
-    setup(dsn, jobs, 0)
-    ctx = mp.get_context("fork")
-    ps = [ctx.Process(target=work, args=(dsn,)) for _ in range(procs)]
-    start = time.perf_counter()
-    for p in ps:
-        p.start()
-    for p in ps:
-        p.join()
-    if any(p.exitcode for p in ps):
-        raise RuntimeError(f"a worker process failed: {[p.exitcode for p in ps]}")
-    return jobs / (time.perf_counter() - start)
 
 
 def remaining(dsn: str) -> dict[str, int]:

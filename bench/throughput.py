@@ -157,6 +157,8 @@ def timed(
         p.start()
     for p in ps:
         p.join()
+    if any(p.exitcode for p in ps):
+        raise RuntimeError(f"a worker process failed: {[p.exitcode for p in ps]}")
     return jobs / (time.perf_counter() - start)
 
 

@@ -19,6 +19,11 @@
 -- statement's own claims. Runs without a tenant skip the limiter and lock no tenant row (FOR
 -- UPDATE cannot lock the nullable side of an outer join, hence two branches).
 --
+-- The limiter's predicate stands three times, on purpose: in the NOT EXISTS of both tenanted
+-- branches below (planned as an anti-join, no function call per row) and in
+-- leasework.limiter_conflict() in schema.sql (the fresh-snapshot re-check). A change to the rule
+-- changes all three; tests/db/test_lease.py and test_races.py exercise each branch.
+--
 -- Queued runs and expired leases are separate branches, each walking its own index in order:
 -- the queued-only partial indexes never hold a running run, so a claim adds no entry to them and
 -- the dead entries a busy queue leaves behind stay one per run (bench/README.md, flatness);

@@ -25,6 +25,11 @@ class PayloadError(ConfigError):
     """A payload that is not JSON, or is over the size cap."""
 
 
+class ResultError(LeaseworkError, ValueError):
+    """A handler's result (or ctx.result) that cannot be stored as jsonb: the run fails, retried
+    like any handler error."""
+
+
 class SchemaMissing(LeaseworkError):
     """The database has no leasework schema (run `leasework migrate`) or an older one."""
 

@@ -1,12 +1,14 @@
 """The `runs` stage: claim and execute up to `limit` runs of the app's task kinds, one at a time,
 inline (a kind declared with batch=N: up to `limit` batches of N, claimed in one statement each,
-still executed one at a time), then settle expired and waiting runs."""
+still executed one at a time), then settle expired and waiting runs. A success is sealed in the
+same statement as the next claim (lease.sql, finish_and_claim)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..workers import lease
+from ..workers.lease import Claim
 
 if TYPE_CHECKING:
     from ..app import App
@@ -26,26 +28,50 @@ class RunsStage:
         # Claim and settle on the control connection: idle between runs, it spares a pool
         # check-out per claim and keeps the claim's generic plan (worker.control_conn).
         handled = 0
-        for _ in range(self.limit):
-            if worker.stopping:
-                break
-            conn = worker.control_conn()
-            claims = lease.claim_runs(conn, kinds, worker=worker.id, lease=worker.config.lease)
-            if not claims:
-                break
-            first = claims[0]
-            handler = self.app.handler(first.kind)
-            batch = self.app.tasks[first.kind].batch
-            if batch == 1:
-                worker.execute(first, handler)
-                handled += 1
-                continue
-            # A kind with batch=N: the next N - 1 runs of the same kind in one more statement, so
-            # that which run comes first still follows priority across every kind.
-            claims += lease.claim_runs(
-                conn, [first.kind], worker=worker.id, lease=worker.config.lease, limit=batch - 1
-            )
-            handled += worker.execute_batch(claims, handler)
+        # A one-at-a-time success whose seal rides on the next claim (finish_and_claim: one
+        # round trip and one commit per job instead of two). Sealed on its own when there is no
+        # next claim to make: the stage's limit reached, the worker stopping, a run with a
+        # tenant, or an error.
+        pending: tuple[Claim, Any] | None = None
+        try:
+            for _ in range(self.limit):
+                if worker.stopping:
+                    break
+                claims: list[Claim] | None = None
+                if pending is not None and pending[0].tenant is None:
+                    claims = worker.finish_and_claim(pending, kinds)
+                    pending = None
+                if claims is None:
+                    if pending is not None:
+                        worker.finish_success(*pending)
+                        pending = None
+                    claims = lease.claim_runs(
+                        worker.control_conn(), kinds, worker=worker.id, lease=worker.config.lease
+                    )
+                if not claims:
+                    break
+                first = claims[0]
+                handler = self.app.handler(first.kind)
+                batch = self.app.tasks[first.kind].batch
+                if batch == 1:
+                    done: list[tuple[Claim, Any]] = []
+                    worker.execute(first, handler, defer=done)
+                    pending = done[0] if done else None
+                    handled += 1
+                    continue
+                # A kind with batch=N: the next N - 1 runs of the same kind in one more statement,
+                # so that which run comes first still follows priority across every kind.
+                claims += lease.claim_runs(
+                    worker.control_conn(),
+                    [first.kind],
+                    worker=worker.id,
+                    lease=worker.config.lease,
+                    limit=batch - 1,
+                )
+                handled += worker.execute_batch(claims, handler)
+        finally:
+            if pending is not None:
+                worker.finish_success(*pending)
         # Settle after claiming, so that a worker woken by a NOTIFY spends its first round trip
         # on the claim (pickup latency). What settle promotes counts as work, so the worker polls
         # again at once and claims it then.

@@ -15,12 +15,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+import orjson
 import psycopg
-from psycopg.types.json import Jsonb
 
+from ..errors import ResultError
 from ..queries import load
 
 Q = load("leasework.workers", "lease.sql")
+# finish_and_claim embeds finish_run and claim_runs as they are (lease.sql).
+FINISH_AND_CLAIM = (
+    Q["finish_and_claim"]
+    .replace(b"<finish_run>", Q["finish_run"])
+    .replace(b"<claim_runs>", Q["claim_runs"])
+)
 
 Conn = psycopg.Connection[Any]
 ControlState = Literal["ok", "lost", "cancelled", "expired"]
@@ -61,8 +68,24 @@ def _params(claim: Claim, **extra: Any) -> dict[str, Any]:
     return {"id": claim.id, "owner": claim.owner, **extra}
 
 
-def _jsonb(value: Any) -> Jsonb | None:
-    return None if value is None else Jsonb(value)
+class JsonText(str):
+    """A result already encoded by encode_result: passed through as is."""
+
+    __slots__ = ()
+
+
+def encode_result(value: Any) -> JsonText | None:
+    """A result as JSON text for a jsonb parameter, encoded as payloads are (orjson, never
+    pickle). None stays None (keep the result gathered so far). Raises ResultError."""
+    if value is None or isinstance(value, JsonText):
+        return value
+    try:
+        data = orjson.dumps(value)
+    except (orjson.JSONEncodeError, TypeError) as exc:
+        raise ResultError(f"result is not JSON-serializable: {exc}") from None
+    if b"\\u0000" in data:
+        raise ResultError("result contains a NUL character (\\u0000), which jsonb cannot store")
+    return JsonText(data.decode())
 
 
 def claim_runs(
@@ -79,7 +102,13 @@ def claim_runs(
     """
     if not kinds:
         return []
-    params = {"kinds": list(kinds), "worker": worker, "lease": lease, "limit": limit}
+    params = {
+        "kinds": list(kinds),
+        "worker": worker,
+        "lease": lease,
+        "limit": limit,
+        "finishing": None,
+    }
     # A connection outside autocommit still gets the claim committed on its own.
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
     with own_tx, conn.cursor() as cur:
@@ -94,6 +123,43 @@ def claim_runs(
     if len(rows) > 1:
         rows.sort(key=lambda r: (r[_PRIORITY], r[_QUEUED_AT], r[0]))
     return [_claim(r, lease) for r in rows]
+
+
+def finish_and_claim(
+    conn: Conn,
+    claim: Claim,
+    kinds: Sequence[str],
+    *,
+    worker: str,
+    lease: float,
+    result: Any = None,
+) -> tuple[bool, Claim | None]:
+    """Seal `claim` as succeeded and claim the next due run of `kinds`, in one statement and one
+    synchronous commit (lease.sql, finish_and_claim). Returns (sealed, next claim or None);
+    sealed False: the run was no longer ours and nothing was written for it. Only for a run
+    without a tenant (the claim's limiter would count it as still holding its lease)."""
+    if claim.tenant is not None:
+        raise ValueError("finish_and_claim seals runs without a tenant only")
+    params = {
+        "id": claim.id,
+        "owner": claim.owner,
+        "status": "succeeded",
+        "result": encode_result(result),
+        "error": None,
+        "kinds": list(kinds),
+        "worker": worker,
+        "lease": lease,
+        "limit": 1,
+        "finishing": claim.id,
+    }
+    own_tx = conn.transaction() if not conn.autocommit else nullcontext()
+    with own_tx, conn.cursor() as cur:
+        cur.execute(FINISH_AND_CLAIM, params, prepare=True)
+        row = cur.fetchone()
+        assert row is not None  # one row always
+        if row[1] is not None and not _combined_columns_checked:
+            _check_combined_columns(cur.description)
+    return bool(row[0]), None if row[1] is None else _claim(row[1:], lease)
 
 
 def _claim(row: tuple[Any, ...], lease: float) -> Claim:
@@ -119,6 +185,18 @@ def _check_claim_columns(description: Sequence[Any] | None) -> None:
     if names != CLAIM_COLUMNS:
         raise RuntimeError(f"claim_runs returns {names}, Claim expects {CLAIM_COLUMNS}")
     _claim_columns_checked = True
+
+
+_combined_columns_checked = False
+
+
+def _check_combined_columns(description: Sequence[Any] | None) -> None:
+    """Once per process: finish_and_claim returns `finished`, then Claim's fields in order."""
+    global _combined_columns_checked
+    names = tuple(d.name for d in description or ())
+    if names != ("finished", *CLAIM_COLUMNS):
+        raise RuntimeError(f"finish_and_claim returns {names}, expected finished + Claim's fields")
+    _combined_columns_checked = True
 
 
 def settle_runs(conn: Conn, limit: int) -> tuple[int, int]:
@@ -159,7 +237,7 @@ def finish(
     """Seal the run. False: it was no longer ours and nothing was written."""
     row = conn.execute(
         Q["finish_run"],
-        _params(claim, status=status, result=_jsonb(result), error=error),
+        _params(claim, status=status, result=encode_result(result), error=error),
         prepare=True,
     ).fetchone()
     return row is not None
@@ -173,7 +251,7 @@ def finish_many(conn: Conn, done: Sequence[tuple[Claim, Any]]) -> set[int]:
     params = {
         "ids": [c.id for c, _ in done],
         "owners": [c.owner for c, _ in done],
-        "results": [_jsonb(r) for _, r in done],
+        "results": [encode_result(r) for _, r in done],
     }
     rows = conn.execute(Q["finish_runs"], params, prepare=True).fetchall()
     return {r[0] for r in rows}
@@ -192,7 +270,7 @@ def requeue(
     `cancelled` (cancel requested meanwhile) or `failed` (no attempts left); None if lost."""
     row = conn.execute(
         Q["requeue_run"],
-        _params(claim, delay=max(0.0, delay), error=error, outcome=outcome, result=_jsonb(result)),
+        _params(claim, delay=max(0.0, delay), error=error, outcome=outcome, result=encode_result(result)),
         prepare=True,
     ).fetchone()
     return None if row is None else str(row[0])

@@ -24,6 +24,10 @@
 -- leasework.limiter_conflict() in schema.sql (the fresh-snapshot re-check). A change to the rule
 -- changes all three; tests/db/test_lease.py and test_races.py exercise each branch.
 --
+-- %(finishing)s is NULL for a claim on its own; finish_and_claim passes the id of the run it seals
+-- in the same statement, which the expired branches must not take (one statement cannot update a
+-- row twice).
+--
 -- Queued runs and expired leases are separate branches, each walking its own index in order:
 -- the queued-only partial indexes never hold a running run, so a claim adds no entry to them and
 -- the dead entries a busy queue leaves behind stay one per run (bench/README.md, flatness);
@@ -59,6 +63,7 @@ WITH tenanted_queued AS MATERIALIZED (
      WHERE r.tenant IS NOT NULL
        AND r.status = 'running' AND r.lease_expires_at < leasework.now()
        AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+       AND r.id IS DISTINCT FROM %(finishing)s::bigint
        AND r.kind = ANY(%(kinds)s)
        AND NOT EXISTS (
             SELECT 1
@@ -90,6 +95,7 @@ WITH tenanted_queued AS MATERIALIZED (
      WHERE r.tenant IS NULL
        AND r.status = 'running' AND r.lease_expires_at < leasework.now()
        AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+       AND r.id IS DISTINCT FROM %(finishing)s::bigint
        AND r.kind = ANY(%(kinds)s)
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
@@ -127,7 +133,11 @@ UPDATE leasework.runs r
    -- every effect, checkpoint and finish that depends on it commits synchronously, and flushing
    -- their commit record flushes the claim's, which precedes it in the WAL. Guarded by
    -- tests/process/test_postgres_crash.py. Saves a WAL flush per claim (bench/README.md).
-   AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+   -- Not when the claim is part of finish_and_claim (%(finishing)s set): that transaction also
+   -- seals a run, which must commit synchronously. CASE evaluates only the branch it takes.
+   AND CASE WHEN %(finishing)s::bigint IS NULL
+            THEN set_config('synchronous_commit', 'off', true)
+            ELSE 'on' END IS NOT NULL
 RETURNING r.id, r.kind, r.key, r.tenant, r."group", r.exclusive, r.priority, r.payload, r.result,
           r.attempts, r.max_attempts, r.lease_owner, r.lease_expires_at, r.lease_seconds,
           r.timeout_seconds, r.processed_units, r.total_units, r.created_at, r.queued_at,
@@ -191,7 +201,7 @@ SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM promoted) AS
 -- Zero rows means the run is no longer ours: stop at once.
 UPDATE leasework.runs
    SET lease_expires_at = leasework.now() + make_interval(secs => %(lease)s)
- WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+ WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING lease_expires_at, cancel_requested_at IS NOT NULL AS cancel_requested
 
 -- name: control_run
@@ -199,7 +209,7 @@ RETURNING lease_expires_at, cancel_requested_at IS NOT NULL AS cancel_requested
 SELECT cancel_requested_at IS NOT NULL AS cancel_requested,
        lease_expires_at < leasework.now() AS expired
   FROM leasework.runs
- WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+ WHERE id = %(id)s AND lease_owner = %(owner)s
 
 -- name: finish_run
 -- Terminal: succeeded, partial, failed or cancelled. A NULL result keeps the one gathered so far.
@@ -215,8 +225,29 @@ UPDATE leasework.runs
            'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
            'started_at', started_at, 'ended_at', leasework.now(),
            'outcome', %(status)s::text, 'error', %(error)s::text))
- WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+ WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING status
+
+-- name: finish_and_claim
+-- One-at-a-time mode's steady state in one round trip: seal a run that succeeded (finish_run,
+-- owner-scoped as ever) and claim the next (claim_runs, with %(finishing)s = the sealed run's id)
+-- in one statement, one transaction that commits synchronously. Each part is the statement of
+-- its own name, put in place of its <name> by lease.py, so neither is written twice.
+-- The two parts touch different rows: the claim's expired branches skip the run being sealed,
+-- and queued runs are never running. The worker only uses it for a run without a tenant: the
+-- claim's limiter would still see a tenanted run being sealed as holding its lease (neither the
+-- statement's snapshot nor limiter_conflict()'s sees this statement's own writes), so a tenanted
+-- run is sealed with finish_run and the next claim made on its own.
+-- One row always: `finished` (1: sealed, 0: the run was no longer ours and nothing was written
+-- for it), then the claimed run's columns, all NULL when nothing was claimed.
+WITH finished AS (
+<finish_run>
+), claimed AS (
+<claim_runs>
+)
+SELECT (SELECT count(*) FROM finished) AS finished, c.*
+  FROM (SELECT) AS one
+  LEFT JOIN claimed c ON true
 
 -- name: finish_runs
 -- A batch's successes in one statement (tasks declared with batch=N): each row is matched by its
@@ -267,7 +298,7 @@ UPDATE leasework.runs
            'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
            'started_at', started_at, 'ended_at', leasework.now(),
            'outcome', %(outcome)s::text, 'error', %(error)s::text))
- WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+ WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING status, queued_at
 
 -- name: release_run
@@ -285,7 +316,7 @@ UPDATE leasework.runs
            'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
            'started_at', started_at, 'ended_at', leasework.now(),
            'outcome', 'released', 'error', %(reason)s::text))
- WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+ WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING status
 
 -- name: expire_worker_leases
@@ -307,7 +338,7 @@ UPDATE leasework.runs
    SET processed_units = %(processed)s,
        total_units = coalesce(%(total)s, total_units),
        lease_expires_at = leasework.now() + make_interval(secs => %(lease)s)
- WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+ WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING lease_expires_at
 
 -- name: fence_run
@@ -323,7 +354,7 @@ RETURNING lease_expires_at
 -- has stopped renewing and is killed by the watchdog anyway. tests/chaos/test_faults.py.
 SELECT lease_expires_at
   FROM leasework.runs
- WHERE id = %(id)s AND lease_owner = %(owner)s AND status = 'running'
+ WHERE id = %(id)s AND lease_owner = %(owner)s
    AND lease_expires_at > leasework.now()
    AND set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) IS NOT NULL
    FOR KEY SHARE

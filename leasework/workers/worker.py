@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import psycopg
+from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool
 
 from .. import db, log
 from ..config import Config
-from ..errors import Aborted, LeaseLost, Partial, Retry, is_transient
+from ..errors import Aborted, LeaseLost, Partial, ResultError, Retry, is_transient
 from . import lease, registry
 from .backoff import retry_delay
 from .context import Context, describe_error
@@ -134,6 +136,8 @@ class Worker:
             # each a prepared statement whose generic plan is as good as a custom one: planning
             # the claim afresh on every call cost more than executing it (bench/README.md).
             self._control.execute("SET plan_cache_mode = force_generic_plan")
+            # Payloads and results decode with orjson, as they were encoded (app.encode_payload).
+            set_json_loads(orjson.loads, self._control)
             self._listening = False
         return self._control
 
@@ -280,8 +284,10 @@ class Worker:
     ) -> str | None:
         """Run the handler inline under the claim's lease and record the outcome (owner-scoped).
         Returns the run's new status, or None when the lease was lost and nothing was written.
-        With `defer` (a batch), a success is appended there for `finish_successes` instead of
-        written now; every other outcome is written at once."""
+        With `defer`, a success is appended there (its result encoded) for the caller to seal:
+        with the batch's others (`finish_successes`) or with the next claim
+        (`finish_and_claim`); every other outcome is written at once. A result that cannot be
+        stored as jsonb fails the run like a handler error."""
         cfg = self.config
         ratio = claim.lease_seconds / cfg.lease
         ctx = Context(
@@ -316,10 +322,10 @@ class Worker:
                     return self._retry(
                         ctx, None, f"Partial: {partial}", "partial", result=partial.result
                     )
-                sealed, why = partial.result, str(partial)
+                sealed, why = self._storable(claim, partial.result), str(partial)
                 return self._record(
                     lambda c: lease.finish(c, claim, "partial", result=sealed, error=why),
-                    ctx,
+                    claim,
                     "partial",
                 )
             except Exception as exc:
@@ -337,11 +343,15 @@ class Worker:
             if ctx.signal.tripped:
                 ctx.result = value if value is not None else ctx.result
                 return self._settle_aborted(ctx)
+            try:
+                encoded = lease.encode_result(value)
+            except ResultError as exc:
+                return self._retry(ctx, None, str(exc), "failed", result=ctx.result)
             if defer is not None:
-                defer.append((claim, value))
+                defer.append((claim, encoded))
                 return "succeeded"
             return self._record(
-                lambda c: lease.finish(c, claim, "succeeded", result=value), ctx, "succeeded"
+                lambda c: lease.finish(c, claim, "succeeded", result=encoded), claim, "succeeded"
             )
         finally:
             self.current = None
@@ -431,21 +441,75 @@ class Worker:
             return ok
         return set()
 
+    def finish_success(self, claim: Claim, result: Any) -> str | None:
+        """Seal one deferred success on its own (owner-scoped, transient errors retried)."""
+        return self._record(
+            lambda c: lease.finish(c, claim, "succeeded", result=result), claim, "succeeded"
+        )
+
+    def finish_and_claim(self, done: tuple[Claim, Any], kinds: Sequence[str]) -> list[Claim] | None:
+        """Seal a deferred success and claim the next run in one statement (one round trip, one
+        synchronous commit): one-at-a-time mode's steady state. Returns the claimed run (or an
+        empty list); None after a database error, when the success has been sealed on its own
+        instead (with `finish_success`'s retries) and the caller claims on its own. Only for a
+        run without a tenant (lease.finish_and_claim)."""
+        claim, result = done
+        try:
+            sealed, nxt = lease.finish_and_claim(
+                self.control_conn(),
+                claim,
+                kinds,
+                worker=self.id,
+                lease=self.config.lease,
+                result=result,
+            )
+        except psycopg.Error as exc:
+            log.event(
+                "finish_and_claim_failed",
+                level=30,
+                run_id=claim.id,
+                error=str(exc).splitlines()[0] if str(exc) else repr(exc),
+            )
+            if self._control is not None and self._control.broken:
+                self.drop_control_conn()
+            self.finish_success(claim, result)
+            return None
+        if sealed:
+            log.event("run_succeeded", run_id=claim.id, kind=claim.kind, attempt=claim.attempts)
+        else:
+            log.event(
+                "lease_lost",
+                run_id=claim.id,
+                owner=str(claim.owner),
+                action="succeeded matched nothing",
+            )
+        return [] if nxt is None else [nxt]
+
     def _retry(
         self, ctx: Context, after: float | None, error: str, outcome: str, result: Any = None
     ) -> str | None:
         cfg = self.config
         delay = retry_delay(ctx.claim.attempts, after, cfg.backoff, cfg.backoff_jitter, self.rand)
         status: list[str | None] = [None]
+        kept = self._storable(ctx.claim, result)
 
         def write(c: Conn) -> bool:
             status[0] = lease.requeue(
-                c, ctx.claim, delay=delay, error=error, outcome=outcome, result=result
+                c, ctx.claim, delay=delay, error=error, outcome=outcome, result=kept
             )
             return status[0] is not None
 
-        self._record(write, ctx, "requeued")
+        self._record(write, ctx.claim, "requeued")
         return status[0]
+
+    def _storable(self, claim: Claim, result: Any) -> Any:
+        """`result` encoded for jsonb, or None (keep what the run has) if it cannot be stored,
+        which is logged: an outcome is never lost to an unstorable result."""
+        try:
+            return lease.encode_result(result)
+        except ResultError as exc:
+            log.event("result_not_stored", level=30, run_id=claim.id, error=str(exc))
+            return None
 
     def _settle_aborted(self, ctx: Context) -> str | None:
         claim = ctx.claim
@@ -459,9 +523,10 @@ class Worker:
             )
             return None
         if reason == "cancelled":
+            kept = self._storable(claim, ctx.result)
             return self._record(
-                lambda c: lease.finish(c, claim, "cancelled", result=ctx.result, error="cancelled"),
-                ctx,
+                lambda c: lease.finish(c, claim, "cancelled", result=kept, error="cancelled"),
+                claim,
                 "cancelled",
             )
         if reason == "timeout":
@@ -478,10 +543,10 @@ class Worker:
             status[0] = lease.release(c, claim, reason or "shutdown")
             return status[0] is not None
 
-        self._record(write, ctx, "released")
+        self._record(write, claim, "released")
         return status[0]
 
-    def _record(self, write: Callable[[Conn], bool], ctx: Context, what: str) -> str | None:
+    def _record(self, write: Callable[[Conn], bool], claim: Claim, what: str) -> str | None:
         """Write an outcome on the control connection, retrying transient errors a few times.
         If it never lands, the lease lapses and another worker redoes the run (at least once)."""
         for attempt in range(3):
@@ -492,7 +557,7 @@ class Worker:
                     log.event(
                         "outcome_not_recorded",
                         level=40,
-                        run_id=ctx.claim.id,
+                        run_id=claim.id,
                         outcome=what,
                         error=str(exc),
                     )
@@ -503,13 +568,11 @@ class Worker:
             if not ok:
                 log.event(
                     "lease_lost",
-                    run_id=ctx.claim.id,
-                    owner=str(ctx.claim.owner),
+                    run_id=claim.id,
+                    owner=str(claim.owner),
                     action=f"{what} matched nothing",
                 )
                 return None
-            log.event(
-                "run_" + what, run_id=ctx.claim.id, kind=ctx.claim.kind, attempt=ctx.claim.attempts
-            )
+            log.event("run_" + what, run_id=claim.id, kind=claim.kind, attempt=claim.attempts)
             return what
         return None

@@ -35,7 +35,7 @@ def mutate(name: str, remove: str, replace: str = "") -> Any:
     return mutant.encode() if isinstance(current, bytes) else sql.SQL(mutant)
 
 
-RENEW_WITHOUT_OWNER = ("renew_lease", "AND lease_owner = %(owner)s ", "")
+RENEW_WITHOUT_OWNER = ("renew_lease", " AND lease_owner = %(owner)s", "")
 CLAIM_IGNORES_CANCEL = ("claim_runs", "AND r.cancel_requested_at IS NULL ", "")
 BATCH_FINISH_WITHOUT_OWNER = ("finish_runs", "AND r.lease_owner = d.owner", "")
 

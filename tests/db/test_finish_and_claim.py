@@ -1,0 +1,211 @@
+"""One-at-a-time mode's steady state: a success sealed in the same statement as the next claim
+(lease.finish_and_claim). The seal stays owner-scoped and commits synchronously, the claim is
+the ordinary claim, the statement never touches one row twice, and the runs stage falls back to
+the separate finish wherever the combined statement does not apply."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from leasework import App, Context
+from leasework.workers import lease
+from leasework.workers.worker import Worker
+
+from ..conftest import expire_lease, get_run
+
+Conn = psycopg.Connection[Any]
+MakeWorker = Callable[..., Worker]
+
+
+def enqueue(conn: Conn, n: int, kind: str = "k", tenant: str | None = None) -> list[int]:
+    app = App()
+    app.task(kind)(lambda ctx, p: None)
+    return [app.enqueue(conn, kind, {"i": i}, tenant=tenant) for i in range(n)]
+
+
+def claim_one(conn: Conn, kinds: list[str] | None = None) -> lease.Claim:
+    claims = lease.claim_runs(conn, kinds or ["k"], worker="w1", lease=30.0)
+    assert len(claims) == 1
+    return claims[0]
+
+
+def test_seals_the_run_and_claims_the_next(conn: Conn) -> None:
+    first, second = enqueue(conn, 2)
+    claim = claim_one(conn)
+    assert claim.id == first
+
+    sealed, nxt = lease.finish_and_claim(
+        conn, claim, ["k"], worker="w1", lease=30.0, result={"n": 1}
+    )
+
+    assert sealed and nxt is not None and nxt.id == second
+    done = get_run(conn, first)
+    assert done["status"] == "succeeded" and done["result"] == {"n": 1}
+    assert done["lease_owner"] is None and done["finished_at"] is not None
+    assert [h["outcome"] for h in done["history"]] == ["succeeded"]
+    running = get_run(conn, second)
+    assert running["status"] == "running" and running["lease_owner"] == nxt.owner
+    assert running["attempts"] == 1 and nxt.payload == {"i": 1}
+
+
+def test_nothing_to_claim_still_seals(conn: Conn) -> None:
+    (only,) = enqueue(conn, 1)
+    claim = claim_one(conn)
+    assert lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0) == (True, None)
+    assert get_run(conn, only)["status"] == "succeeded"
+
+
+def test_a_stale_owner_seals_nothing_but_the_claim_proceeds(conn: Conn, dsn: str) -> None:
+    first, second = enqueue(conn, 2)
+    stale = claim_one(conn)
+    expire_lease(conn, first)
+    with psycopg.connect(dsn, autocommit=True) as other:
+        thief = claim_one(other)
+    assert thief.id == first
+
+    sealed, nxt = lease.finish_and_claim(conn, stale, ["k"], worker="w1", lease=30.0)
+
+    assert not sealed
+    assert nxt is not None and nxt.id == second
+    stolen = get_run(conn, first)
+    assert stolen["status"] == "running" and stolen["lease_owner"] == thief.owner
+
+
+def test_the_run_being_sealed_is_never_reclaimed_by_the_same_statement(conn: Conn) -> None:
+    (only,) = enqueue(conn, 1)
+    claim = claim_one(conn)
+    expire_lease(conn, only)  # still ours (nobody took it), and claimable by the expired branch
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0)
+
+    assert sealed and nxt is None
+    run = get_run(conn, only)
+    assert run["status"] == "succeeded" and run["attempts"] == 1
+
+
+def test_it_commits_synchronously_while_a_claim_alone_does_not(conn: Conn) -> None:
+    enqueue(conn, 3)
+    with conn.transaction():
+        claim = claim_one(conn)
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    with conn.transaction():
+        lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0)
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+
+
+def test_a_run_with_a_tenant_is_refused(conn: Conn) -> None:
+    enqueue(conn, 1, tenant="acme")
+    claim = claim_one(conn)
+    with pytest.raises(ValueError, match="tenant"):
+        lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0)
+    assert get_run(conn, claim.id)["status"] == "running"
+
+
+class Spy:
+    """Counts the separate finishes the runs stage makes (the real function still runs)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.finishes = 0
+        real = lease.finish
+
+        def counted(*args: Any, **kwargs: Any) -> bool:
+            self.finishes += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(lease, "finish", counted)
+
+
+def test_the_runs_stage_seals_each_success_with_the_next_claim(
+    conn: Conn, make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = App()
+
+    @app.task("k")
+    def k(ctx: Context, payload: Any) -> dict[str, Any]:
+        return {"got": payload["i"]}
+
+    ids = [app.enqueue(conn, "k", {"i": i}) for i in range(5)]
+    spy = Spy(monkeypatch)
+    worker = make_worker(app)
+
+    assert worker.poll() == 5
+
+    assert spy.finishes == 0  # every seal rode on a claim (the last on the one that found none)
+    for i, run_id in enumerate(ids):
+        run = get_run(conn, run_id)
+        assert run["status"] == "succeeded" and run["result"] == {"got": i}
+        assert [h["outcome"] for h in run["history"]] == ["succeeded"]
+
+
+def test_runs_with_a_tenant_are_sealed_on_their_own(
+    conn: Conn, make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    ids = [app.enqueue(conn, "k", {}, tenant=f"t{i}") for i in range(3)]
+    spy = Spy(monkeypatch)
+
+    assert make_worker(app).poll() == 3
+
+    assert spy.finishes == 3
+    assert {get_run(conn, i)["status"] for i in ids} == {"succeeded"}
+
+
+def test_a_worker_told_to_stop_seals_its_last_success_and_claims_no_more(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+    worker_box: list[Worker] = []
+
+    @app.task("k")
+    def k(ctx: Context, payload: Any) -> None:
+        worker_box[0].drain()
+
+    first, second = (app.enqueue(conn, "k", {}) for _ in range(2))
+    worker = make_worker(app)
+    worker_box.append(worker)
+
+    assert worker.poll() == 1
+
+    assert get_run(conn, first)["status"] == "succeeded"
+    assert get_run(conn, second)["status"] == "queued"
+
+
+def test_a_result_that_cannot_be_stored_fails_the_run_with_a_clear_error(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+
+    @app.task("k", max_attempts=1)
+    def k(ctx: Context, payload: Any) -> object:
+        return object()
+
+    run_id = app.enqueue(conn, "k", {})
+    make_worker(app).poll()
+
+    run = get_run(conn, run_id)
+    assert run["status"] == "failed"
+    assert "result is not JSON-serializable" in run["error"]
+    assert run["lease_owner"] is None
+
+
+def test_an_unstorable_result_gathered_before_a_failure_does_not_lose_the_failure(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+
+    @app.task("k", max_attempts=1)
+    def k(ctx: Context, payload: Any) -> None:
+        ctx.result = {"bad": {1, 2}}  # a set: not JSON
+        raise RuntimeError("upstream said no")
+
+    run_id = app.enqueue(conn, "k", {})
+    make_worker(app).poll()
+
+    run = get_run(conn, run_id)
+    assert run["status"] == "failed" and "upstream said no" in run["error"]
+    assert run["result"] is None

@@ -3,11 +3,19 @@ the raw psycopg loops and leasework (one at a time and `batch=N`), no-op jobs, s
 invocation, repeats interleaved. Runs inside the bench-only virtualenv that `bench/peers.sh`
 makes (the peers are never dependencies of leasework); prints medians, ranges and ratios.
 
-    bench/peers.sh [--dsn DSN] [--jobs 20000] [--procs 2] [--repeat 3] [--batch 100] [--quick]
+    bench/peers.sh [--dsn DSN] [--jobs 20000] [--procs 2] [--repeat 3] [--batch 100]
+                   [--bulk-jobs 100000] [--skip-throughput] [--quick]
 
 Each system gets the same number of worker processes; time runs from the first process start to
 the last exit (imports are done before the fork, so only connecting and working count). Queues
 are filled before the clock starts (PGQueuer's list enqueue, Procrastinate's batch defer).
+
+Then bulk enqueue side by side: the same number of no-op jobs (payload `{}`) enqueued by
+leasework's `App.enqueue_many` (COPY, one transaction), PGQueuer's list enqueue and Procrastinate's
+batch defer (both in chunks of BULK_CHUNK, their fastest found here), and a raw psycopg COPY into a
+minimal table (the ceiling; bulk_enqueue.py's). Only the enqueue calls are timed, on a connection
+(or an open app) made before the clock starts; every system's tables are emptied and a CHECKPOINT
+taken before each run, and the rows are counted after it.
 """
 
 from __future__ import annotations
@@ -15,10 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import asyncpg  # type: ignore[import-not-found]
+import bulk_enqueue
 import procrastinate  # type: ignore[import-not-found]
 import psycopg
 import uvloop  # type: ignore[import-not-found]
@@ -26,6 +37,7 @@ from common import DEFAULT_DSN, bench_database, drop_database, med, print_table,
 from pgqueuer import AsyncpgDriver, Queries, QueueManager  # type: ignore[import-not-found]
 from pgqueuer.models import Job  # type: ignore[import-not-found]
 from pgqueuer.types import QueueExecutionMode  # type: ignore[import-not-found]
+from psycopg import sql
 from throughput import (
     Setup,
     batch_app,
@@ -36,6 +48,8 @@ from throughput import (
     raw_worker,
     timed,
 )
+
+from leasework import db
 
 
 def asyncpg_connect(dsn: str) -> object:
@@ -49,15 +63,21 @@ def asyncpg_connect(dsn: str) -> object:
 
 # -- PGQueuer: asyncpg driver, uvloop, batch 100 (its own benchmark's fastest combination) -------
 
+PGQ_TABLES = "TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics"
+
+
+async def pgq_install(queries: Queries) -> None:
+    if not await queries.schema_is_installed():
+        await queries.install()
+
 
 def pgq_setup(dsn: str, jobs: int, tenants: int) -> None:
     async def go() -> None:
         conn = await asyncpg_connect(dsn)
         try:
             queries = Queries(AsyncpgDriver(conn))
-            if not await queries.schema_is_installed():
-                await queries.install()
-            await conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
+            await pgq_install(queries)
+            await conn.execute(PGQ_TABLES)
             for start in range(0, jobs, 10_000):
                 n = min(10_000, jobs - start)
                 await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
@@ -97,16 +117,18 @@ def procrastinate_app(dsn: str) -> procrastinate.App:
     return app
 
 
+async def pro_install(app: procrastinate.App, conn: psycopg.Connection[Any]) -> None:
+    installed = conn.execute("SELECT to_regclass('procrastinate_jobs') IS NOT NULL").fetchone()
+    if not (installed and installed[0]):
+        await app.schema_manager.apply_schema_async()
+
+
 def pro_setup(dsn: str, jobs: int, tenants: int) -> None:
     async def go() -> None:
         app = procrastinate_app(dsn)
         async with app.open_async():
             with psycopg.connect(dsn, autocommit=True) as conn:
-                installed = conn.execute(
-                    "SELECT to_regclass('procrastinate_jobs') IS NOT NULL"
-                ).fetchone()
-                if not (installed and installed[0]):
-                    await app.schema_manager.apply_schema_async()
+                await pro_install(app, conn)
                 conn.execute("TRUNCATE procrastinate_jobs CASCADE")
             task = app.tasks["noop"]
             for start in range(0, jobs, 10_000):
@@ -126,6 +148,129 @@ def pro_worker(concurrency: int, dsn: str) -> None:
             )
 
     asyncio.run(go())
+
+
+# -- bulk enqueue: N no-op jobs, payload {}, only the enqueue timed --------------------------------
+
+# PGQueuer's and Procrastinate's batch calls take lists of any length, but both were faster here
+# in calls of 10,000 than in one call of 100,000 (PGQueuer 66-73k against 33-58k jobs/s, 25,000
+# per call 44k; Procrastinate 21-22k against 17-20k), so they get that; 1,000 was no faster.
+BULK_CHUNK = 10_000
+
+
+def checked(dsn: str, table: str, jobs: int, elapsed: float, empty: str) -> float:
+    """Jobs/s, once the rows are counted; then the tables are emptied again."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*table.split(".")))
+        row = conn.execute(count).fetchone()
+        conn.execute(empty)
+    found = int(row[0]) if row else 0
+    if found != jobs:
+        raise RuntimeError(f"bulk enqueue into {table}: {found} rows, expected {jobs}")
+    return jobs / elapsed
+
+
+def bulk_raw(dsn: str, jobs: int) -> float:
+    """The ceiling: bulk_enqueue.py's raw COPY into its minimal table, one transaction."""
+    items: list[dict[str, Any]] = [{} for _ in range(jobs)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(bulk_enqueue.RAW_SCHEMA)
+        conn.execute("CHECKPOINT")
+        start = time.perf_counter()
+        bulk_enqueue.raw_copy(conn, items)
+        elapsed = time.perf_counter() - start
+    return checked(dsn, "bench_raw_jobs", jobs, elapsed, "DROP TABLE bench_raw_jobs")
+
+
+LW_TABLES = "TRUNCATE leasework.runs, leasework.tenants, leasework.workers"
+
+
+def bulk_leasework(dsn: str, jobs: int) -> float:
+    """`App.enqueue_many` without keys (COPY), in one transaction (bulk_enqueue.py's call)."""
+    items: list[dict[str, Any]] = [{} for _ in range(jobs)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        db.migrate(conn)
+        conn.execute(LW_TABLES)
+        conn.execute("CHECKPOINT")
+        start = time.perf_counter()
+        bulk_enqueue.lw_copy(conn, items)
+        elapsed = time.perf_counter() - start
+    return checked(dsn, "leasework.runs", jobs, elapsed, LW_TABLES)
+
+
+def bulk_pgq(dsn: str, jobs: int) -> float:
+    """`Queries.enqueue` with lists, BULK_CHUNK per call, each call its own statement and commit
+    (as pgq_setup fills its queue; one transaction around the calls measured the same or a little
+    slower, 66k against 68k jobs/s)."""
+
+    async def go() -> float:
+        conn = await asyncpg_connect(dsn)
+        try:
+            queries = Queries(AsyncpgDriver(conn))
+            await pgq_install(queries)
+            await conn.execute(PGQ_TABLES)
+            await conn.execute("CHECKPOINT")
+            entrypoints, payloads, priorities = ["noop"] * jobs, [b"{}"] * jobs, [0] * jobs
+            start = time.perf_counter()
+            for s in range(0, jobs, BULK_CHUNK):
+                e = s + BULK_CHUNK
+                await queries.enqueue(entrypoints[s:e], payloads[s:e], priorities[s:e])
+            return time.perf_counter() - start
+        finally:
+            await conn.close()
+
+    return checked(dsn, "pgqueuer", jobs, uvloop.run(go()), PGQ_TABLES)
+
+
+def bulk_pro(dsn: str, jobs: int) -> float:
+    """`Task.batch_defer_async`, BULK_CHUNK per call (as pro_setup fills its queue), on the
+    app's connection pool, opened and used once before the clock starts."""
+
+    async def go() -> float:
+        app = procrastinate_app(dsn)
+        async with app.open_async():
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                await pro_install(app, conn)
+                conn.execute("TRUNCATE procrastinate_jobs CASCADE")
+                conn.execute("CHECKPOINT")
+            await app.connector.execute_query_async("SELECT 1")
+            task = app.tasks["noop"]
+            kwargs: list[dict[str, Any]] = [{} for _ in range(jobs)]
+            start = time.perf_counter()
+            for s in range(0, jobs, BULK_CHUNK):
+                await task.batch_defer_async(*kwargs[s : s + BULK_CHUNK])
+            return time.perf_counter() - start
+
+    elapsed = asyncio.run(go())
+    return checked(dsn, "procrastinate_jobs", jobs, elapsed, "TRUNCATE procrastinate_jobs CASCADE")
+
+
+BULK = {
+    "raw COPY (ceiling)": bulk_raw,
+    "leasework enqueue_many (COPY)": bulk_leasework,
+    f"PGQueuer enqueue, lists of {BULK_CHUNK:,}": bulk_pgq,
+    f"Procrastinate batch_defer, {BULK_CHUNK:,} per call": bulk_pro,
+}
+
+
+def bulk_section(dsn: str, jobs: int, repeat: int) -> None:
+    results: dict[str, list[float]] = {label: [] for label in BULK}
+    for _ in range(repeat):  # interleaved, as above
+        for label, fn in BULK.items():
+            results[label].append(fn(dsn, jobs))
+    raw = med(results["raw COPY (ceiling)"])
+    pgq = med(results[f"PGQueuer enqueue, lists of {BULK_CHUNK:,}"])
+    print(f"bulk enqueue: {jobs:,} no-op jobs (payload {{}}), {repeat} runs each")
+    rows = []
+    for label, values in results.items():
+        m = med(values)
+        target = ""
+        if label == "leasework enqueue_many (COPY)":
+            target = f"≥ 1.0 x PGQueuer ({m / pgq:.2f})"
+        rows.append(
+            [label, f"{m:,.0f}", spread(values), f"{m / raw:.2f}", f"{m / pgq:.2f}", target]
+        )
+    print_table(["method", "jobs/s (median)", "range", "x raw COPY", "x PGQueuer", "target"], rows)
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -157,12 +302,31 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--quick", action="store_true", help="5,000 jobs, 2 repeats")
+    ap.add_argument(
+        "--bulk-jobs", type=int, default=100_000, help="jobs per bulk enqueue (0 to skip it)"
+    )
+    ap.add_argument("--skip-throughput", action="store_true", help="only the bulk enqueue section")
+    ap.add_argument(
+        "--quick", action="store_true", help="5,000 jobs, 20,000 for bulk enqueue, 2 repeats"
+    )
     args = ap.parse_args()
     if args.quick:
         args.jobs, args.repeat = min(args.jobs, 5000), min(args.repeat, 2)
+        args.bulk_jobs = min(args.bulk_jobs, 20_000)
     name = "leasework_bench_peers"
     dsn = bench_database(args.dsn, name)
+    try:
+        if not args.skip_throughput:
+            throughput_section(dsn, args)
+        if args.bulk_jobs:
+            if not args.skip_throughput:
+                print()
+            bulk_section(dsn, args.bulk_jobs, args.repeat)
+    finally:
+        drop_database(args.dsn, name)
+
+
+def throughput_section(dsn: str, args: argparse.Namespace) -> None:
     b = args.batch
     variants: list[tuple[str, Setup, Callable[[str], None]]] = [
         ("raw one-at-a-time", raw_setup, raw_worker),
@@ -173,15 +337,12 @@ def main() -> None:
         (f"PGQueuer asyncpg, batch {b}", pgq_setup, partial(pgq_worker, b)),
     ]
     results: dict[str, list[float]] = {v[0]: [] for v in variants}
-    try:
-        for _ in range(args.repeat):  # interleaved, so drift in machine load hits all alike
-            for label, setup, work in variants:
-                results[label].append(timed(setup, work, dsn, args.jobs, args.procs))
-                left = remaining(dsn)
-                if any(left.values()):
-                    raise RuntimeError(f"{label}: jobs left unfinished: {left}")
-    finally:
-        drop_database(args.dsn, name)
+    for _ in range(args.repeat):  # interleaved, so drift in machine load hits all alike
+        for label, setup, work in variants:
+            results[label].append(timed(setup, work, dsn, args.jobs, args.procs))
+            left = remaining(dsn)
+            if any(left.values()):
+                raise RuntimeError(f"{label}: jobs left unfinished: {left}")
     one, batched = med(results["raw one-at-a-time"]), med(results[f"raw batched ({b})"])
     pgq = med(results[f"PGQueuer asyncpg, batch {b}"])
     print(f"peers: {args.jobs:,} no-op jobs, {args.procs} processes each, {args.repeat} runs each")

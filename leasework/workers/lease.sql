@@ -214,7 +214,7 @@ SELECT cancel_requested_at IS NOT NULL AS cancel_requested,
 -- name: finish_run
 -- Terminal: succeeded, partial, failed or cancelled. A NULL result keeps the one gathered so far.
 UPDATE leasework.runs
-   SET status = %(status)s,
+   SET status = %(status)s::text,
        result = coalesce(%(result)s::jsonb, result),
        error = %(error)s::text,
        finished_at = leasework.now(),

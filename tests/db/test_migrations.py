@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = db.migrations()
 
 # What "the same schema" means: every table (with its storage parameters), column, constraint,
-# index, function, trigger, view and sequence in the `leasework` schema, by name and definition. Column order is left out: a
+# index, function, trigger, view, domain and sequence in the `leasework` schema, by name and definition. Column order is left out: a
 # migration can only append a column, while schema.sql may list it where it reads best.
 CATALOG: dict[str, str] = {
     "tables": """
@@ -66,6 +66,14 @@ CATALOG: dict[str, str] = {
           JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = 'leasework' AND NOT t.tgisinternal
          ORDER BY 1, 2""",
+    "domains": """
+        SELECT t.typname, format_type(t.typbasetype, t.typtypmod), t.typnotnull, k.conname,
+               pg_get_constraintdef(k.oid)
+          FROM pg_type t
+          JOIN pg_namespace n ON n.oid = t.typnamespace
+          LEFT JOIN pg_constraint k ON k.contypid = t.oid
+         WHERE n.nspname = 'leasework' AND t.typtype = 'd'
+         ORDER BY 1, 4""",
     "views": """
         SELECT viewname, definition FROM pg_views WHERE schemaname = 'leasework' ORDER BY 1""",
 }

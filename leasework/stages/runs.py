@@ -58,6 +58,9 @@ class RunsStage:
                     worker.execute(first, handler, defer=done)
                     pending = done[0] if done else None
                     handled += 1
+                    # Between two runs: liveness, and the supervisor's child recycles after
+                    # exactly max_jobs_per_child runs (it drains the worker from this beat).
+                    worker.beat(None)
                     continue
                 # A kind with batch=N: the next N - 1 runs of the same kind in one more statement,
                 # so that which run comes first still follows priority across every kind.

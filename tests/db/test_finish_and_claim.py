@@ -15,7 +15,7 @@ from leasework import App, Context
 from leasework.workers import lease
 from leasework.workers.worker import Worker
 
-from ..conftest import expire_lease, get_run
+from ..conftest import expire_lease, fast_config, get_run
 
 Conn = psycopg.Connection[Any]
 MakeWorker = Callable[..., Worker]
@@ -209,3 +209,23 @@ def test_an_unstorable_result_gathered_before_a_failure_does_not_lose_the_failur
     run = get_run(conn, run_id)
     assert run["status"] == "failed" and "upstream said no" in run["error"]
     assert run["result"] is None
+
+
+def test_a_beat_between_runs_lets_a_child_recycle_after_exactly_its_jobs(
+    conn: Conn, dsn: str
+) -> None:
+    app = App()
+    app.task("k")(lambda ctx, p: None)  # never calls ctx.check(), so never beats on its own
+    ids = [app.enqueue(conn, "k", {}) for _ in range(5)]
+
+    def recycle_after_two(worker: Worker, ctx: Context | None) -> None:
+        if worker.jobs_done >= 2 and not worker.stopping:  # as the supervisor's child does
+            worker.drain()
+
+    cfg = fast_config(dsn)
+    worker = Worker(app.with_config(cfg), cfg, on_beat=recycle_after_two)
+    with worker:
+        worker.running = True
+        assert worker.poll() == 2
+
+    assert [get_run(conn, i)["status"] for i in ids] == ["succeeded"] * 2 + ["queued"] * 3

@@ -1,6 +1,13 @@
 -- The lease: every statement that writes lease columns lives here, and every one after the claim
 -- is scoped by the claim's owner token (unique per claim), so a stale worker's write matches
 -- nothing. All times are database time: leasework.now(), never the worker's clock.
+--
+-- The owner-scoped statements match `id = %(id)s AND lease_owner = %(owner)s` and no status:
+-- lease_owner is set only while a run is running (this file is its only writer, and every
+-- statement that moves a run out of `running` clears it; runs_running_has_lease checks it), so
+-- the owner implies the status. A `status = 'running'` test made their generic plans walk the
+-- partial index of running runs (runs_running_by_expiry: every running run and every dead entry)
+-- instead of the primary key: 0.4 ms per finish with 3,000 runs running (bench/README.md).
 
 -- name: claim_runs
 -- Claim up to %(limit)s runs of %(kinds)s in one statement: queued and due, or running with an

@@ -523,8 +523,14 @@ class Supervisor:
             return
         try:
             config = self.reload()
-        except Exception as exc:  # a bad file keeps the running config
-            log.event("reload_failed", level=40, error=log.redact_dsn(str(exc)))
+            if config.dsn != self.config.dsn:
+                # The new database must take the children that boot with it (reachable, the
+                # credentials accepted, the schema in place), or the reload would replace
+                # working children with ones that cannot boot, and halt the host.
+                Ledger(config).check_schema()
+        except Exception as exc:  # a bad file or database keeps the running config
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            log.event("reload_failed", level=40, error=log.redact_dsn(first))
             return
         self.config = config
         self.app = self.app.with_config(config)

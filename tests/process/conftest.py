@@ -119,13 +119,15 @@ class Supervised:
         config: dict[str, Any],
         app: str = "lwtestapp:app",
         wrap: Sequence[str] = (),
+        dsn_flag: bool = True,
     ) -> None:
         """wrap: a command prefix that execs the supervisor (e.g. `ip netns exec NS`): its pid
-        stays the supervisor's."""
+        stays the supervisor's. dsn_flag=False: the DSN goes in the config file instead of
+        --dsn (so that a reload can change it)."""
         self.tmp = tmp
         self.dsn = dsn
         self.config_path = tmp / "leasework.toml"
-        self.write_config(config)
+        self.write_config(config if dsn_flag else {"dsn": dsn, **config})
         self.log_path = tmp / f"supervisor-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -141,8 +143,7 @@ class Supervised:
                 app,
                 "--config",
                 str(self.config_path),
-                "--dsn",
-                dsn,
+                *(["--dsn", dsn] if dsn_flag else []),
             ],
             cwd=tmp,
             env=env,
@@ -248,8 +249,8 @@ def supervise(app_dir: Path, dsn: str, pconn: Any) -> Iterator[Callable[..., Sup
     """supervise(**config) starts a supervisor; every one started is stopped after the test."""
     started: list[Supervised] = []
 
-    def start(**config: Any) -> Supervised:
-        s = Supervised(app_dir, dsn, config)
+    def start(dsn_flag: bool = True, **config: Any) -> Supervised:
+        s = Supervised(app_dir, dsn, config, dsn_flag=dsn_flag)
         started.append(s)
         return s
 

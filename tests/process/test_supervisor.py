@@ -247,6 +247,33 @@ def test_ttin_ttou_and_hup(supervise: Start, pconn: Conn) -> None:
     assert sup.wait_exit(10) == 0
 
 
+def test_a_reload_to_a_database_the_children_could_not_boot_on_is_refused(
+    supervise: Start, pconn: Conn, dsn: str
+) -> None:
+    sup = supervise(dsn_flag=False, processes=1)
+    (first,) = sup.wait_children(1)
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = f"leasework_no_such_db_{os.getpid()}"
+    sup.write_config({"processes": 2, "dsn": make_conninfo(**params)})
+
+    sup.signal(signal.SIGHUP)
+
+    refused = sup.wait_event("reload_failed")
+    assert "does not exist" in refused["error"]
+    assert not sup.events("config_reloaded")
+    assert sup.children() == [first]  # the running config and its child kept
+    run_id = enqueue(pconn, "hold")
+    _wait_status(pconn, run_id, "succeeded")
+
+    # The same file with the right database is taken.
+    sup.write_config({"processes": 2, "dsn": dsn})
+    sup.signal(signal.SIGHUP)
+    sup.wait_event("config_reloaded")
+    assert len(sup.wait_children(2)) == 2
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+
+
 def test_max_jobs_per_child_recycles_children(supervise: Start, pconn: Conn) -> None:
     runs = [enqueue(pconn, "hold") for _ in range(6)]
     sup = supervise(processes=1, max_jobs_per_child=2, runs_limit=1)

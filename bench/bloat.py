@@ -9,6 +9,8 @@ minutes, not a quarter of an hour; each job still writes one row and two new ver
 claim and finish, as one at a time does); the maintenance stage prunes succeeded runs older than
 --retention seconds (scaled down from the default 7 days so that pruning runs within the bench).
 Sizes, dead tuples and autovacuum counts are sampled every second and printed over time.
+--results FILE (default $LEASEWORK_BENCH_RESULTS) appends each storage's peak against the bound
+documented in bench/README.md, computed from the run's own runs held, jobs/s and naptime.
 
 By default the bench starts a private cluster (bench/cluster.py: initdb, a free port, a temp
 directory, Postgres' defaults, so autovacuum is on) and runs twice in it: with schema.sql's
@@ -31,7 +33,7 @@ from typing import Any
 
 import psycopg
 from cluster import private_server
-from common import bench_database, drop_database, print_table
+from common import bench_database, drop_database, print_table, record, results_arg
 
 from leasework import App, Config, db
 from leasework.workers.worker import Worker
@@ -99,6 +101,7 @@ class Result:
     autovacuum: str = ""
     reloptions: str = ""
     version: str = ""
+    naptime: float = 60.0
 
 
 def sample(conn: psycopg.Connection[Any], start: float) -> tuple[float, ...]:
@@ -172,6 +175,11 @@ def run(admin_dsn: str, storage: str, jobs: int, retention: float, rate: float) 
             res.done.append(jobs)
             res.autovacuum = str(conn.execute("SHOW autovacuum").fetchone()[0])  # type: ignore[index]
             res.version = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+            res.naptime = float(
+                conn.execute(
+                    "SELECT setting FROM pg_settings WHERE name = 'autovacuum_naptime'"
+                ).fetchone()[0]  # type: ignore[index]
+            )
             res.reloptions = str(
                 conn.execute(
                     "SELECT reloptions FROM pg_class WHERE oid = 'leasework.runs'::regclass"
@@ -226,6 +234,36 @@ def summary(results: list[Result]) -> None:
     )  # fmt: skip
 
 
+# bench/README.md's bound: ~290 bytes per tuple version, live or dead (table and indexes), for the
+# runs held plus two dead versions per job over a naptime and a vacuum (~40 s).
+BYTES_PER_VERSION, VACUUM_S = 290, 40
+
+
+def record_bound(results_file: str | None, r: Result, short: bool) -> None:
+    peak = max(s[TOTAL] for s in r.samples)
+    held = max(s[ROWS] for s in r.samples)
+    rate = r.jobs / r.drained
+    bound = BYTES_PER_VERSION * (held + 2 * rate * (r.naptime + VACUUM_S))
+    vacuumed = [s for s in r.samples if s[AUTOVAC] >= 1]
+    if vacuumed:
+        first = vacuumed[0]
+        plateau = (
+            f"first autovacuum by {first[T]:.0f} s at {mib(first[TOTAL])} MiB, end"
+            f" {mib(r.samples[-1][TOTAL])} MiB, {r.samples[-1][AUTOVAC]:.0f} autovacuums"
+        )
+    else:
+        plateau = "no autovacuum ran: the plateau was not reached, the bound not tested"
+    record(
+        results_file, 8,
+        f"runs + indexes, peak, {r.jobs:,} jobs, storage {r.storage}", peak / 2**20, "MiB",
+        baseline=bound / 2**20, baseline_label="documented bound", ratio=peak / bound,
+        target_text="≤ the documented bound", met=peak <= bound if vacuumed else None,
+        short=short,
+        notes=f"bound {BYTES_PER_VERSION} B x ({held:,.0f} runs held + 2 x {rate:,.0f} jobs/s"
+        f" x ({r.naptime:g} s naptime + {VACUUM_S} s)); {plateau}",
+    )  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -240,6 +278,7 @@ def main() -> None:
     ap.add_argument("--storage", choices=["both", "schema", "default"], default="both")
     ap.add_argument("--rows", type=int, default=15, help="rows of each size-over-time table")
     ap.add_argument("--quick", action="store_true", help="200,000 jobs, retention 20 s")
+    results_arg(ap)
     args = ap.parse_args()
     if args.quick:
         args.jobs, args.retention = min(args.jobs, 200_000), min(args.retention, 20.0)
@@ -253,6 +292,8 @@ def main() -> None:
             results.append(run(admin, s, args.jobs, args.retention, args.rate))
             report(results[-1], args.rows)
     summary(results)
+    for r in results:
+        record_bound(args.results, r, args.jobs < 1_000_000)
 
 
 if __name__ == "__main__":

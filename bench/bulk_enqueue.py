@@ -14,7 +14,16 @@ from typing import Any
 
 import orjson
 import psycopg
-from common import DEFAULT_DSN, bench_database, drop_database, med, print_table, spread
+from common import (
+    DEFAULT_DSN,
+    bench_database,
+    drop_database,
+    med,
+    print_table,
+    record,
+    results_arg,
+    spread,
+)
 
 from leasework import App, db
 
@@ -80,6 +89,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="20,000 jobs, 2 runs")
+    results_arg(ap)
     args = ap.parse_args()
     if args.quick:
         args.jobs, args.repeat = min(args.jobs, 20_000), min(args.repeat, 2)
@@ -105,6 +115,14 @@ def main() -> None:
         [label, f"{med(v):,.0f}", spread(v), f"{med(v) / base:.2f}"] for label, v in res.items()
     ]
     print_table(["method", "jobs/s (median)", "range", "x raw COPY"], rows)
+    for label in ("enqueue_many (COPY)", "enqueue_many with keys (unnest)"):
+        v = med(res[label])
+        record(
+            args.results, 5, f"{label}, {args.jobs:,} jobs, {args.repeat} runs", v, "jobs/s",
+            baseline=base, baseline_label="raw COPY (ceiling)", ratio=v / base,
+            target_text="context (vs PGQueuer: peers.py)", short=args.quick,
+            notes=f"{label}: ranges {spread(res[label])}, raw COPY {spread(res['raw COPY'])}",
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

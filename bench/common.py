@@ -1,10 +1,17 @@
 """Shared bits of the benchmark scripts: a private database per script, medians and ranges, and
-one table format. Benchmarks print figures; none of them asserts a timing."""
+one table format, and the results channel (`--results FILE`: one JSON object per figure, read by
+bench/summary.py). Benchmarks print figures; none of them asserts a timing. Only the standard
+library and psycopg here: bench/peers.py imports this in the peers' virtualenv."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
+import sys
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -48,3 +55,51 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(cells).rstrip())
         if j == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def results_arg(ap: argparse.ArgumentParser) -> None:
+    """--results FILE, default $LEASEWORK_BENCH_RESULTS (unset or empty: no results file)."""
+    ap.add_argument(
+        "--results",
+        metavar="FILE",
+        default=os.environ.get("LEASEWORK_BENCH_RESULTS") or None,
+        help="append one JSON line per figure to FILE (default: $LEASEWORK_BENCH_RESULTS)",
+    )
+
+
+def record(
+    results: str | None,
+    target: int,
+    label: str,
+    value: float,
+    unit: str,
+    *,
+    baseline: float | None = None,
+    baseline_label: str = "",
+    ratio: float | None = None,
+    target_text: str = "",
+    met: bool | None = None,
+    notes: str = "",
+    short: bool = False,
+) -> None:
+    """Append one figure to `results` (nothing when None). `target` is issue 7's target number,
+    `baseline` the raw loop's or the peer's figure from the same invocation, `met` None where no
+    verdict applies, `short` True for a reduced size (--quick, or a short version of a target)."""
+    if not results:
+        return
+    row: dict[str, Any] = {
+        "script": os.path.basename(sys.argv[0]),
+        "target": target,
+        "label": label,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_label": baseline_label,
+        "ratio": ratio,
+        "target_text": target_text,
+        "met": met,
+        "notes": notes,
+        "short": short,
+    }
+    with open(results, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, ensure_ascii=False) + "\n")

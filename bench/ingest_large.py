@@ -18,7 +18,12 @@ rate; it is labelled in the output.
 --kill-after S: a forked child runs the worker and is killed with SIGKILL after S seconds; its
 leases are expired as the supervisor's fast release does, and this process resumes the run.
 Printed: chunks the child had embedded, chunks committed (processed_units) when it died, and so
-how many the resume redoes (the target: at most one batch, 200).
+how many the resume redoes (the target: at most one batch, 200), and the killed child's peak RSS
+beside this process's.
+
+--results FILE (default $LEASEWORK_BENCH_RESULTS) appends the figures for bench/summary.py
+(issue 7, target 7: peak RSS ≤ 150 MB and ≤ 200 chunks redone for a 1 GiB file; a smaller file
+is recorded as a short run).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from common import record, results_arg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -94,6 +100,7 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--embedder", choices=["hashing", "stub"], default="hashing")
     ap.add_argument("--kill-after", type=float, default=None, metavar="SECONDS")
+    results_arg(ap)
     args = ap.parse_args()
 
     name = f"leasework_bench_{secrets.token_hex(3)}"
@@ -102,7 +109,7 @@ def main() -> None:
     dsn = make_conninfo(**{**conninfo_to_dict(args.dsn), "dbname": name})
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            run(dsn, Path(tmp), args.mb, args.dim, args.embedder, args.kill_after)
+            run(dsn, Path(tmp), args.mb, args.dim, args.embedder, args.kill_after, args.results)
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as admin:
             admin.execute(
@@ -125,7 +132,13 @@ def drain(app: App, cfg: Config, worker_id: str | None = None) -> None:
 
 
 def run(
-    dsn: str, tmp: Path, megabytes: float, dim: int, embedder: str, kill_after: float | None
+    dsn: str,
+    tmp: Path,
+    megabytes: float,
+    dim: int,
+    embedder: str,
+    kill_after: float | None,
+    results: str | None = None,
 ) -> None:
     # The default caps (512 MiB, 200,000 chunks) refuse or truncate a larger file: raised here so
     # that every byte is chunked and embedded.
@@ -158,6 +171,8 @@ def run(
             assert child.pid is not None
             os.kill(child.pid, signal.SIGKILL)
             child.join()
+            # The killed child's high-water mark (the largest waited-for child's).
+            child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
             embedded_before = int(counter.value)
             committed = conn.execute(
                 "SELECT processed_units FROM leasework.runs WHERE key = %s", (key,)
@@ -179,8 +194,11 @@ def run(
         f"wall time       {elapsed:.1f} s ({size / (1 << 20) / elapsed:.2f} MiB/s, "
         f"{(processed or 0) / elapsed:.0f} chunks/s){label}"
     )
-    print(f"peak RSS        {peak_rss_mb():.0f} MiB (before the ingest: {base:.0f} MiB)")
+    peak = peak_rss_mb()
+    killed = f", the killed child's {child_peak:.0f} MiB" if kill_after is not None else ""
+    print(f"peak RSS        {peak:.0f} MiB (before the ingest: {base:.0f} MiB{killed})")
     if kill_after is not None:
+        peak = max(peak, child_peak)
         resumed = int(counter.value)
         redone = embedded_before - committed
         print(
@@ -188,6 +206,22 @@ def run(
             f" {committed:,} committed; the resume embedded {resumed:,}"
             f" ({(processed or 0) - committed:,} left): redone {redone:,} chunks"
         )
+    mib = size / (1 << 20)
+    short = size < 10**9  # the target is for a 1 GB file
+    what = f"ingest {mib:,.0f} MiB ({embedder} embedder)"
+    record(
+        results, 7, f"{what}: peak RSS", peak, "MiB", target_text="≤ 150 MB (143 MiB)",
+        met=peak * 2**20 <= 150e6 and status == "succeeded", short=short,
+        notes=f"run {status}, {processed or 0:,}/{total or 0:,} chunks; before the ingest {base:.0f}"
+        f" MiB" + ("; the larger of the resuming process's and the killed child's" if killed else ""),
+    )  # fmt: skip
+    if kill_after is not None:
+        record(
+            results, 7, f"{what}: redone after kill -9 at {kill_after:g} s", redone,
+            "chunks", target_text="≤ 200", met=redone <= 200 and status == "succeeded",
+            short=short,
+            notes=f"embedded {embedded_before:,}, committed {committed:,} when killed",
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

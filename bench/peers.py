@@ -33,7 +33,16 @@ import bulk_enqueue
 import procrastinate  # type: ignore[import-not-found]
 import psycopg
 import uvloop  # type: ignore[import-not-found]
-from common import DEFAULT_DSN, bench_database, drop_database, med, print_table, spread
+from common import (
+    DEFAULT_DSN,
+    bench_database,
+    drop_database,
+    med,
+    print_table,
+    record,
+    results_arg,
+    spread,
+)
 from pgqueuer import AsyncpgDriver, Queries, QueueManager  # type: ignore[import-not-found]
 from pgqueuer.models import Job  # type: ignore[import-not-found]
 from pgqueuer.types import QueueExecutionMode  # type: ignore[import-not-found]
@@ -253,7 +262,9 @@ BULK = {
 }
 
 
-def bulk_section(dsn: str, jobs: int, repeat: int) -> None:
+def bulk_section(
+    dsn: str, jobs: int, repeat: int, results_file: str | None = None, short: bool = False
+) -> None:
     results: dict[str, list[float]] = {label: [] for label in BULK}
     for _ in range(repeat):  # interleaved, as above
         for label, fn in BULK.items():
@@ -271,6 +282,15 @@ def bulk_section(dsn: str, jobs: int, repeat: int) -> None:
             [label, f"{m:,.0f}", spread(values), f"{m / raw:.2f}", f"{m / pgq:.2f}", target]
         )
     print_table(["method", "jobs/s (median)", "range", "x raw COPY", "x PGQueuer", "target"], rows)
+    pgq_label = f"PGQueuer enqueue, lists of {BULK_CHUNK:,}"
+    lw = results["leasework enqueue_many (COPY)"]
+    record(
+        results_file, 5, f"enqueue_many (COPY), {jobs:,} jobs, {repeat} runs", med(lw), "jobs/s",
+        baseline=pgq, baseline_label=pgq_label, ratio=med(lw) / pgq,
+        target_text="≥ 1.0 x PGQueuer", met=med(lw) / pgq >= 1.0, short=short,
+        notes=f"ranges: leasework {spread(lw)}, PGQueuer {spread(results[pgq_label])};"
+        f" x raw COPY {med(lw) / raw:.2f}",
+    )  # fmt: skip
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -309,6 +329,7 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="5,000 jobs, 20,000 for bulk enqueue, 2 repeats"
     )
+    results_arg(ap)
     args = ap.parse_args()
     if args.quick:
         args.jobs, args.repeat = min(args.jobs, 5000), min(args.repeat, 2)
@@ -321,7 +342,7 @@ def main() -> None:
         if args.bulk_jobs:
             if not args.skip_throughput:
                 print()
-            bulk_section(dsn, args.bulk_jobs, args.repeat)
+            bulk_section(dsn, args.bulk_jobs, args.repeat, args.results, args.quick)
     finally:
         drop_database(args.dsn, name)
 
@@ -361,6 +382,25 @@ def throughput_section(dsn: str, args: argparse.Namespace) -> None:
         ["system", "jobs/s (median)", "range", "x raw 1-at-a-time", "x raw batched", "target"],
         rows,
     )
+    scale = f"{args.jobs:,} jobs, {args.procs} procs, {args.repeat} runs"
+    lw1, lwb = results["leasework one-at-a-time"], results[f"leasework batch={b}"]
+    pgq_label = f"PGQueuer asyncpg, batch {b}"
+    record(
+        args.results, 1, f"one-at-a-time ({scale})", med(lw1), "jobs/s",
+        baseline=one, baseline_label="raw one-at-a-time loop", ratio=med(lw1) / one,
+        target_text="≥ 0.80 x raw", met=med(lw1) / one >= 0.8, short=args.quick,
+        notes=f"ranges: leasework {spread(lw1)}, raw {spread(results['raw one-at-a-time'])}",
+    )  # fmt: skip
+    for key, base, limit, short_name in [
+        (f"raw batched ({b})", batched, 0.4, "raw batched"),
+        (pgq_label, pgq, 1.2, "PGQueuer"),
+    ]:
+        record(
+            args.results, 2, f"batch={b} ({scale})", med(lwb), "jobs/s",
+            baseline=base, baseline_label=key, ratio=med(lwb) / base,
+            target_text=f"≥ {limit:.2f} x {short_name}", met=med(lwb) / base >= limit,
+            short=args.quick, notes=f"ranges: leasework {spread(lwb)}, {key} {spread(results[key])}",
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,7 +18,16 @@ import time
 from typing import Any
 
 import psycopg
-from common import DEFAULT_DSN, bench_database, drop_database, med, print_table, spread
+from common import (
+    DEFAULT_DSN,
+    bench_database,
+    drop_database,
+    med,
+    print_table,
+    record,
+    results_arg,
+    spread,
+)
 
 from leasework import App, Config, db
 from leasework.workers.worker import Worker
@@ -118,6 +127,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--gap", type=float, default=0.02, help="seconds between enqueues")
     ap.add_argument("--quick", action="store_true", help="60 samples, 2 repeats")
+    results_arg(ap)
     args = ap.parse_args()
     if args.quick:
         args.samples, args.repeat = min(args.samples, 60), min(args.repeat, 2)
@@ -149,6 +159,16 @@ def main() -> None:
             ]
         )
     print_table(["system", "p50", "range", "p95", "range", "x raw (p50/p95)", "target"], rows)
+    scale = f"{args.samples} jobs, {args.repeat} runs"
+    for i, (q, base, limit) in enumerate([("p50", base50, 1.5), ("p95", base95, 2.0)]):
+        lw = [p[i] for p in res["leasework"]]
+        record(
+            args.results, 3, f"pickup latency {q} ({scale})", med(lw), "ms",
+            baseline=base, baseline_label=f"raw LISTEN/NOTIFY {q}", ratio=med(lw) / base,
+            target_text=f"≤ {limit:.1f} x raw", met=med(lw) / base <= limit, short=args.quick,
+            notes=f"{q} ranges: leasework {spread(lw, '.2f')},"
+            f" raw {spread([p[i] for p in res['raw']], '.2f')} ms",
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

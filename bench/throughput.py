@@ -18,7 +18,16 @@ from functools import partial
 from typing import Any
 
 import psycopg
-from common import DEFAULT_DSN, bench_database, drop_database, med, print_table, spread
+from common import (
+    DEFAULT_DSN,
+    bench_database,
+    drop_database,
+    med,
+    print_table,
+    record,
+    results_arg,
+    spread,
+)
 
 from leasework import App, Config, db
 from leasework.workers.worker import Worker
@@ -175,6 +184,7 @@ def main() -> None:
         "--batch", type=int, default=100, help="also raw and leasework batched by N (0: not)"
     )
     ap.add_argument("--quick", action="store_true", help="5,000 jobs, 2 repeats")
+    results_arg(ap)
     args = ap.parse_args()
     if args.quick:
         args.jobs, args.repeat = min(args.jobs, 5000), min(args.repeat, 2)
@@ -209,6 +219,22 @@ def main() -> None:
             ratio += f" ({med(values) / med(results[raw_batched]):.2f} x batched)"
         rows.append([label, f"{med(values):,.0f}", spread(values), ratio, target])
     print_table(["system", "jobs/s (median)", "range", "x raw", "target"], rows)
+    scale = f"{args.jobs:,} jobs, {args.procs} procs, {args.repeat} runs"
+    lw = results["leasework one-at-a-time"]
+    record(
+        args.results, 1, f"one-at-a-time ({scale})", med(lw), "jobs/s",
+        baseline=base, baseline_label="raw one-at-a-time loop", ratio=med(lw) / base,
+        target_text="≥ 0.80 x raw", met=med(lw) / base >= 0.8, short=args.quick,
+        notes=f"ranges: leasework {spread(lw)}, raw {spread(results['raw one-at-a-time'])}",
+    )  # fmt: skip
+    if args.batch:
+        lwb, rawb = results[lw_batched], results[raw_batched]
+        record(
+            args.results, 2, f"batch={args.batch} ({scale})", med(lwb), "jobs/s",
+            baseline=med(rawb), baseline_label=raw_batched, ratio=med(lwb) / med(rawb),
+            target_text="≥ 0.40 x raw batched", met=med(lwb) / med(rawb) >= 0.4,
+            short=args.quick, notes=f"ranges: leasework {spread(lwb)}, raw {spread(rawb)}",
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

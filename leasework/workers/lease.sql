@@ -145,10 +145,11 @@ UPDATE leasework.runs r
    AND CASE WHEN %(finishing)s::bigint IS NULL
             THEN set_config('synchronous_commit', 'off', true)
             ELSE 'on' END IS NOT NULL
-RETURNING r.id, r.kind, r.key, r.tenant, r."group", r.exclusive, r.priority, r.payload, r.result,
-          r.attempts, r.max_attempts, r.lease_owner, r.lease_expires_at, r.lease_seconds,
-          r.timeout_seconds, r.processed_units, r.total_units, r.created_at, r.queued_at,
-          r.started_at
+-- Unqualified: the statement has no FROM, so these are the claimed row's new values (and the
+-- shorter text keeps finish_and_claim within psycopg's parse cache, see queries.load).
+RETURNING id, kind, key, tenant, "group", exclusive, priority, payload, result, attempts,
+          max_attempts, lease_owner, lease_expires_at, lease_seconds, timeout_seconds,
+          processed_units, total_units, created_at, queued_at, started_at
 
 -- name: settle_runs
 -- The poll's bookkeeping, bounded by %(limit)s, in one round trip (no reaper process):

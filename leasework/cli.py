@@ -447,6 +447,7 @@ def _render_connections(rows: list[dict[str, Any]]) -> str:
 
 def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     from .stages.schedule import list_schedules
+    from .status import duration
 
     with db.connect(cfg.dsn) as conn:
         db.check_schema(conn)
@@ -456,6 +457,8 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
         sys.stdout.write(orjson.dumps(plain, option=orjson.OPT_INDENT_2).decode() + "\n")
         return EXIT_OK
     out = [f"{'name':<24} {'schedule':<28} {'next run (UTC)':<19}  last run"]
+    # Workers enqueue a due schedule within a poll; past this, no running worker has the task.
+    stale_after = max(60.0, 3 * cfg.poll_interval)
     for r in rows:
         spec = (
             f"every {r['every_seconds']:g}s"
@@ -464,7 +467,13 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
         )
         nxt = r["next_run_at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
         last = f"#{r['last_run_id']} {r['last_run_status']}" if r["last_run_id"] else "-"
-        out.append(f"{r['name'][:24]:<24} {spec[:28]:<28} {nxt:<19}  {last}")
+        line = f"{r['name'][:24]:<24} {spec[:28]:<28} {nxt:<19}  {last}"
+        if r["overdue_seconds"] > stale_after:
+            line += (
+                f"  (overdue {duration(r['overdue_seconds'])}: no running worker has this task;"
+                " removed from the code, or its workers are down)"
+            )
+        out.append(line)
     sys.stdout.write("\n".join(out) + "\n")
     return EXIT_OK
 

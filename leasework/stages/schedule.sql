@@ -70,8 +70,12 @@ UPDATE leasework.schedules
  WHERE name = %(name)s
 
 -- name: list_schedules
+-- overdue_seconds: how long past its next_run_at a schedule is. Any running worker whose app has
+-- the task enqueues it within a poll; one overdue for long is a task no running worker has (its
+-- workers are down, or it was removed from the code: the row then stays, and is never enqueued).
 SELECT s.name, s.kind, s.every_seconds, s.cron, s.timezone, s.next_run_at, s.last_enqueued_at,
-       s.last_run_id, r.status AS last_run_status
+       s.last_run_id, r.status AS last_run_status,
+       greatest(extract(epoch FROM leasework.now() - s.next_run_at), 0)::float8 AS overdue_seconds
   FROM leasework.schedules s
   LEFT JOIN leasework.runs r ON r.id = s.last_run_id
  ORDER BY s.next_run_at, s.name

@@ -104,6 +104,11 @@ def test_disconnect_and_schedules(
         return None
 
     make_worker(app).poll()
+    # A periodic task since removed from the code: its row stays, overdue, and is never enqueued.
+    conn.execute(
+        "INSERT INTO leasework.schedules (name, kind, every_seconds, next_run_at)"
+        " VALUES ('gone', 'gone', 60, leasework.now() - interval '2 hours')"
+    )
     code, out, _ = run(capsys, dsn, "schedules")
     assert code == 0
     lines = out.splitlines()
@@ -111,5 +116,10 @@ def test_disconnect_and_schedules(
     assert any(
         line.startswith("tick") and "every 300s" in line and "succeeded" in line for line in lines
     )
+    (gone,) = [line for line in lines if line.startswith("gone")]
+    assert "overdue 2h00m: no running worker has this task" in gone
+    assert not any("overdue" in line for line in lines if not line.startswith("gone"))
     code, out, _ = run(capsys, dsn, "schedules", "--json")
-    assert {s["name"] for s in orjson.loads(out)} == {"nightly", "tick"}
+    listed = {s["name"]: s for s in orjson.loads(out)}
+    assert set(listed) == {"nightly", "tick", "gone"}
+    assert listed["gone"]["overdue_seconds"] >= 7200 and listed["tick"]["overdue_seconds"] == 0

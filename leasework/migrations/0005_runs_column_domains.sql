@@ -1,15 +1,12 @@
--- Migration 0005: the single-column rules of leasework.runs move from table CHECKs to domains,
--- checked only where a value is written (why: schema.sql, above the table). The two CHECKs that
--- relate columns (running <=> lease set, terminal <=> finished_at set) stay. Changing a column to
--- a domain over its own type rewrites nothing; Postgres checks the existing rows against the
--- domain and rebuilds the indexes on the changed columns. Idempotent.
+-- Migration 0005: the single-column rules of leasework.runs on numbers move from table CHECKs to
+-- domains, checked only where a value is written (why: schema.sql, above the table). The two
+-- CHECKs that relate columns (running <=> lease set, terminal <=> finished_at set) stay, and so
+-- does the status rule: older workers bind one untyped parameter to `status` and to a text
+-- argument, which a domain column would make ambiguous during a rolling upgrade. Changing a
+-- column to a domain over its own type rewrites nothing; Postgres checks the existing rows
+-- against the domain and rebuilds the indexes on the changed columns. Idempotent.
 DO $$
 BEGIN
-    IF to_regtype('leasework.run_status') IS NULL THEN
-        CREATE DOMAIN leasework.run_status AS text CONSTRAINT run_status_valid
-            CHECK (VALUE IN ('waiting', 'queued', 'running', 'succeeded', 'partial', 'failed',
-                             'cancelled'));
-    END IF;
     IF to_regtype('leasework.attempt_count') IS NULL THEN
         CREATE DOMAIN leasework.attempt_count AS integer CONSTRAINT attempt_count_valid
             CHECK (VALUE >= 0);
@@ -29,12 +26,10 @@ END
 $$;
 
 ALTER TABLE leasework.runs
-    DROP CONSTRAINT IF EXISTS runs_status_valid,
     DROP CONSTRAINT IF EXISTS runs_attempts_valid,
     DROP CONSTRAINT IF EXISTS runs_units_valid,
     DROP CONSTRAINT IF EXISTS runs_lease_positive,
     DROP CONSTRAINT IF EXISTS runs_timeout_positive,
-    ALTER COLUMN status TYPE leasework.run_status,
     ALTER COLUMN attempts TYPE leasework.attempt_count,
     ALTER COLUMN max_attempts TYPE leasework.max_attempts,
     ALTER COLUMN processed_units TYPE leasework.units,

@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo chaos clean bench bench-quick bench-long bench-peers
+.PHONY: test lint demo chaos clean bench bench-quick bench-long bench-peers compat
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -68,6 +68,18 @@ bench-peers:
 
 bench-quick:
 	$(MAKE) bench BENCH_FLAGS=--quick BENCH_INGEST='--mb 32 --embedder stub --kill-after 4'
+
+# Rolling upgrades: the previous release's workers must keep running on the new schema. `make
+# compat PREV=<git rev of that release>` runs its db and unit tests (its own code and SQL) against
+# this schema.sql and these migrations, in a temporary worktree (.compat, removed afterwards).
+compat: $(STAMP)
+	@test -n "$(PREV)" || { echo "make compat: set PREV=<git rev of the previous release>" >&2; exit 2; }
+	@rm -rf .compat; git worktree prune; git worktree add -q --detach .compat $(PREV)
+	@cp schema.sql .compat/schema.sql; cp leasework/migrations/*.sql .compat/leasework/migrations/
+	@cd .compat && PYTHONPATH=$(CURDIR)/.compat $(CURDIR)/$(VENV)/bin/python -m pytest -q \
+		-m 'not chaos' -p no:cacheprovider tests/db tests/unit \
+		--deselect tests/db/test_migrations.py; \
+		status=$$?; cd $(CURDIR); git worktree remove --force .compat; exit $$status
 
 clean:
 	rm -rf $(VENV) bench/.venv-peers bench/.results*.jsonl .pytest_cache .mypy_cache .ruff_cache

@@ -159,6 +159,7 @@ class Context:
             self._guard(now, exc)
             return
         self._last_control = now
+        self._worker.drain_notifies()
         if expires is None:
             self._lost("renewal matched no row")
         else:
@@ -171,6 +172,7 @@ class Context:
             self._guard(now, exc)
             return
         self._last_control = now
+        self._worker.drain_notifies()
         if state == "lost":
             self._lost("control query matched no row")
         elif state == "cancelled":

@@ -69,6 +69,9 @@ class Worker:
         self._stop_at: float | None = None  # monotonic time the current job must be aborted by
         self._draining = False  # stop claiming, but let the job in hand finish with no deadline
         self._listening = False
+        # Payloads of the NOTIFYs received since the run loop last looked (a task kind, or
+        # `upload`): at most one entry per kind, however many enqueues sent them.
+        self._woken: set[str] = set()
         self._idle_until: dict[str, float] = {}  # stage name -> monotonic time to ask it again
         # A standalone worker keeps its own row in the workers table; under the supervisor the
         # parent writes the rows instead (register=False).
@@ -185,6 +188,7 @@ class Worker:
                 self._idle_until.pop(stage.name, None)
             else:
                 self._idle_until[stage.name] = now + self.config.poll_interval
+        self.drain_notifies()
         self.beat(None)
         return done
 
@@ -208,9 +212,12 @@ class Worker:
                     break
                 skip_idle = found > 0
                 if found == 0 and self.running:
-                    # Woken by a NOTIFY naming a kind: ask its stage at once and leave the stages
-                    # polled a moment ago for their next turn (pickup latency, bench/README.md).
-                    stage = self.stage_for(self.idle_wait(self.config.poll_interval))
+                    woken = self.idle_wait(self.config.poll_interval)
+                else:
+                    woken, self._woken = self._woken, set()
+                # Woken by a NOTIFY naming a kind: ask its stage at once and leave the stages
+                # polled a moment ago for their next turn (pickup latency, bench/README.md).
+                for stage in {self.stage_for(p) for p in woken}:
                     if stage is not None:
                         self._idle_until.pop(stage, None)
                         skip_idle = True
@@ -228,23 +235,49 @@ class Worker:
         task = self.app.tasks.get(payload)
         return task.stage if task is not None else None
 
-    def idle_wait(self, seconds: float) -> str | None:
-        """Sleep up to `seconds`, returning early on a NOTIFY (its payload). Re-LISTENs after a
-        reconnect."""
+    def drain_notifies(self) -> None:
+        """Move the NOTIFYs psycopg kept while the control connection was busy (it holds every
+        one it reads during a claim, a renewal or a control query) into `_woken`, one entry per
+        kind. Called after each poll and each renewal or control query: a busy worker under a
+        steady stream of enqueues would otherwise hold one object per enqueue until it next
+        slept, and then wake once for each."""
+        conn = self._control
+        if conn is None or not self._listening or conn.closed or conn.broken:
+            return
+        try:
+            for note in conn.notifies(timeout=0):
+                self._woken.add(note.payload)
+        except psycopg.Error as exc:
+            log.event(
+                "listen_failed", level=30, error=str(exc).splitlines()[0] if str(exc) else repr(exc)
+            )
+            self.drop_control_conn()
+
+    def idle_wait(self, seconds: float) -> set[str]:
+        """The payloads of the NOTIFYs received since the last call (a task kind, or `upload`),
+        waiting up to `seconds` for one when there are none yet; empty on a timeout.
+        Re-LISTENs after a reconnect."""
+        if not self._woken:
+            self._wait_for_notify(seconds)
+        woken, self._woken = self._woken, set()
+        return woken
+
+    def _wait_for_notify(self, seconds: float) -> None:
         try:
             conn = self.control_conn()
             if not self._listening:
                 conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
                 self._listening = True
+            # Consumed to the end: with stop_after=1 psycopg still yields the rest of the packet
+            # that brought the first one, which would otherwise be lost.
             for note in conn.notifies(timeout=seconds, stop_after=1):
-                return note.payload
+                self._woken.add(note.payload)
         except psycopg.Error as exc:
             log.event(
                 "listen_failed", level=30, error=str(exc).splitlines()[0] if str(exc) else repr(exc)
             )
             self.drop_control_conn()
             time.sleep(min(seconds, 1.0))
-        return None
 
     def stop(self, graceful: bool = True, now: float | None = None) -> None:
         """Stop claiming. Graceful: the current job gets `graceful_timeout` to finish, then its

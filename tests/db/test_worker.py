@@ -598,6 +598,60 @@ def test_listen_is_re_established_after_a_reconnect(
     wait_for(lambda: get_run(conn, run_id)["status"] == "succeeded", timeout=10)
 
 
+def test_notifies_received_while_busy_wake_an_idle_worker_once(
+    conn: Conn, dsn: str, make_worker: MakeWorker
+) -> None:
+    """psycopg keeps every NOTIFY its connection reads during other statements. A worker kept
+    busy under a stream of enqueues must not pile them up and then wake once for each."""
+    app = App()
+    app.task("job")(lambda ctx, payload: None)
+    worker = make_worker(app)
+    assert worker.idle_wait(0.01) == set()  # listening now
+    with psycopg.connect(dsn, autocommit=True) as other:
+        for i in range(500):
+            other.execute("SELECT pg_notify('leasework', 'job')")  # one transaction each
+            if i % 50 == 0:
+                worker.poll()  # busy: the control connection reads them between statements
+    worker.poll()
+
+    # psycopg's own queue (private, but it is where the memory would go) is emptied by each
+    # poll, not left to grow while the worker stays busy.
+    assert worker._control is not None and not worker._control._notifies_backlog
+    assert worker.idle_wait(5.0) == {"job"}  # at once, all of them as one wake-up
+    assert worker.idle_wait(0.2) == set()  # and nothing left over: this one waited, then timed out
+
+
+def test_notifies_received_during_a_long_job_are_drained_by_its_control_queries(
+    conn: Conn, dsn: str, make_worker: MakeWorker
+) -> None:
+    app = App()
+    holder: list[Worker] = []
+    drained: list[bool] = []
+
+    @app.task("long")
+    def long(ctx: Context, payload: Any) -> None:
+        control = holder[0]._control
+        assert control is not None
+        with psycopg.connect(dsn, autocommit=True) as other:
+            for _ in range(200):
+                other.execute("SELECT pg_notify('leasework', 'long')")
+        # ctx.check() runs a control query every control_interval; each one reads the NOTIFYs
+        # and the worker moves them out of psycopg's queue at once, into one wake-up entry.
+        def moved() -> bool:
+            ctx.check()
+            return "long" in holder[0]._woken and not control._notifies_backlog
+
+        drained.append(wait_for(moved, timeout=5))
+
+    run_id = app.enqueue(conn, "long")
+    worker = make_worker(app, control_interval=0.05)
+    holder.append(worker)
+    assert worker.idle_wait(0.01) == set()  # listening
+    worker.poll()
+    assert drained == [True]
+    assert get_run(conn, run_id)["status"] == "succeeded"
+
+
 def test_drain_stops_claiming_after_the_job_in_hand(conn, make_worker):
     """Recycling a child: no deadline for the job in hand, and no further claim in this poll."""
     app = App()

@@ -235,6 +235,13 @@ class Worker:
         task = self.app.tasks.get(payload)
         return task.stage if task is not None else None
 
+    def _note(self, payload: str) -> None:
+        """Remember a NOTIFY's payload if it names something this worker serves, so `_woken`
+        holds at most one entry per kind whatever is sent on the channel. Any NOTIFY still ends
+        an idle wait (the supervisor's fast release sends one without a kind)."""
+        if self.stage_for(payload) is not None:
+            self._woken.add(payload)
+
     def drain_notifies(self) -> None:
         """Move the NOTIFYs psycopg kept while the control connection was busy (it holds every
         one it reads during a claim, a renewal or a control query) into `_woken`, one entry per
@@ -246,7 +253,7 @@ class Worker:
             return
         try:
             for note in conn.notifies(timeout=0):
-                self._woken.add(note.payload)
+                self._note(note.payload)
         except psycopg.Error as exc:
             log.event(
                 "listen_failed", level=30, error=str(exc).splitlines()[0] if str(exc) else repr(exc)
@@ -271,7 +278,7 @@ class Worker:
             # Consumed to the end: with stop_after=1 psycopg still yields the rest of the packet
             # that brought the first one, which would otherwise be lost.
             for note in conn.notifies(timeout=seconds, stop_after=1):
-                self._woken.add(note.payload)
+                self._note(note.payload)
         except psycopg.Error as exc:
             log.event(
                 "listen_failed", level=30, error=str(exc).splitlines()[0] if str(exc) else repr(exc)

@@ -610,6 +610,7 @@ def test_notifies_received_while_busy_wake_an_idle_worker_once(
     with psycopg.connect(dsn, autocommit=True) as other:
         for i in range(500):
             other.execute("SELECT pg_notify('leasework', 'job')")  # one transaction each
+            other.execute("SELECT pg_notify('leasework', %s)", (f"no-such-kind-{i}",))
             if i % 50 == 0:
                 worker.poll()  # busy: the control connection reads them between statements
     worker.poll()
@@ -617,7 +618,8 @@ def test_notifies_received_while_busy_wake_an_idle_worker_once(
     # psycopg's own queue (private, but it is where the memory would go) is emptied by each
     # poll, not left to grow while the worker stays busy.
     assert worker._control is not None and not worker._control._notifies_backlog
-    assert worker.idle_wait(5.0) == {"job"}  # at once, all of them as one wake-up
+    assert worker.idle_wait(5.0) == {"job"}  # at once, all of them as one wake-up (and only
+    # kinds it serves: 500 distinct payloads from anyone on the channel take no room)
     assert worker.idle_wait(0.2) == set()  # and nothing left over: this one waited, then timed out
 
 

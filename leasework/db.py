@@ -15,7 +15,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from .errors import ConfigError, LeaseworkError, SchemaMissing
-from .log import redact_dsn
+from .log import first_line, redact_dsn
 
 NOTIFY_CHANNEL = "leasework"
 _MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -50,7 +50,7 @@ def connect(
     except psycopg.ProgrammingError as exc:  # a malformed DSN
         raise ConfigError(f"dsn is not a valid connection string: {redact_dsn(str(exc))}") from None
     except psycopg.OperationalError as exc:
-        first = redact_dsn(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+        first = first_line(exc)
         if is_refusal(str(exc)):
             raise ConfigError(f"the database refused the connection: {first}") from None
         raise DatabaseUnavailable(f"cannot connect to the database: {first}") from exc
@@ -151,7 +151,7 @@ def apply_migrations(conn: psycopg.Connection[Any], todo: list[Migration]) -> No
         try:
             conn.execute(mig.sql.encode())
         except psycopg.Error as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            first = first_line(exc)
             raise LeaseworkError(
                 f"migration {mig.version:04d}_{mig.name} failed, nothing was applied: {first}"
             ) from exc

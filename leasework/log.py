@@ -26,6 +26,13 @@ def redact_dsn(text: str) -> str:
     return _PASSWORD_URL.sub(r"\1***\3", text)
 
 
+def first_line(exc: BaseException) -> str:
+    """An error as one log-safe line: its message's first line, DSN passwords redacted; the
+    exception's type when the message is empty."""
+    text = str(exc).strip()
+    return redact_dsn(text.splitlines()[0] if text else type(exc).__name__)
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     """The event's structured fields, with any DSN password in a string value hidden."""
     fields = getattr(record, "fields", None) or {}

@@ -41,8 +41,8 @@ _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\s+|--|/\*|\$")
 def compact(statement: str) -> str:
     """The statement with its whole-line comments removed and every run of whitespace outside
     quotes made one space, or none after `(` and `,` and before `)` and `,`. Quotes are standard
-    SQL ('' inside '...'; leasework's .sql files use no E'' strings). Refuses (ValueError) what it could break: a comment after code on a
-    line, a /* comment */, dollar quoting."""
+    SQL ('' inside '...'; leasework's .sql files use no E'' strings). Refuses (ValueError) what
+    it could break: a comment after code on a line, a /* comment */, dollar quoting."""
 
     def one(m: re.Match[str]) -> str:
         token = m.group()

@@ -166,14 +166,9 @@ class Dashboard:
                 except SchemaMissing as exc:
                     raise Unavailable(str(exc)) from None
                 except psycopg.OperationalError as exc:
-                    raise Unavailable(f"database unavailable: {_line(exc)}") from None
+                    raise Unavailable(f"database unavailable: {log.first_line(exc)}") from None
         finally:
             self._sessions.release()
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return log.redact_dsn(text.splitlines()[0] if text else type(exc).__name__)
 
 
 def _allowed_hosts(host: str, port: int, extra: Iterable[str]) -> frozenset[str] | None:

@@ -46,11 +46,6 @@ class Row:
     run_id: int | None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return log.redact_dsn(text.splitlines()[0] if text else type(exc).__name__)
-
-
 class Ledger:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -81,7 +76,7 @@ class Ledger:
         self._conn = None
 
     def _failed(self, what: str, exc: BaseException, now: float) -> None:
-        log.event("ledger_failed", level=30, action=what, error=_first_line(exc))
+        log.event("ledger_failed", level=30, action=what, error=log.first_line(exc))
         self.close()
         self._retry_at = now + RETRY_AFTER
 

@@ -289,7 +289,7 @@ class Supervisor:
             log.event(
                 "db_unavailable",
                 level=30,
-                error=str(exc).splitlines()[0] if str(exc) else repr(exc),
+                error=log.first_line(exc),
                 retry_in=round(delay, 2),
             )
             return
@@ -529,8 +529,7 @@ class Supervisor:
                 # working children with ones that cannot boot, and halt the host.
                 Ledger(config).check_schema()
         except Exception as exc:  # a bad file or database keeps the running config
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            log.event("reload_failed", level=40, error=log.redact_dsn(first))
+            log.event("reload_failed", level=40, error=log.first_line(exc))
             return
         self.config = config
         self.app = self.app.with_config(config)

@@ -144,7 +144,7 @@ class Context:
         if not is_transient(exc):
             raise exc
         self._worker.drop_control_conn()
-        log.event("lease_check_failed", run_id=self.claim.id, error=str(exc).splitlines()[0])
+        log.event("lease_check_failed", run_id=self.claim.id, error=log.first_line(exc))
         if now - self.last_renewal >= self.claim.lease_seconds * 0.9:
             self._lost("renewal failed until the lease ran out")
 

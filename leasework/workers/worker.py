@@ -109,7 +109,7 @@ class Worker:
             log.event(
                 "heartbeat_failed",
                 level=30,
-                error=str(exc).splitlines()[0] if str(exc) else repr(exc),
+                error=log.first_line(exc),
             )
             self.drop_control_conn()
 
@@ -256,7 +256,7 @@ class Worker:
                 self._note(note.payload)
         except psycopg.Error as exc:
             log.event(
-                "listen_failed", level=30, error=str(exc).splitlines()[0] if str(exc) else repr(exc)
+                "listen_failed", level=30, error=log.first_line(exc)
             )
             self.drop_control_conn()
 
@@ -281,7 +281,7 @@ class Worker:
                 self._note(note.payload)
         except psycopg.Error as exc:
             log.event(
-                "listen_failed", level=30, error=str(exc).splitlines()[0] if str(exc) else repr(exc)
+                "listen_failed", level=30, error=log.first_line(exc)
             )
             self.drop_control_conn()
             time.sleep(min(seconds, 1.0))
@@ -467,17 +467,7 @@ class Worker:
                 time.sleep(0.2 * (attempt + 1))
                 continue
             for claim, _ in done:
-                if claim.id in ok:
-                    log.event(
-                        "run_succeeded", run_id=claim.id, kind=claim.kind, attempt=claim.attempts
-                    )
-                else:
-                    log.event(
-                        "lease_lost",
-                        run_id=claim.id,
-                        owner=str(claim.owner),
-                        action="succeeded matched nothing",
-                    )
+                self._log_sealed(claim, claim.id in ok)
             return ok
         return set()
 
@@ -508,12 +498,18 @@ class Worker:
                 "finish_and_claim_failed",
                 level=30,
                 run_id=claim.id,
-                error=str(exc).splitlines()[0] if str(exc) else repr(exc),
+                error=log.first_line(exc),
             )
             if self._control is not None and self._control.broken:
                 self.drop_control_conn()
             self.finish_success(claim, result)
             return None
+        self._log_sealed(claim, sealed)
+        return [] if nxt is None else [nxt]
+
+    @staticmethod
+    def _log_sealed(claim: Claim, sealed: bool) -> None:
+        """A deferred success written (or matching nothing: the lease was lost meanwhile)."""
         if sealed:
             log.event("run_succeeded", run_id=claim.id, kind=claim.kind, attempt=claim.attempts)
         else:
@@ -523,7 +519,6 @@ class Worker:
                 owner=str(claim.owner),
                 action="succeeded matched nothing",
             )
-        return [] if nxt is None else [nxt]
 
     def _retry(
         self, ctx: Context, after: float | None, error: str, outcome: str, result: Any = None

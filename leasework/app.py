@@ -30,6 +30,11 @@ F = TypeVar("F", bound=Callable[[Context, Any], Any])
 E = TypeVar("E", bound=Embedder)
 Conn = psycopg.Connection[Any]
 
+# A run's attempt is aborted (and retried while attempts remain) after this long unless its task
+# says otherwise: a deadlocked handler would otherwise hold its lease for ever, the keeper
+# renewing it. `@app.task(timeout=None)` turns it off for a task.
+DEFAULT_TIMEOUT = 3600.0
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,200}$")
 _MAX_LABEL = 200
 
@@ -125,7 +130,7 @@ class App:
         *,
         max_attempts: int | None = None,
         lease: float | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
         every: float | None = None,
         cron: str | None = None,
         tz: str = "UTC",
@@ -134,6 +139,9 @@ class App:
         """Register `fn(ctx, payload)` as the handler of `kind`. With `every=` seconds or
         `cron=` (in time zone `tz`) it is also a periodic task: the schedule stage enqueues it
         (key `schedule:{kind}`, one active run at a time, no backlog after downtime).
+
+        `timeout=` seconds per attempt (default DEFAULT_TIMEOUT, one hour; None: none): past it
+        the handler is interrupted and the attempt fails, retried while attempts remain.
 
         `batch=N` (short tasks only): a worker claims up to N runs of this kind in one statement,
         runs them one at a time, each under its own lease, and finishes the successes in one

@@ -21,8 +21,9 @@ from .errors import ConfigError
 ENV_PREFIX = "LEASEWORK_"
 
 
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
+def _doc(text: str, default: str | None = None) -> dict[str, str]:
+    """A field's line in the reference; `default` describes a default derived from others."""
+    return {"doc": text} if default is None else {"doc": text, "default": default}
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,23 @@ class Config:
         default=2.0, metadata=_doc("seconds an idle worker waits between polls")
     )
     lease: float = field(default=120.0, metadata=_doc("lease length in seconds (database time)"))
-    renew_interval: float = field(
-        default=40.0,
-        metadata=_doc("renew the lease after this many seconds (a third of the lease)"),
+    renew_interval: float | None = field(
+        default=None,
+        metadata=_doc("renew the lease after this many seconds; unset: a third of the lease", "lease / 3"),
     )
-    control_interval: float = field(
-        default=2.0, metadata=_doc("seconds between control queries (lost / cancel requested)")
+    control_interval: float | None = field(
+        default=None,
+        metadata=_doc(
+            "seconds between control queries (lost / cancel requested); unset: min(2, lease / 6)",
+            "min(2, lease / 6)",
+        ),
+    )
+    abort_grace: float = field(
+        default=5.0,
+        metadata=_doc(
+            "seconds a handler gets to return once its run is cancelled, timed out, lost or shut "
+            "down, before its process is killed"
+        ),
     )
     heartbeat_interval: float = field(
         default=15.0, metadata=_doc("seconds between worker heartbeats")
@@ -94,13 +106,18 @@ class Config:
         default=True,
         metadata=_doc("kill a child that holds a lease it stopped renewing, or went silent"),
     )
-    watchdog_margin: float = field(
-        default=20.0,
-        metadata=_doc("kill a child that has not renewed its lease for lease minus this many s"),
+    watchdog_margin: float | None = field(
+        default=None,
+        metadata=_doc(
+            "kill a child whose lease was not renewed for lease minus this many s; unset: lease / 6",
+            "lease / 6",
+        ),
     )
     hang_timeout: float = field(
         default=120.0,
-        metadata=_doc("kill a child silent (no poll, no ctx.check()) this many s; 0: never"),
+        metadata=_doc(
+            "kill a child unresponsive this many s (stopped, or a C call holding the GIL); 0: never"
+        ),
     )
     restart_backoff: float = field(
         default=0.1, metadata=_doc("first restart delay in s after a crash; doubles per crash")
@@ -204,6 +221,23 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
+    # The timings derived from the lease unless set: renew at a third, control every 2 s at most,
+    # the watchdog's margin a sixth (the seed's 40 s, 2 s and 20 s for a 120 s lease).
+
+    @property
+    def renew_every(self) -> float:
+        return self.lease / 3 if self.renew_interval is None else self.renew_interval
+
+    @property
+    def control_every(self) -> float:
+        if self.control_interval is not None:
+            return self.control_interval
+        return min(2.0, self.lease / 6, self.renew_every / 2)
+
+    @property
+    def kill_margin(self) -> float:
+        return self.lease / 6 if self.watchdog_margin is None else self.watchdog_margin
+
 
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -227,7 +261,7 @@ def _coerce(name: str, value: Any, where: str) -> Any:
             if not isinstance(value, bool):
                 raise TypeError
             return value
-        if kind == "float":
+        if kind in ("float", "float | None"):
             if isinstance(value, bool):
                 raise TypeError
             number = float(value) if from_env else value
@@ -253,6 +287,7 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         pass
     expected = {
         "float": "a number",
+        "float | None": "a number",
         "int": "an integer",
         "tuple[float, ...]": "a non-empty list of numbers",
         "bool": "true or false",
@@ -273,20 +308,22 @@ def validate(cfg: Config) -> Config:
         "renew_interval",
         "control_interval",
         "heartbeat_interval",
+        "abort_grace",
     ):
-        if getattr(cfg, key) <= 0:
-            raise bad(key, f"must be > 0 seconds, got {getattr(cfg, key)}")
+        value = getattr(cfg, key)
+        if value is not None and value <= 0:
+            raise bad(key, f"must be > 0 seconds, got {value}")
     if cfg.graceful_timeout < 0:
         raise bad("graceful_timeout", f"must be >= 0 seconds, got {cfg.graceful_timeout}")
-    if cfg.renew_interval >= cfg.lease / 2:
+    if cfg.renew_every >= cfg.lease / 2:
         raise bad(
             "renew_interval",
-            f"must be shorter than half the lease ({cfg.lease / 2:g} s), got {cfg.renew_interval:g}",
+            f"must be shorter than half the lease ({cfg.lease / 2:g} s), got {cfg.renew_every:g}",
         )
-    if cfg.control_interval >= cfg.renew_interval:
+    if cfg.control_every >= cfg.renew_every:
         raise bad(
             "control_interval",
-            f"must be shorter than renew_interval ({cfg.renew_interval:g} s), got {cfg.control_interval:g}",
+            f"must be shorter than renew_interval ({cfg.renew_every:g} s), got {cfg.control_every:g}",
         )
     for key in (
         "pool_size",
@@ -363,11 +400,11 @@ def _validate_supervisor(cfg: Config, bad: Any) -> None:
     """The supervisor's knobs (see supervisor/policy.py)."""
     if cfg.max_jobs_per_child < 0:
         raise bad("max_jobs_per_child", f"must be >= 0 (0: never), got {cfg.max_jobs_per_child}")
-    if not 0 <= cfg.watchdog_margin < cfg.lease - cfg.renew_interval:
+    if not 0 <= cfg.kill_margin < cfg.lease - cfg.renew_every:
         raise bad(
             "watchdog_margin",
-            f"must be >= 0 and below lease - renew_interval ({cfg.lease - cfg.renew_interval:g} s), "
-            f"or healthy children would be killed; got {cfg.watchdog_margin:g}",
+            f"must be >= 0 and below lease - renew_interval ({cfg.lease - cfg.renew_every:g} s), "
+            f"or healthy children would be killed; got {cfg.kill_margin:g}",
         )
     if cfg.hang_timeout != 0 and cfg.hang_timeout <= 2 * cfg.poll_interval:
         raise bad(
@@ -443,6 +480,6 @@ def reference() -> str:
     rows = ["| key | default | environment | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(Config):
         doc = f.metadata.get("doc", "").replace("|", "\\|")
-        default = toml_value(f.default)
+        default = f.metadata.get("default") or toml_value(f.default)
         rows.append(f"| `{f.name}` | `{default}` | `{ENV_PREFIX}{f.name.upper()}` | {doc} |")
     return "\n".join(rows) + "\n"

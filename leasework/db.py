@@ -77,6 +77,19 @@ class DatabaseUnavailable(LeaseworkError):
     """The database could not be reached (a transient condition for the supervisor)."""
 
 
+# For connections that must never hang their owner (the supervisor's ledger, a worker's lease
+# keeper): while one waits, leases go unrenewed or unwatched. A write left unacknowledged for a
+# second, or an answer that keepalives show will never come, fails the statement instead.
+HANG_CONNECT_TIMEOUT = 2  # seconds; libpq's minimum
+HANG_GUARD: dict[str, Any] = {
+    "tcp_user_timeout": 1000,  # milliseconds
+    "keepalives": 1,
+    "keepalives_idle": 1,
+    "keepalives_interval": 1,
+    "keepalives_count": 1,
+}
+
+
 def make_pool(dsn: str | None, size: int, name: str) -> ConnectionPool[Any]:
     """A worker's pool for job work: `size` connections, autocommit, opened after fork."""
     pool: ConnectionPool[Any] = ConnectionPool(

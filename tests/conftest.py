@@ -103,12 +103,15 @@ def fast_config(dsn: str, **overrides: Any) -> Config:
 
 @pytest.fixture
 def make_worker(dsn: str, conn: psycopg.Connection[Any]) -> Iterator[Callable[..., Worker]]:
-    """make_worker(app, **config_overrides) -> an opened Worker, closed after the test."""
+    """make_worker(app, keeper_thread=False, **config_overrides) -> an opened Worker, closed
+    after the test. Without its keeper's thread by default: the lease work then happens in
+    ctx.check() only, so a test that moves lease columns is not raced by a background renewal
+    (tests of the keeper itself turn it on)."""
     made: list[Worker] = []
 
-    def factory(app: App, **overrides: Any) -> Worker:
+    def factory(app: App, keeper_thread: bool = False, **overrides: Any) -> Worker:
         cfg = fast_config(dsn, **overrides)
-        worker = Worker(app.with_config(cfg), cfg)
+        worker = Worker(app.with_config(cfg), cfg, keeper_thread=keeper_thread)
         worker.open()
         worker.running = True
         made.append(worker)

@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from types import FrameType
@@ -57,18 +58,25 @@ def set_parent_death_signal(signum: int) -> bool:
 
 
 class Beacon:
-    """The child's end of the liveness pipe, called from `Worker.beat` (after each poll and
-    each ctx.check()). Also where the child notices its parent is gone and recycles itself."""
+    """The child's end of the liveness pipe, called from `Worker.beat` (after each poll, at each
+    claim and each ctx.check()) and from the lease keeper's thread after each of its ticks, so
+    the parent hears about the run from its claim on whether or not the handler cooperates. Also
+    where the child notices its parent is gone and recycles itself. Thread-safe."""
 
     def __init__(self, fd: int, parent_pid: int, max_jobs: int) -> None:
         self.fd = fd
         self.parent_pid = parent_pid
         self.max_jobs = max_jobs
-        self._last: tuple[int | None, float | None] = (None, None)
+        self._last: tuple[object, ...] = ()
         self._sent_at = float("-inf")
         self.orphaned = False
+        self._lock = threading.Lock()
 
     def __call__(self, worker: Worker, ctx: Context | None) -> None:
+        with self._lock:
+            self._beat(worker)
+
+    def _beat(self, worker: Worker) -> None:
         if self.orphaned:
             return
         if os.getppid() != self.parent_pid:
@@ -85,16 +93,26 @@ class Beacon:
             worker.drain()
             log.event("child_recycling", worker=worker.id, jobs=worker.jobs_done)
         now = time.monotonic()
-        state = (ctx.claim.id, ctx.last_renewal) if ctx is not None else (None, None)
+        held = worker.keeper.executing()
+        if held is None:
+            beat = Beat(t=now, run_id=None, renewed=None, lease=None, jobs=worker.jobs_done)
+        else:
+            claim, reason = held.claim, held.signal.reason
+            beat = Beat(
+                t=now,
+                run_id=claim.id,
+                renewed=held.renewed,
+                lease=claim.lease_seconds,
+                jobs=worker.jobs_done,
+                owner=str(claim.owner),
+                attempt=claim.attempts,
+                timeout_at=held.deadline,
+                abort=reason,
+                abort_at=None if reason is None else (held.tripped_at or now),
+            )
+        state = (beat.run_id, beat.renewed, beat.abort, beat.jobs)
         if state == self._last and now - self._sent_at < MIN_BEAT_GAP:
             return
-        beat = Beat(
-            t=now,
-            run_id=state[0],
-            renewed=state[1],
-            lease=ctx.claim.lease_seconds if ctx is not None else None,
-            jobs=worker.jobs_done,
-        )
         try:
             if write_nowait(self.fd, encode_beat(beat)):
                 self._last, self._sent_at = state, now
@@ -127,6 +145,7 @@ def _install_signals(worker: Worker) -> None:
 
     def on_quit(signum: int, frame: FrameType | None) -> None:
         _fast_stop(worker)
+        worker.interrupt_now()  # Aborted in the handler, if one is running
 
     signal.set_wakeup_fd(-1)  # the parent's wake-up pipe is not ours
     for sig in _IGNORED:
@@ -180,7 +199,7 @@ def _run(
     set_parent_death_signal(signal.SIGQUIT)
     _close_fds(inherited_fds)
     beacon = Beacon(beat_fd, parent_pid, config.max_jobs_per_child)
-    worker = Worker(app, config, worker_id=worker_id, on_beat=beacon, register=False)
+    worker = Worker(app, config, worker_id=worker_id, on_beat=beacon, register=False, deadman=True)
     _install_signals(worker)
     # The parent blocked every signal around fork(); anything that arrived since is delivered
     # now, to the handlers above.

@@ -9,7 +9,9 @@ parent's loop: the database being down must not stop the supervisor from supervi
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,24 +21,18 @@ from .. import db, log
 from ..config import Config
 from ..queries import load
 from ..workers import lease, registry
+from ..workers.backoff import retry_delay
+from . import policy
 
 Q = load("leasework.supervisor", "ledger.sql")
 
 # After a failed attempt, wait this long before touching the database again, so a database
 # outage costs the parent loop one short connect timeout per interval, not one per tick.
 RETRY_AFTER = 2.0
-CONNECT_TIMEOUT = 2  # seconds; libpq's minimum
+CONNECT_TIMEOUT = db.HANG_CONNECT_TIMEOUT
 # The parent's loop must never hang on its database connection: while it waits, its watchdog
 # does not run, and a host cut off from the database would let its jobs run past their leases.
-# A write left unacknowledged for a second, or an answer that keepalives show will never come,
-# fails the statement instead (the ledger then retries after RETRY_AFTER).
-HANG_GUARD: dict[str, Any] = {
-    "tcp_user_timeout": 1000,  # milliseconds
-    "keepalives": 1,
-    "keepalives_idle": 1,
-    "keepalives_interval": 1,
-    "keepalives_count": 1,
-}
+HANG_GUARD = db.HANG_GUARD
 
 
 @dataclass(frozen=True)
@@ -46,6 +42,17 @@ class Row:
     run_id: int | None
 
 
+@dataclass(frozen=True)
+class Killed:
+    """The run of a child the parent killed because the run had to stop: its outcome is written
+    by the parent (owner-scoped), not left to the lease."""
+
+    run_id: int
+    owner: uuid.UUID
+    attempt: int
+    reason: str  # cancelled, timeout, lost, shutdown
+
+
 class Ledger:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -53,7 +60,9 @@ class Ledger:
         self._conn: psycopg.Connection[Any] | None = None
         self._retry_at = float("-inf")
         self._release: dict[str, str] = {}  # worker id -> reason, waiting to be written
+        self._settle: dict[str, Killed] = {}  # worker id -> the run it was killed for
         self._stopped: set[str] = set()
+        self._rand = random.Random()
 
     # -- the connection ---------------------------------------------------------------------
 
@@ -109,15 +118,59 @@ class Ledger:
             return False
         return True
 
-    def child_gone(self, worker_id: str, release_reason: str | None) -> None:
-        """Record that a child exited; with a reason, its leases are expired too."""
+    def child_gone(
+        self, worker_id: str, release_reason: str | None, killed: Killed | None = None
+    ) -> None:
+        """Record that a child exited; with a reason, its leases are expired too; `killed`: the
+        run it was killed for gets its outcome (cancelled, a timed-out attempt, released)."""
         if release_reason is not None:
             self._release[worker_id] = release_reason
+        if killed is not None:
+            self._settle[worker_id] = killed
         self._stopped.add(worker_id)
 
     @property
     def pending(self) -> bool:
-        return bool(self._release or self._stopped)
+        return bool(self._release or self._stopped or self._settle)
+
+    def cancel_requested(self, runs: list[lease.RunRef], now: float) -> set[int] | None:
+        """The ids among `runs` (its children's, by id and owner) whose cancel was requested;
+        None if the database could not be asked."""
+        if not runs or not self.available(now):
+            return None
+        params = {"ids": [r.id for r in runs], "owners": [r.owner for r in runs]}
+        try:
+            rows = self._connection().execute(Q["cancel_requested"], params).fetchall()
+        except (psycopg.Error, db.DatabaseUnavailable) as exc:
+            self._failed("cancel_requested", exc, now)
+            return None
+        return {int(r[0]) for r in rows}
+
+    def _write_killed(self, conn: psycopg.Connection[Any], worker_id: str, k: Killed) -> None:
+        """The outcome of a run whose handler ignored its abort and whose process was killed."""
+        ref = lease.RunRef(k.run_id, k.owner)
+        outcome = policy.outcome_after_kill(k.reason)
+        why = f"its handler did not stop within abort_grace ({self.config.abort_grace:g} s); process killed"
+        status: str | None = None
+        if outcome == "cancelled":
+            ok = lease.finish(conn, ref, "cancelled", error=f"cancelled; {why}")
+            status = "cancelled" if ok else None
+        elif outcome == "timeout":
+            cfg = self.config
+            delay = retry_delay(k.attempt, None, cfg.backoff, cfg.backoff_jitter, self._rand)
+            status = lease.requeue(
+                conn, ref, delay=delay, error=f"timeout; {why}", outcome="timeout"
+            )
+        elif outcome == "released":
+            status = lease.release(conn, ref, f"shutdown; {why}")
+        if status is not None:
+            log.event(
+                "killed_run_recorded",
+                run_id=k.run_id,
+                worker=worker_id,
+                reason=k.reason,
+                status=status,
+            )
 
     def flush(self, now: float) -> list[int]:
         """Write what `child_gone` queued. Returns the ids of the runs whose leases were expired
@@ -127,6 +180,9 @@ class Ledger:
         released: list[int] = []
         try:
             conn = self._connection()
+            for worker_id, killed in list(self._settle.items()):
+                self._write_killed(conn, worker_id, killed)
+                del self._settle[worker_id]
             for worker_id, reason in list(self._release.items()):
                 with conn.transaction():
                     ids = lease.expire_worker_leases(conn, worker_id, reason)

@@ -1,5 +1,6 @@
-"""The liveness pipe between a child and its parent: one JSON line per beat (time, current run,
-last lease renewal, jobs done), or one line carrying a boot error.
+"""The liveness pipe between a child and its parent: one JSON line per beat (time, the run being
+executed from its claim on: id, owner, lease, last renewal, timeout, abort reason; jobs done), or
+one line carrying a boot error.
 
 Standard library only. The child never blocks on the pipe (a full pipe drops a beat); lines are
 far below PIPE_BUF, so each write is atomic. Never touches the database.
@@ -25,11 +26,30 @@ class Beat:
     renewed: float | None
     lease: float | None
     jobs: int
+    owner: str | None = None  # the claim's owner token: the parent's writes are owner-scoped
+    attempt: int | None = None
+    timeout_at: float | None = None  # when the attempt times out (monotonic)
+    abort: str | None = None  # why the run must stop: cancelled, timeout, lost, shutdown
+    abort_at: float | None = None  # since when (the grace runs from here)
+
+
+_OPTIONAL = (
+    ("owner", str),
+    ("attempt", int),
+    ("timeout_at", float),
+    ("abort", str),
+    ("abort_at", float),
+)
 
 
 def encode_beat(beat: Beat) -> bytes:
-    doc = {"t": beat.t, "run": beat.run_id, "renewed": beat.renewed, "lease": beat.lease}
+    doc: dict[str, Any] = {"t": beat.t, "run": beat.run_id, "renewed": beat.renewed}
+    doc["lease"] = beat.lease
     doc["jobs"] = beat.jobs
+    for name, _ in _OPTIONAL:
+        value = getattr(beat, name)
+        if value is not None:
+            doc[name] = value
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
@@ -49,12 +69,16 @@ def decode(line: bytes) -> Beat | str | None:
     if isinstance(doc.get("error"), str):
         return str(doc["error"])
     try:
+        optional: dict[str, Any] = {
+            name: None if doc.get(name) is None else kind(doc[name]) for name, kind in _OPTIONAL
+        }
         return Beat(
             t=float(doc["t"]),
             run_id=None if doc.get("run") is None else int(doc["run"]),
             renewed=None if doc.get("renewed") is None else float(doc["renewed"]),
             lease=None if doc.get("lease") is None else float(doc["lease"]),
             jobs=int(doc.get("jobs", 0)),
+            **optional,
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -28,9 +28,10 @@ import psycopg
 from .. import log
 from ..db import DatabaseUnavailable
 from ..errors import is_transient
+from ..workers.lease import RunRef
 from . import policy
 from .child import child_main
-from .ledger import Ledger, Row
+from .ledger import Killed, Ledger, Row
 from .liveness import Beat, LineBuffer, decode
 from .policy import Candidate, ExitMeaning, Liveness, Verdict
 
@@ -49,7 +50,6 @@ HANDLED = (
 )
 FAST_STOP_TIMEOUT = 3.0  # seconds children get after QUIT before SIGKILL
 STOP_SLACK = 5.0  # beyond graceful_timeout: time to give the run back and close connections
-WATCHDOG_KILL_AFTER = 2.0  # seconds between the watchdog's QUIT and its KILL
 TICK = 1.0  # the loop wakes at least this often
 
 
@@ -78,16 +78,37 @@ class Child:
     row_at: float | None = None  # when the parent last wrote this child's workers row
     watchdog_at: float | None = None  # when the watchdog sent QUIT
     killed: bool = False
+    cancel_seen: tuple[int, float] | None = None  # (run id, when) the parent saw its cancel
+    kill_run: Killed | None = None  # the run it was killed for, whose outcome the parent writes
 
     @property
     def busy(self) -> bool:
         return self.beat is not None and self.beat.run_id is not None
 
+    def run_ref(self) -> RunRef | None:
+        b = self.beat
+        if b is None or b.run_id is None or b.owner is None:
+            return None
+        try:
+            return RunRef(b.run_id, uuid.UUID(b.owner))
+        except ValueError:
+            return None
+
     def liveness(self) -> Liveness:
         b = self.beat
         if b is None:
             return Liveness(last_beat=self.last_beat)
-        return Liveness(self.last_beat, b.run_id, b.renewed, b.lease)
+        abort, abort_at = b.abort, b.abort_at
+        seen = self.cancel_seen
+        if abort is None and seen is not None and seen[0] == b.run_id:
+            abort, abort_at = "cancelled", seen[1]
+        return Liveness(self.last_beat, b.run_id, b.renewed, b.lease, b.timeout_at, abort, abort_at)
+
+    def killed_for(self, reason: str) -> Killed | None:
+        ref, b = self.run_ref(), self.beat
+        if ref is None or b is None:
+            return None
+        return Killed(ref.id, ref.owner, b.attempt or 1, reason)
 
 
 class Supervisor:
@@ -114,6 +135,7 @@ class Supervisor:
         self._wake_r = -1
         self._wake_w = -1
         self._booted = False  # schema checked
+        self._cancels_at = float("-inf")  # when the children's runs were last checked for cancels
         self._boot_retry_at = 0.0
         self._boot_failures = 0
         self.stopping: str | None = None  # "graceful" or "fast"
@@ -207,6 +229,7 @@ class Supervisor:
                 break
             self._dispatch(signum, now)
         self._reap(now)
+        self._check_cancels(now)
         self._watchdog(now)
         self._write_rows(now)
         self.ledger.flush(now)
@@ -378,7 +401,7 @@ class Supervisor:
         # Fast release: whatever it held is claimable on the next poll anywhere, instead of
         # after the lease. Owner-scoped: a run another worker reclaimed already is not touched.
         release = None if meaning.clean else f"worker {child.worker_id} {meaning.describe()}"
-        self.ledger.child_gone(child.worker_id, release)
+        self.ledger.child_gone(child.worker_id, release, child.kill_run)
         slot = child.slot
         if slot is None or slot not in self.slots:
             return
@@ -421,41 +444,74 @@ class Supervisor:
     # -- watchdog and rows --------------------------------------------------------------------
 
     def _watchdog(self, now: float) -> None:
+        """Kill (SIGKILL, at once) a child that holds a lease it could not confirm renewed in
+        time, that went unresponsive, or whose run had to stop and whose handler ignored the
+        interruption for abort_grace. Never a softer signal first: a child that gave its run back
+        on its way out would have the attempt uncharged, and a run that hangs its process every
+        time would then be retried for ever. The reaped child's run is recorded as crashed (its
+        attempt charged), or with the outcome it was killed for (cancelled, timed out)."""
         cfg = self.config
         for child in list(self.children.values()):
             if child.watchdog_at is not None:
-                if not child.killed and now - child.watchdog_at >= WATCHDOG_KILL_AFTER:
-                    child.killed = True
-                    self._kill(child, signal.SIGKILL)
                 continue
+            liveness = child.liveness()
             verdict = policy.watchdog(
                 now,
-                child.liveness(),
+                liveness,
                 enabled=cfg.watchdog,
                 config_lease=cfg.lease,
-                margin=cfg.watchdog_margin,
+                margin=cfg.kill_margin,
                 hang_timeout=cfg.hang_timeout,
+                abort_grace=cfg.abort_grace,
             )
             if verdict is None:
                 continue
             child.watchdog_at = now
-            # QUIT, not TERM: in a child TERM means "finish your job", and this child must
-            # stop now. KILL follows if it does not (a stopped or hung process ignores QUIT).
-            self._kill(child, signal.SIGQUIT)
+            child.killed = True
+            fields: dict[str, Any] = {}
+            if verdict is Verdict.ABORT:
+                stop = policy.must_stop(liveness, now)
+                reason = stop[0] if stop else "shutdown"
+                child.kill_run = child.killed_for(reason)
+                fields = {"why": reason, "since": round(now - stop[1], 3) if stop else None}
+            else:
+                fields = {
+                    "silent_for": round(now - child.last_beat, 3),
+                    "unrenewed_for": (
+                        round(now - liveness.renewed, 3)
+                        if verdict is Verdict.LEASE and liveness.renewed is not None
+                        else None
+                    ),
+                }
+            self._kill(child, signal.SIGKILL)
             log.event(
                 "child_killed_by_watchdog",
                 level=40,
                 pid=child.pid,
                 worker=child.worker_id,
                 reason=str(verdict),
-                run_id=child.beat.run_id if child.beat else None,
-                silent_for=round(now - child.last_beat, 3),
-                unrenewed_for=(
-                    round(now - child.beat.renewed, 3)
-                    if verdict is Verdict.LEASE and child.beat and child.beat.renewed
-                    else None
-                ),
+                run_id=liveness.run_id,
+                **fields,
             )
+
+    def _check_cancels(self, now: float) -> None:
+        """Every control interval, ask the database whether a run a child holds was cancelled:
+        the child's keeper sees it too, but a child stuck in a C call holding the GIL cannot,
+        and must then be killed after abort_grace."""
+        if now - self._cancels_at < self.config.control_every:
+            return
+        self._cancels_at = now
+        holding = {
+            ref.id: child
+            for child in self.children.values()
+            if not child.killed and (ref := child.run_ref()) is not None
+        }
+        refs = [ref for c in holding.values() if (ref := c.run_ref()) is not None]
+        cancelled = self.ledger.cancel_requested(refs, now)
+        for run_id in cancelled or ():
+            child = holding[run_id]
+            if child.cancel_seen is None or child.cancel_seen[0] != run_id:
+                child.cancel_seen = (run_id, now)
 
     def _write_rows(self, now: float) -> None:
         """One workers row per child, refreshed every heartbeat_interval, but only for children
@@ -495,6 +551,7 @@ class Supervisor:
         left = [c for c in self.children.values() if not c.killed]
         for child in left:
             child.killed = True
+            child.kill_run = child.killed_for("shutdown")  # released, the attempt not charged
             self._kill(child, signal.SIGKILL)
             log.event("child_killed_at_deadline", level=30, pid=child.pid, worker=child.worker_id)
 

@@ -108,6 +108,7 @@ def restart_delay(failures: int, *, base: float, cap: float, rand: float) -> flo
 class Verdict(StrEnum):
     LEASE = "lease"  # holds a run and has not renewed it for longer than lease - margin
     HANG = "hang"  # silent for longer than hang_timeout
+    ABORT = "abort"  # its run must stop (cancel, timeout, ...) and the handler ignored it
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,33 @@ class Liveness:
     run_id: int | None = None
     renewed: float | None = None  # last successful renewal of the current run's lease
     lease: float | None = None  # the current run's lease length in seconds
+    timeout_at: float | None = None  # when the run's attempt times out
+    abort: str | None = None  # why the run must stop, as the child or the parent knows it
+    abort_at: float | None = None  # since when
+
+
+def must_stop(child: Liveness, now: float) -> tuple[str, float] | None:
+    """Why and since when the child's current run must stop, if it must: the reason the child
+    reported (or the parent saw: a cancel request), or its attempt's timeout having passed."""
+    if child.run_id is None:
+        return None
+    if child.abort is not None and child.abort_at is not None:
+        if child.timeout_at is not None and child.timeout_at < child.abort_at:
+            return "timeout", child.timeout_at
+        return child.abort, child.abort_at
+    if child.timeout_at is not None and now >= child.timeout_at:
+        return "timeout", child.timeout_at
+    return None
+
+
+def outcome_after_kill(reason: str | None) -> str | None:
+    """What the parent writes for the run of a child it killed because the run had to stop:
+    `cancelled`, `timeout` (a failed attempt, retried while attempts remain), `released` (shut
+    down: the attempt not charged); None when nothing may be written (the lease was lost) or
+    the run is released as a crashed attempt (any other kill)."""
+    return {"cancelled": "cancelled", "timeout": "timeout", "shutdown": "released"}.get(
+        reason or ""
+    )
 
 
 def watchdog(
@@ -128,10 +156,16 @@ def watchdog(
     config_lease: float,
     margin: float,
     hang_timeout: float,
+    abort_grace: float = float("inf"),
 ) -> Verdict | None:
     """Whether a child must be killed. The margin is scaled to a run's own lease (a task with
     a 10 s lease gets a proportionally smaller margin than the 120 s default). A worker that
-    keeps running after losing its lease is worse than one that crashes."""
+    keeps running after losing its lease is worse than one that crashes. A run that must stop
+    (cancelled, timed out, lost, shut down) gets `abort_grace` to return, whether or not the
+    watchdog is enabled: a cancel must end a handler that ignores it."""
+    stop = must_stop(child, now)
+    if stop is not None and now - stop[1] >= abort_grace:
+        return Verdict.ABORT
     if not enabled:
         return None
     if child.run_id is not None and child.renewed is not None and child.lease is not None:

@@ -1,20 +1,28 @@
 """The handler's view of its run: the abort signal, `check()`, progress checkpoints and the fenced
-transaction for effects. Renewal and control go through the worker's reserved connection, so a
-handler that exhausts the pool cannot starve its own lease."""
+transaction for effects. The lease is kept by the worker's keeper (workers/keeper.py), on its own
+thread and connection, whether or not the handler ever calls `check()`; `check()` is the cheap
+cooperative point (progress, early exit).
+
+A run that must stop is interrupted: `Aborted` is raised in the handler at its next bytecode.
+Never inside leasework's own statements (they are shielded, the interruption deferred to their
+end), and a pooled connection interrupted in the middle of the handler's own query is discarded,
+never handed back half-way through the protocol."""
 
 from __future__ import annotations
 
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from .. import log
 from ..errors import Aborted, LeaseLost, is_transient
 from . import lease
+from .keeper import AbortSignal, Held
 from .lease import Claim
 
 if TYPE_CHECKING:
@@ -22,23 +30,21 @@ if TYPE_CHECKING:
 
 Conn = psycopg.Connection[Any]
 
+__all__ = ["AbortSignal", "Context", "describe_error"]
 
-class AbortSignal:
-    """Run timeout, lost lease, cancel and shutdown all trip this one signal; the first reason
-    wins. Handlers listen to one thing: `ctx.check()` raises `Aborted(reason)` once tripped."""
 
-    __slots__ = ("reason",)
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-
-    def trip(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-
-    @property
-    def tripped(self) -> bool:
-        return self.reason is not None
+def discard_if_busy(conn: Conn) -> bool:
+    """After an interruption: a connection left in the middle of a query (or broken) is cancelled
+    server-side and closed, so the pool drops it. True if it was discarded."""
+    if conn.closed:
+        return True
+    if not conn.broken and conn.info.transaction_status != TransactionStatus.ACTIVE:
+        return False
+    with suppress(Exception):
+        conn.cancel_safe(timeout=1.0)
+    with suppress(Exception):
+        conn.close()
+    return True
 
 
 class Context:
@@ -48,26 +54,31 @@ class Context:
         self,
         claim: Claim,
         worker: Worker,
+        held: Held,
         *,
-        renew_every: float,
-        control_every: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.claim = claim
-        self.signal = AbortSignal()
+        self.held = held
+        self.signal = held.signal
         self.result: Any = claim.result
         self._worker = worker
         self._clock = clock
-        self._renew_every = renew_every
-        self._control_every = control_every
-        started = clock()
-        self.started = started
-        self.last_renewal = started
-        self._last_control = started
-        self._deadline = None if claim.timeout_seconds is None else started + claim.timeout_seconds
+        self.started = clock()
         self._processed = claim.processed_units
         self._total = claim.total_units
         self._tx_conn: Conn | None = None
+        # Interruption: only while the handler's own code runs, at most once, never inside
+        # leasework's statements (`_shield` > 0 defers it to their end).
+        self.interruptible = False
+        self._shield = 0
+        self._pending = False
+        self._raised = False
+
+    @property
+    def last_renewal(self) -> float:
+        """Monotonic time the last renewal of this run's lease was sent."""
+        return self.held.renewed
 
     # -- what the handler reads -------------------------------------------------------------
 
@@ -111,75 +122,45 @@ class Context:
     # -- control ----------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Renew once a third of the lease has passed, run the control query once
-        `control_interval` has passed, and raise `Aborted(reason)` if the signal tripped."""
+        """Raise `Aborted(reason)` if the run was cancelled, lost its lease, timed out or is being
+        shut down. Also runs whatever lease work is due at once (the keeper does it anyway)."""
         self.poke()
         if self.signal.reason is not None:
             raise Aborted(self.signal.reason)
 
     def poke(self) -> None:
         """`check()` without raising: does the bookkeeping and trips the signal if needed."""
-        if self.signal.tripped:
-            return
-        now = self._clock()
-        if self._deadline is not None and now >= self._deadline:
-            self.signal.trip("timeout")
-            return
-        reason = self._worker.shutdown_reason(now)
-        if reason is not None:
-            self.signal.trip(reason)
-            return
-        if now - self.last_renewal >= self._renew_every:
-            self._renew(now)
-        elif now - self._last_control >= self._control_every:
-            self._control(now)
+        with self._shielded():
+            self._worker.keeper.tend(self._clock(), wait=False)
         self._worker.beat(self)
 
-    def _lease_conn(self) -> Conn:
-        return self._tx_conn if self._tx_conn is not None else self._worker.control_conn()
+    def interrupt(self) -> None:
+        """Called in the main thread by the worker's interrupt signal: raise `Aborted` into the
+        handler if its run must stop. Once; inside leasework's own statements, at their end."""
+        if not self.signal.tripped or not self.interruptible or self._raised:
+            return
+        if self._shield:
+            self._pending = True
+            return
+        self._raised = True
+        raise Aborted(self.signal.reason or "shutdown")
 
-    def _guard(self, now: float, exc: BaseException) -> None:
-        """A renewal or control query failed with a database error. Keep going while the lease
-        is surely still ours; trip `lost` before it could have expired in database time."""
-        if not is_transient(exc):
-            raise exc
-        self._worker.drop_control_conn()
-        log.event("lease_check_failed", run_id=self.claim.id, error=log.first_line(exc))
-        if now - self.last_renewal >= self.claim.lease_seconds * 0.9:
-            self._lost("renewal failed until the lease ran out")
+    @contextmanager
+    def _shielded(self) -> Iterator[None]:
+        self._shield += 1
+        try:
+            yield
+        finally:
+            self._shield -= 1
+        if self._shield == 0 and self._pending and self.interruptible and not self._raised:
+            self._pending = False
+            self._raised = True
+            raise Aborted(self.signal.reason or "shutdown")
 
     def _lost(self, why: str) -> None:
-        self.signal.trip("lost")
-        log.event("lease_lost", run_id=self.claim.id, owner=str(self.claim.owner), why=why)
-
-    def _renew(self, now: float) -> None:
-        try:
-            expires = lease.renew(self._lease_conn(), self.claim)
-        except psycopg.Error as exc:
-            self._guard(now, exc)
-            return
-        self._last_control = now
-        self._worker.drain_notifies()
-        if expires is None:
-            self._lost("renewal matched no row")
-        else:
-            self.last_renewal = now
-
-    def _control(self, now: float) -> None:
-        try:
-            state = lease.control(self._lease_conn(), self.claim)
-        except psycopg.Error as exc:
-            self._guard(now, exc)
-            return
-        self._last_control = now
-        self._worker.drain_notifies()
-        if state == "lost":
-            self._lost("control query matched no row")
-        elif state == "cancelled":
-            self.signal.trip("cancelled")
-            log.event("cancel_seen", run_id=self.claim.id)
-        elif state == "expired":
-            self._renew(now)
+        if self.signal.reason != "lost":
+            self.signal.reason = "lost"
+            log.event("lease_lost", run_id=self.claim.id, owner=str(self.claim.owner), why=why)
 
     # -- progress ---------------------------------------------------------------------------
 
@@ -192,22 +173,33 @@ class Context:
         `ctx.transaction()` it commits together with the step's effects."""
         if processed < 0 or (total is not None and total < 0):
             raise ValueError("checkpoint units must be >= 0")
-        in_tx = self._tx_conn is not None
+        tx = self._tx_conn
         now = self._clock()
-        try:
-            ok = lease.checkpoint(self._lease_conn(), self.claim, processed, total)
-        except psycopg.Error as exc:
-            if in_tx:
-                raise
-            self._guard(now, exc)
+        with self._shielded():
+            try:
+                conn = tx if tx is not None else self._worker.control_conn()
+                ok = lease.checkpoint(conn, self.claim, processed, total)
+            except psycopg.Error as exc:
+                if tx is not None or not is_transient(exc):
+                    raise
+                # Progress is not lost (the next checkpoint writes it); the keeper decides when
+                # the lease is gone.
+                self._worker.drop_control_conn()
+                log.event(
+                    "checkpoint_failed", level=30, run_id=self.claim.id, error=log.first_line(exc)
+                )
+                ok = None
+        if ok is None:
             self.check()
             return
         if not ok:
             self._lost("checkpoint matched no row")
-            if in_tx:
+            if tx is not None:
                 raise LeaseLost(f"run {self.claim.id} is no longer ours")
             raise Aborted("lost")
-        self.last_renewal = now
+        if tx is None:  # renewed and committed; inside a transaction only once it commits
+            self.held.renewed = max(self.held.renewed, now)
+            self._worker.drain_notifies()  # read with the checkpoint's answer
         self._processed = processed
         if total is not None:
             self._total = total
@@ -223,31 +215,44 @@ class Context:
             raise RuntimeError("ctx.transaction() does not nest")
         if self.signal.reason == "lost":
             raise LeaseLost(f"run {self.claim.id} is no longer ours")
-        # Checkpoints and renewals made inside commit or roll back with the effects; if they roll
-        # back, so must our idea of progress, or a handler resuming from ctx.processed would skip
-        # the step whose effect was just undone.
-        saved = (self._processed, self._total, self.last_renewal)
-        committed = False
-        try:
-            with self._worker.pool_connection() as conn, conn.transaction():
-                if not lease.fence(conn, self.claim):
-                    self._lost("fence matched no row")
-                    raise LeaseLost(f"run {self.claim.id} is no longer ours")
+        # Checkpoints made inside commit or roll back with the effects; if they roll back, so
+        # must our idea of progress, or a handler resuming from ctx.processed would skip the step
+        # whose effect was just undone.
+        saved = (self._processed, self._total)
+        with self._worker.pool_connection() as conn:
+            block = conn.transaction()
+            tx: psycopg.Transaction | None = None
+            try:
+                with self._shielded():
+                    tx = block.__enter__()
+                    if not lease.fence(conn, self.claim):
+                        self._lost("fence matched no row")
+                        raise LeaseLost(f"run {self.claim.id} is no longer ours")
                 self._tx_conn = conn
                 try:
                     yield conn
                 finally:
                     self._tx_conn = None
-            committed = True
-        finally:
-            if not committed:
-                self._processed, self._total, self.last_renewal = saved
+                with self._shielded():
+                    block.__exit__(None, None, None)  # commit
+            except BaseException as exc:
+                self._processed, self._total = saved
+                with self._shielded():
+                    busy = discard_if_busy(conn)
+                    if tx is not None and tx.status == tx.Status.ACTIVE:
+                        with suppress(Exception) if busy else nullcontext():
+                            block.__exit__(type(exc), exc, exc.__traceback__)  # roll back
+                raise
 
     @contextmanager
     def connection(self) -> Iterator[Conn]:
         """A pooled connection for reads (autocommit). Write effects through `transaction()`."""
         with self._worker.pool_connection() as conn:
-            yield conn
+            try:
+                yield conn
+            except BaseException:
+                discard_if_busy(conn)
+                raise
 
 
 def describe_error(exc: BaseException, limit: int = 8) -> str:

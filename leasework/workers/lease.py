@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, Protocol
 
 import orjson
 import psycopg
@@ -64,7 +64,34 @@ class Claim:
         return self.attempts >= self.max_attempts
 
 
-def _params(claim: Claim, **extra: Any) -> dict[str, Any]:
+class Owned(Protocol):
+    """What an owner-scoped statement needs of a run: its id and the claim's owner token."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def owner(self) -> uuid.UUID: ...
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run known by id and owner only (the supervisor's view of a child's claim)."""
+
+    id: int
+    owner: uuid.UUID
+
+
+class Tended(NamedTuple):
+    """One run's state after the keeper's tick (tend_leases)."""
+
+    ours: bool
+    renewed: bool
+    cancel_requested: bool
+    expired: bool
+
+
+def _params(claim: Owned, **extra: Any) -> dict[str, Any]:
     return {"id": claim.id, "owner": claim.owner, **extra}
 
 
@@ -216,7 +243,23 @@ def renew(conn: Conn, claim: Claim) -> datetime | None:
     return None if row is None else row[0]
 
 
-def control(conn: Conn, claim: Claim) -> ControlState:
+def tend(conn: Conn, runs: Sequence[tuple[Claim, bool]]) -> dict[int, Tended]:
+    """The lease keeper's tick: renew the runs flagged True, read every run's state (one
+    statement). A run missing from `ours` was lost; one not renewed though flagged had its row
+    locked (by the worker's own open transaction) and is tried again next tick."""
+    if not runs:
+        return {}
+    params = {
+        "ids": [c.id for c, _ in runs],
+        "owners": [c.owner for c, _ in runs],
+        "leases": [c.lease_seconds for c, _ in runs],
+        "renew": [due for _, due in runs],
+    }
+    rows = conn.execute(Q["tend_leases"], params, prepare=True).fetchall()
+    return {int(r[0]): Tended(*r[1:]) for r in rows}
+
+
+def control(conn: Conn, claim: Owned) -> ControlState:
     """The control query: lost, cancel requested, lease expired (renew now), or carry on."""
     row = conn.execute(Q["control_run"], _params(claim), prepare=True).fetchone()
     if row is None:
@@ -228,7 +271,7 @@ def control(conn: Conn, claim: Claim) -> ControlState:
 
 def finish(
     conn: Conn,
-    claim: Claim,
+    claim: Owned,
     status: Literal["succeeded", "partial", "failed", "cancelled"],
     *,
     result: Any = None,
@@ -259,7 +302,7 @@ def finish_many(conn: Conn, done: Sequence[tuple[Claim, Any]]) -> set[int]:
 
 def requeue(
     conn: Conn,
-    claim: Claim,
+    claim: Owned,
     *,
     delay: float,
     error: str | None,
@@ -268,15 +311,35 @@ def requeue(
 ) -> str | None:
     """Retry in place after `delay` seconds. Returns the run's new status: `queued`, or
     `cancelled` (cancel requested meanwhile) or `failed` (no attempts left); None if lost."""
+    done = requeue_due(conn, claim, delay=delay, error=error, outcome=outcome, result=result)
+    return None if done is None else done[0]
+
+
+def requeue_due(
+    conn: Conn,
+    claim: Owned,
+    *,
+    delay: float,
+    error: str | None,
+    outcome: str = "failed",
+    result: Any = None,
+) -> tuple[str, datetime] | None:
+    """`requeue`, returning the new status and when the run is due again; None if lost."""
     row = conn.execute(
         Q["requeue_run"],
-        _params(claim, delay=max(0.0, delay), error=error, outcome=outcome, result=encode_result(result)),
+        _params(
+            claim,
+            delay=max(0.0, delay),
+            error=error,
+            outcome=outcome,
+            result=encode_result(result),
+        ),
         prepare=True,
     ).fetchone()
-    return None if row is None else str(row[0])
+    return None if row is None else (str(row[0]), row[1])
 
 
-def release(conn: Conn, claim: Claim, reason: str = "shutdown") -> str | None:
+def release(conn: Conn, claim: Owned, reason: str = "shutdown") -> str | None:
     """Give the run back without charging the attempt. Returns the new status or None if lost."""
     row = conn.execute(Q["release_run"], _params(claim, reason=reason), prepare=True).fetchone()
     return None if row is None else str(row[0])

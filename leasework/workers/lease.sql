@@ -212,6 +212,40 @@ UPDATE leasework.runs
  WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING lease_expires_at, cancel_requested_at IS NOT NULL AS cancel_requested
 
+-- name: tend_leases
+-- The lease keeper's one statement per tick, on its own connection: renew the leases of the runs
+-- flagged in %(renew)s and read the state of every run the worker holds. Per run: `ours` (false:
+-- the lease is lost, stop at once), `renewed`, `cancel_requested`, and `expired` (the lease lapsed
+-- before this renewal: renew at once). Owner-scoped like every statement after the claim.
+-- SKIP LOCKED: a run whose row is locked is not renewed this tick but stays ours. The only
+-- lasting lock on a running run is the worker's own ctx.transaction() after a checkpoint inside
+-- it (which renewed the lease in that transaction); waiting for it would stall every other
+-- run's renewal behind a handler.
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(owners)s::uuid[], %(leases)s::float8[],
+                         %(renew)s::bool[]) AS h(id, owner, lease, renew)
+), due AS MATERIALIZED (
+    SELECT r.id, h.lease
+      FROM leasework.runs r
+      JOIN held h ON h.id = r.id AND h.owner = r.lease_owner
+     WHERE r.id = ANY(%(ids)s::bigint[]) AND h.renew
+       FOR NO KEY UPDATE OF r SKIP LOCKED
+), renewed AS (
+    UPDATE leasework.runs r
+       SET lease_expires_at = leasework.now() + make_interval(secs => due.lease)
+      FROM due
+     WHERE r.id = due.id
+    RETURNING r.id
+)
+SELECT h.id,
+       r.id IS NOT NULL AS ours,
+       n.id IS NOT NULL AS renewed,
+       coalesce(r.cancel_requested_at IS NOT NULL, false) AS cancel_requested,
+       coalesce(r.lease_expires_at < leasework.now(), false) AS expired
+  FROM held h
+  LEFT JOIN leasework.runs r ON r.id = h.id AND r.lease_owner = h.owner
+  LEFT JOIN renewed n ON n.id = h.id
+
 -- name: control_run
 -- One query answers both questions: no row = lease lost; cancel_requested = the user cancelled.
 SELECT cancel_requested_at IS NOT NULL AS cancel_requested,

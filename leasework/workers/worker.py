@@ -1,12 +1,15 @@
 """One worker: `poll()` runs every stage once, in a fixed order, each bounded and wrapped in its
 own try/except; `run()` is `while running: poll(); sleep`, woken early by NOTIFY. One job at a
-time, awaited inline. Opens its connections itself, after any fork."""
+time, awaited inline, its lease kept by the keeper (keeper.py) whatever the handler does. Opens
+its connections itself, after any fork."""
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -20,10 +23,12 @@ from psycopg_pool import ConnectionPool
 
 from .. import db, log
 from ..config import Config
-from ..errors import Aborted, LeaseLost, Partial, ResultError, Retry, is_transient
+from ..errors import Aborted, ConfigError, LeaseLost, Partial, ResultError, Retry, is_transient
 from . import lease, registry
 from .backoff import retry_delay
 from .context import Context, describe_error
+from .deadman import Deadman
+from .keeper import Held, Keeper
 from .lease import Claim
 
 if TYPE_CHECKING:
@@ -32,6 +37,18 @@ if TYPE_CHECKING:
 
 Conn = psycopg.Connection[Any]
 Handler = Callable[[Context, Any], Any]
+
+
+class _NotWritten:
+    """An outcome write that never landed (a database error); falsy."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+NOT_WRITTEN: Any = _NotWritten()
+# Sent by the keeper's thread to the main thread to interrupt a handler whose run must stop.
+INTERRUPT_SIGNAL = signal.SIGUSR2
 
 
 def new_worker_id() -> str:
@@ -50,6 +67,8 @@ class Worker:
         on_beat: Callable[[Worker, Context | None], None] | None = None,
         rand: random.Random | None = None,
         register: bool = True,
+        deadman: bool = False,
+        keeper_thread: bool = True,
     ) -> None:
         from ..stages import default_stages
 
@@ -77,6 +96,22 @@ class Worker:
         # parent writes the rows instead (register=False).
         self.register = register
         self._last_heartbeat: float | None = None
+        # The lease keeper renews and watches every claimed run on its own thread and connection.
+        # The dead man's switch (deadman=True: the supervisor's children and the CLI's worker,
+        # never a worker inside someone else's process, e.g. a test) kills the process before a
+        # lease it can no longer confirm expires.
+        self.keeper = Keeper(
+            self.config,
+            name=self.id,
+            stop_at=lambda: self._stop_at,
+            interrupt=self._interrupt,
+            on_tick=self._keeper_tick,
+        )
+        self._want_deadman = deadman
+        self._keeper_thread = keeper_thread
+        self._main_ident: int | None = None
+        self._old_interrupt_handler: Any = None
+        self._durations: dict[int, float] = {}  # deferred successes: run id -> seconds it took
 
     # -- connections ------------------------------------------------------------------------
 
@@ -88,8 +123,48 @@ class Worker:
             )
         conn = self.control_conn()
         db.check_schema(conn)
+        if self._want_deadman and self.keeper.deadman is None:
+            self.keeper.deadman = Deadman()
+        self._install_interrupt()
         self.heartbeat(force=True)
+        if self._keeper_thread:
+            self.keeper.start()
         return self
+
+    def _install_interrupt(self) -> None:
+        """The keeper interrupts a handler by sending INTERRUPT_SIGNAL to the main thread, where
+        Python runs signal handlers; a worker built on another thread is never interrupted (its
+        handlers see the abort at their next ctx.check())."""
+        if (
+            self._main_ident is not None
+            or threading.current_thread() is not threading.main_thread()
+        ):
+            return
+        self._old_interrupt_handler = signal.signal(INTERRUPT_SIGNAL, self._on_interrupt)
+        self._main_ident = threading.get_ident()
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        ctx = self.current
+        if ctx is not None:
+            ctx.interrupt()
+
+    def _interrupt(self) -> None:
+        """From the keeper's thread: have the main thread raise Aborted in the handler."""
+        ident = self._main_ident
+        if ident is not None and threading.get_ident() != ident:
+            with suppress(ProcessLookupError, OSError):
+                signal.pthread_kill(ident, INTERRUPT_SIGNAL)
+
+    def interrupt_now(self) -> None:
+        """In the main thread (a signal handler): raise Aborted into the running handler now."""
+        ctx = self.current
+        if ctx is not None:
+            ctx.interrupt()
+
+    def _keeper_tick(self, keeper: Keeper) -> None:
+        self.heartbeat()
+        if self.on_beat is not None:
+            self.on_beat(self, self.current)
 
     def heartbeat(self, force: bool = False, now: float | None = None) -> None:
         """Upsert this worker's row every heartbeat_interval (standalone workers only)."""
@@ -99,28 +174,28 @@ class Worker:
         last = self._last_heartbeat
         if not force and last is not None and now - last < self.config.heartbeat_interval:
             return
-        run_id = self.current.claim.id if self.current is not None else None
+        self._last_heartbeat = now
+        current = self.current
+        run_id = current.claim.id if current is not None else None
+        host, pid = socket.gethostname(), os.getpid()
         try:
-            registry.upsert_worker(
-                self.control_conn(), self.id, socket.gethostname(), os.getpid(), run_id
-            )
-            self._last_heartbeat = now
-        except psycopg.Error as exc:
-            log.event(
-                "heartbeat_failed",
-                level=30,
-                error=log.first_line(exc),
-            )
-            self.drop_control_conn()
+            # On the keeper's connection: it beats from the keeper's thread while a handler runs.
+            self.keeper.run(lambda c: registry.upsert_worker(c, self.id, host, pid, run_id))
+        except (psycopg.Error, db.DatabaseUnavailable, ConfigError) as exc:
+            log.event("heartbeat_failed", level=30, error=log.first_line(exc))
 
     def close(self) -> None:
-        if self.register and self._control is not None and not self._control.closed:
-            with suppress(psycopg.Error):
-                registry.stop_worker(self._control, self.id)
+        if self.register and self._last_heartbeat is not None:
+            with suppress(psycopg.Error, db.DatabaseUnavailable, ConfigError):
+                self.keeper.run(lambda c: registry.stop_worker(c, self.id))
+        self.keeper.close()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
         self.drop_control_conn()
+        if self._main_ident is not None and threading.get_ident() == self._main_ident:
+            signal.signal(INTERRUPT_SIGNAL, self._old_interrupt_handler or signal.SIG_DFL)
+            self._main_ident = None
 
     def __enter__(self) -> Worker:
         return self.open()
@@ -255,9 +330,7 @@ class Worker:
             for note in conn.notifies(timeout=0):
                 self._note(note.payload)
         except psycopg.Error as exc:
-            log.event(
-                "listen_failed", level=30, error=log.first_line(exc)
-            )
+            log.event("listen_failed", level=30, error=log.first_line(exc))
             self.drop_control_conn()
 
     def idle_wait(self, seconds: float) -> set[str]:
@@ -280,9 +353,7 @@ class Worker:
             for note in conn.notifies(timeout=seconds, stop_after=1):
                 self._note(note.payload)
         except psycopg.Error as exc:
-            log.event(
-                "listen_failed", level=30, error=log.first_line(exc)
-            )
+            log.event("listen_failed", level=30, error=log.first_line(exc))
             self.drop_control_conn()
             time.sleep(min(seconds, 1.0))
 
@@ -293,8 +364,10 @@ class Worker:
         self.running = False
         deadline = now + (self.config.graceful_timeout if graceful else 0.0)
         self._stop_at = deadline if self._stop_at is None else min(self._stop_at, deadline)
-        if self.current is not None and not graceful:
-            self.current.signal.trip("shutdown")
+        current = self.current
+        if current is not None and not graceful:
+            current.signal.trip("shutdown")
+        self.keeper.wake()
 
     def drain(self) -> None:
         """Stop claiming after the job in hand, which finishes with no deadline (recycling a
@@ -327,22 +400,27 @@ class Worker:
         With `defer`, a success is appended there (its result encoded) for the caller to seal:
         with the batch's others (`finish_successes`) or with the next claim
         (`finish_and_claim`); every other outcome is written at once. A result that cannot be
-        stored as jsonb fails the run like a handler error."""
-        cfg = self.config
-        ratio = claim.lease_seconds / cfg.lease
-        ctx = Context(
-            claim,
-            self,
-            renew_every=cfg.renew_interval * ratio,
-            control_every=min(cfg.control_interval, cfg.renew_interval * ratio / 2),
-        )
+        stored as jsonb fails the run like a handler error.
+
+        The keeper looks after the lease from here to the outcome: renewal, cancel, timeout and
+        shutdown reach the handler whether or not it calls ctx.check()."""
+        held = self.keeper.get(claim.id) or self.keeper.hold(claim)
+        self.keeper.begin(held)
+        ctx = Context(claim, self, held)
         self.current = ctx
         log.event(
             "run_claimed", run_id=claim.id, kind=claim.kind, attempt=claim.attempts, worker=self.id
         )
         try:
+            self.beat(ctx)  # the supervisor knows the run before its handler starts
             try:
-                value = handler(ctx, claim.payload)
+                try:
+                    ctx.interruptible = True
+                    value = handler(ctx, claim.payload)
+                finally:
+                    ctx.interruptible = False
+                    # The outcome is written next; the keeper must not take it for a lost lease.
+                    self.keeper.drop(claim.id)
             except LeaseLost:
                 ctx.signal.trip("lost")
                 return self._settle_aborted(ctx)
@@ -358,15 +436,17 @@ class Worker:
                 ctx.result = partial.result
                 if ctx.signal.tripped:
                     return self._settle_aborted(ctx)
-                if partial.retryable:
+                if partial.retryable and not claim.last_attempt:
                     return self._retry(
                         ctx, None, f"Partial: {partial}", "partial", result=partial.result
                     )
-                sealed, why = self._storable(claim, partial.result), str(partial)
-                return self._record(
-                    lambda c: lease.finish(c, claim, "partial", result=sealed, error=why),
-                    claim,
+                # Not retryable, or no attempt left to retry with: sealed as partial, its result
+                # kept (a partial result is never thrown away as a failure).
+                kept, why = self._storable(claim, partial.result), str(partial)
+                return self._seal(
+                    ctx,
                     "partial",
+                    lambda c: lease.finish(c, claim, "partial", result=kept, error=why),
                 )
             except Exception as exc:
                 if ctx.signal.tripped:
@@ -389,12 +469,14 @@ class Worker:
                 return self._retry(ctx, None, str(exc), "failed", result=ctx.result)
             if defer is not None:
                 defer.append((claim, encoded))
+                self._durations[claim.id] = time.monotonic() - ctx.started
                 return "succeeded"
-            return self._record(
-                lambda c: lease.finish(c, claim, "succeeded", result=encoded), claim, "succeeded"
+            return self._seal(
+                ctx, "succeeded", lambda c: lease.finish(c, claim, "succeeded", result=encoded)
             )
         finally:
             self.current = None
+            self.keeper.drop(claim.id)
             self.jobs_done += 1
 
     def execute_batch(self, claims: Sequence[Claim], handler: Handler) -> int:
@@ -402,14 +484,16 @@ class Worker:
         each under its own lease, context and fence exactly as `execute`; failures, retries,
         cancels and lost leases are written at once, successes together at the end.
 
-        The batch's leases were all taken at claim time. Each time a third of the lease has
-        passed, the successes so far are written and every run not yet started is renewed (one
-        that is no longer ours is skipped, never started). Runs not started when the worker
+        The keeper holds every lease of the batch from the claim on (runs not started yet are
+        renewed with the running one). A run found no longer ours before it starts is skipped,
+        one cancelled meanwhile ends `cancelled` unstarted. Runs not started when the worker
         stops are released (the attempt not charged). Returns how many runs were taken in hand."""
         done: list[tuple[Claim, Any]] = []
-        lost: set[int] = set()
         executed = 0
-        renewed_at = time.monotonic()
+        renew_every = self.config.renew_every
+        for claim in claims:
+            self.keeper.hold(claim)
+        written_at = time.monotonic()
         try:
             for i, claim in enumerate(claims):
                 if self.stopping:
@@ -417,32 +501,43 @@ class Worker:
                 executed = i + 1
                 now = time.monotonic()
                 if (
-                    now - renewed_at
-                    >= self.config.renew_interval * claim.lease_seconds / self.config.lease
+                    done
+                    and now - written_at >= renew_every * claim.lease_seconds / self.config.lease
                 ):
+                    # Successes are not held by the keeper: write them before their leases age.
                     self.finish_successes(done)
                     done.clear()
-                    for waiting in claims[i:]:
-                        if (
-                            waiting.id not in lost
-                            and lease.renew(self.control_conn(), waiting) is None
-                        ):
-                            lost.add(waiting.id)
-                            log.event(
-                                "lease_lost",
-                                run_id=waiting.id,
-                                owner=str(waiting.owner),
-                                action="batch run not started",
-                            )
-                    renewed_at = now
-                if claim.id not in lost:
-                    self.execute(claim, handler, defer=done)
+                    written_at = now
+                self.keeper.tend(now)  # what is due (renewals, control) before the next start
+                held = self.keeper.get(claim.id)
+                if held is not None and held.signal.tripped:
+                    self._unstarted(held)
+                    continue
+                self.execute(claim, handler, defer=done)
         finally:
             self.finish_successes(done)
             for claim in claims[executed:]:
                 with suppress(psycopg.Error):
                     lease.release(self.control_conn(), claim, "batch stopped before this run")
+                self.keeper.drop(claim.id)
         return executed
+
+    def _unstarted(self, held: Held) -> None:
+        """A batch run whose signal tripped before it started: lost (skip it) or cancelled."""
+        claim = held.claim
+        self.keeper.drop(claim.id)
+        if held.signal.reason == "lost":
+            log.event(
+                "lease_lost",
+                run_id=claim.id,
+                owner=str(claim.owner),
+                action="batch run not started",
+            )
+        elif held.signal.reason == "cancelled":
+            self._write(
+                claim, "cancelled", lambda c: lease.finish(c, claim, "cancelled", error="cancelled")
+            )
+            log.event("run_cancelled", run_id=claim.id, kind=claim.kind, attempt=claim.attempts)
 
     def finish_successes(self, done: Sequence[tuple[Claim, Any]]) -> set[int]:
         """Write a batch's successes in one owner-scoped statement, retrying transient errors a
@@ -460,7 +555,7 @@ class Worker:
                         level=40,
                         run_ids=[c.id for c, _ in done],
                         outcome="succeeded",
-                        error=str(exc),
+                        error=log.first_line(exc),
                     )
                     return set()
                 self.drop_control_conn()
@@ -473,9 +568,14 @@ class Worker:
 
     def finish_success(self, claim: Claim, result: Any) -> str | None:
         """Seal one deferred success on its own (owner-scoped, transient errors retried)."""
-        return self._record(
-            lambda c: lease.finish(c, claim, "succeeded", result=result), claim, "succeeded"
+        ok = self._write(
+            claim, "succeeded", lambda c: lease.finish(c, claim, "succeeded", result=result)
         )
+        if ok is NOT_WRITTEN:
+            self._durations.pop(claim.id, None)
+            return None
+        self._log_sealed(claim, ok)
+        return "succeeded" if ok else None
 
     def finish_and_claim(self, done: tuple[Claim, Any], kinds: Sequence[str]) -> list[Claim] | None:
         """Seal a deferred success and claim the next run in one statement (one round trip, one
@@ -507,11 +607,17 @@ class Worker:
         self._log_sealed(claim, sealed)
         return [] if nxt is None else [nxt]
 
-    @staticmethod
-    def _log_sealed(claim: Claim, sealed: bool) -> None:
+    def _log_sealed(self, claim: Claim, sealed: bool) -> None:
         """A deferred success written (or matching nothing: the lease was lost meanwhile)."""
+        duration = self._durations.pop(claim.id, None)
         if sealed:
-            log.event("run_succeeded", run_id=claim.id, kind=claim.kind, attempt=claim.attempts)
+            log.event(
+                "run_succeeded",
+                run_id=claim.id,
+                kind=claim.kind,
+                attempt=claim.attempts,
+                duration=None if duration is None else round(duration, 3),
+            )
         else:
             log.event(
                 "lease_lost",
@@ -520,22 +626,72 @@ class Worker:
                 action="succeeded matched nothing",
             )
 
+    # -- outcomes -----------------------------------------------------------------------------
+
+    def _seal(self, ctx: Context, status: str, write: Callable[[Conn], bool]) -> str | None:
+        """A terminal outcome written at once, logged with the attempt's duration."""
+        claim = ctx.claim
+        ok = self._write(claim, status, write)
+        if not ok:
+            if ok is not NOT_WRITTEN:
+                self._log_lost(claim, f"{status} matched nothing")
+            return None
+        duration = round(time.monotonic() - ctx.started, 3)
+        log.event(
+            "run_" + status,
+            run_id=claim.id,
+            kind=claim.kind,
+            attempt=claim.attempts,
+            duration=duration,
+        )
+        return status
+
     def _retry(
         self, ctx: Context, after: float | None, error: str, outcome: str, result: Any = None
     ) -> str | None:
+        """Requeue in place after the backoff (or `after`). The database decides what that
+        means: queued again, or `failed` (no attempt left), or `cancelled` (cancel requested
+        meanwhile); the log says what it returned."""
         cfg = self.config
-        delay = retry_delay(ctx.claim.attempts, after, cfg.backoff, cfg.backoff_jitter, self.rand)
-        status: list[str | None] = [None]
-        kept = self._storable(ctx.claim, result)
-
-        def write(c: Conn) -> bool:
-            status[0] = lease.requeue(
-                c, ctx.claim, delay=delay, error=error, outcome=outcome, result=kept
+        claim = ctx.claim
+        delay = retry_delay(claim.attempts, after, cfg.backoff, cfg.backoff_jitter, self.rand)
+        kept = self._storable(claim, result)
+        done = self._write(
+            claim,
+            "requeued",
+            lambda c: lease.requeue_due(
+                c, claim, delay=delay, error=error, outcome=outcome, result=kept
+            ),
+        )
+        if not done:
+            if done is not NOT_WRITTEN:
+                self._log_lost(claim, "requeue matched nothing")
+            return None
+        status: str = done[0]
+        due = done[1]
+        first = error.splitlines()[0] if error else None
+        fields: dict[str, Any] = {"run_id": claim.id, "kind": claim.kind, "attempt": claim.attempts}
+        if status == "queued":
+            log.event(
+                "run_retry",
+                level=30,
+                error=first,
+                outcome=outcome,
+                due_at=due.isoformat(),
+                **fields,
             )
-            return status[0] is not None
-
-        self._record(write, ctx.claim, "requeued")
-        return status[0]
+        elif status == "failed":
+            log.event(
+                "run_failed",
+                level=40,
+                error=first,
+                outcome=outcome,
+                attempts=claim.attempts,
+                **fields,
+            )
+        else:
+            log.event("run_" + status, **fields)
+        return status
 
     def _storable(self, claim: Claim, result: Any) -> Any:
         """`result` encoded for jsonb, or None (keep what the run has) if it cannot be stored,
@@ -550,19 +706,14 @@ class Worker:
         claim = ctx.claim
         reason = ctx.signal.reason
         if reason == "lost":
-            log.event(
-                "lease_lost",
-                run_id=claim.id,
-                owner=str(claim.owner),
-                action="stopped, wrote nothing",
-            )
+            self._log_lost(claim, "stopped, wrote nothing")
             return None
         if reason == "cancelled":
             kept = self._storable(claim, ctx.result)
-            return self._record(
-                lambda c: lease.finish(c, claim, "cancelled", result=kept, error="cancelled"),
-                claim,
+            return self._seal(
+                ctx,
                 "cancelled",
+                lambda c: lease.finish(c, claim, "cancelled", result=kept, error="cancelled"),
             )
         if reason == "timeout":
             return self._retry(
@@ -572,21 +723,33 @@ class Worker:
                 "timeout",
                 result=ctx.result,
             )
-        status: list[str | None] = [None]
+        status = self._write(
+            claim, "released", lambda c: lease.release(c, claim, reason or "shutdown")
+        )
+        if not status:
+            if status is not NOT_WRITTEN:
+                self._log_lost(claim, "released matched nothing")
+            return None
+        log.event(
+            "run_released" if status == "queued" else "run_" + status,
+            run_id=claim.id,
+            kind=claim.kind,
+            attempt=claim.attempts,
+            reason=reason or "shutdown",
+        )
+        return status if isinstance(status, str) else None
 
-        def write(c: Conn) -> bool:
-            status[0] = lease.release(c, claim, reason or "shutdown")
-            return status[0] is not None
+    def _log_lost(self, claim: Claim, action: str) -> None:
+        log.event("lease_lost", run_id=claim.id, owner=str(claim.owner), action=action)
 
-        self._record(write, claim, "released")
-        return status[0]
-
-    def _record(self, write: Callable[[Conn], bool], claim: Claim, what: str) -> str | None:
-        """Write an outcome on the control connection, retrying transient errors a few times.
-        If it never lands, the lease lapses and another worker redoes the run (at least once)."""
+    def _write(self, claim: Claim, what: str, write: Callable[[Conn], Any]) -> Any:
+        """Write an outcome on the control connection, retrying transient errors a few times, and
+        return what `write` returned (None or False: the run was no longer ours), or NOT_WRITTEN
+        (falsy, logged) when it never landed: the lease then lapses and another worker redoes the
+        run (at least once)."""
         for attempt in range(3):
             try:
-                ok = write(self.control_conn())
+                result = write(self.control_conn())
             except psycopg.Error as exc:
                 if not is_transient(exc) or attempt == 2:
                     log.event(
@@ -594,20 +757,11 @@ class Worker:
                         level=40,
                         run_id=claim.id,
                         outcome=what,
-                        error=str(exc),
+                        error=log.first_line(exc),
                     )
-                    return None
+                    return NOT_WRITTEN
                 self.drop_control_conn()
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            if not ok:
-                log.event(
-                    "lease_lost",
-                    run_id=claim.id,
-                    owner=str(claim.owner),
-                    action=f"{what} matched nothing",
-                )
-                return None
-            log.event("run_" + what, run_id=claim.id, kind=claim.kind, attempt=claim.attempts)
-            return what
-        return None
+            return result
+        return NOT_WRITTEN

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from leasework import App, ConfigError, PayloadError, UnknownKind
+from leasework.app import DEFAULT_TIMEOUT
 
 Conn = psycopg.Connection[Any]
 
@@ -90,3 +91,18 @@ def test_per_task_settings_reach_the_run(conn: Conn) -> None:
     ).fetchone()
     assert row == (7, 300.0, 60.0)
     assert app.enqueue(conn, "slow", max_attempts=2) != run_id
+
+
+def test_a_task_times_out_after_an_hour_unless_it_says_otherwise(conn: Conn) -> None:
+    app = App()
+    app.task("plain")(lambda ctx, payload: None)
+    app.task("endless", timeout=None)(lambda ctx, payload: None)
+    timeouts = {
+        kind: conn.execute(
+            "SELECT timeout_seconds FROM leasework.runs WHERE id = %s",
+            (app.enqueue(conn, kind),),
+        ).fetchone()
+        for kind in ("plain", "endless")
+    }
+    assert timeouts == {"plain": (DEFAULT_TIMEOUT,), "endless": (None,)}
+    assert DEFAULT_TIMEOUT == 3600.0

@@ -130,8 +130,8 @@ def test_config_gives_a_config_or_one_clear_error(tmp_path_factory, raw, env):
     except LeaseworkError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
-    assert cfg.renew_interval < cfg.lease / 2
-    assert cfg.control_interval < cfg.renew_interval
+    assert cfg.renew_every < cfg.lease / 2
+    assert cfg.control_every < cfg.renew_every
 
 
 def _toml_key(key: str) -> str:

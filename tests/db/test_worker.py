@@ -637,10 +637,10 @@ def test_notifies_received_during_a_long_job_are_drained_by_its_control_queries(
         with psycopg.connect(dsn, autocommit=True) as other:
             for _ in range(200):
                 other.execute("SELECT pg_notify('leasework', 'long')")
-        # ctx.check() runs a control query every control_interval; each one reads the NOTIFYs
-        # and the worker moves them out of psycopg's queue at once, into one wake-up entry.
+        # A checkpoint runs on the control connection and reads the NOTIFYs that came meanwhile;
+        # the worker moves them out of psycopg's queue at once, into one wake-up entry.
         def moved() -> bool:
-            ctx.check()
+            ctx.checkpoint(1)
             return "long" in holder[0]._woken and not control._notifies_backlog
 
         drained.append(wait_for(moved, timeout=5))

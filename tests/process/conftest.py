@@ -90,6 +90,8 @@ BASE_CONFIG: dict[str, Any] = {
 def _toml(values: dict[str, Any]) -> str:
     out = []
     for key, value in values.items():
+        if value is None:  # unset: the default (e.g. timings derived from the lease)
+            continue
         if isinstance(value, bool):
             out.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, str):

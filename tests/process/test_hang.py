@@ -1,6 +1,7 @@
-"""The watchdog's second rule: a child that holds a live lease but has gone silent (blocking
-user code that never calls ctx.check()) for longer than hang_timeout is killed, and its run is
-recovered at once by the fast release."""
+"""The watchdog's second rule: a child that holds a live lease but has gone silent for longer
+than hang_timeout (its lease keeper cannot run: a C call holding the GIL, a stopped process) is
+killed, and its run is recovered at once by the fast release. A handler merely blocked in a
+sleep is not silent: its keeper beats (tests/process/test_blocking.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ HANG = textwrap.dedent(
 
     @app.task("hang")
     def hang(ctx, payload):
-        # Blocking code with no ctx.check(): no beats reach the supervisor. A later attempt
+        # One C call holding the GIL for minutes, deaf to signals: neither the handler nor the
+        # lease keeper's thread can run, so no beat reaches the supervisor. A later attempt
         # finishes at once.
-        if ctx.attempt == 1:
-            while (HERE / f"hang-{ctx.run_id}").exists():
-                time.sleep(0.05)
+        if ctx.attempt == 1 and (HERE / f"hang-{ctx.run_id}").exists():
+            sum(range(10**10))
         return {"attempt": ctx.attempt}
     """
 )
@@ -42,9 +43,12 @@ def test_hang_timeout_kills_a_silent_child(supervise: Any, pconn: Any, app_dir: 
     assert killed["reason"] == "hang"
     wait_for(lambda: not alive(stuck), timeout=5)
     # Far sooner than the 60 s lease: the parent expired the dead child's lease on reaping it.
-    done = wait_for(
-        lambda: (r := get_run(pconn, run_id))["status"] == "succeeded" and r, timeout=10
-    )
+    try:
+        done = wait_for(
+            lambda: (r := get_run(pconn, run_id))["status"] == "succeeded" and r, timeout=10
+        )
+    except AssertionError:
+        raise AssertionError(f"{get_run(pconn, run_id)}\n{sup.log_path.read_text()}") from None
     assert done["result"] == {"attempt": 2}
     assert [h["outcome"] for h in done["history"]] == ["crashed", "succeeded"]
     sup.signal(signal.SIGTERM)

@@ -22,8 +22,10 @@ def test_defaults_are_the_seed_figures() -> None:
     cfg = load(env={})
     assert cfg.poll_interval == 2.0
     assert cfg.lease == 120.0
-    assert cfg.renew_interval == 40.0  # a third of the lease
-    assert cfg.control_interval == 2.0
+    assert cfg.renew_every == 40.0  # a third of the lease
+    assert cfg.control_every == 2.0
+    assert cfg.kill_margin == 20.0
+    assert (cfg.renew_interval, cfg.control_interval, cfg.watchdog_margin) == (None, None, None)
     assert cfg.heartbeat_interval == 15.0
     assert cfg.pool_size == 4
     assert cfg.max_attempts == 3

@@ -1,0 +1,351 @@
+"""The lease keeper: renews every lease the worker holds and runs the control query, on a thread
+and a connection of its own, whatever the handler is doing (a blocking sleep, a socket read,
+`subprocess.run`, an open `ctx.transaction()`, a C call that releases the GIL). When a run must
+stop (cancel requested, lease lost, timed out, shutting down) it trips the run's abort signal
+and interrupts the main thread, which raises `Aborted` in the handler.
+
+`tend()` does whatever is due, under one lock: the keeper's thread calls it on its own schedule
+and `ctx.check()` calls it too (without waiting for the lock), so a handler that does call
+`ctx.check()` sees a cancel at once. Never runs job code; writes only through lease.py; never
+touches the worker's other connections, so an interrupted handler cannot corrupt it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from .. import db, log
+from ..config import Config
+from ..errors import LeaseworkError, is_transient
+from . import lease
+from .deadman import Deadman
+from .lease import Claim
+
+Conn = psycopg.Connection[Any]
+
+# A renewal that has failed for this share of the lease trips `lost`, before the lease could
+# have expired in database time (the renewal's `now()` is never earlier than our sending it).
+GIVE_UP_AT = 0.9
+# The dead man's switch fires this long after the parent's watchdog would have killed the child
+# (the parent records the outcome, so it should act first), and this long after the abort grace.
+DEADMAN_SLACK = 2.0
+
+
+class AbortSignal:
+    """Run timeout, lost lease, cancel and shutdown all trip this one signal; the first reason
+    wins. Handlers listen to one thing: `ctx.check()` raises `Aborted(reason)` once tripped."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def trip(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    @property
+    def tripped(self) -> bool:
+        return self.reason is not None
+
+
+@dataclass(eq=False)
+class Held:
+    """A claimed run the keeper looks after, from its claim until its outcome is written.
+    Times are this process's monotonic clock."""
+
+    claim: Claim
+    renew_every: float
+    control_every: float
+    renewed: float  # when the last renewal that landed was sent (the claim counts as one)
+    controlled: float  # when the run's state was last read
+    signal: AbortSignal = field(default_factory=AbortSignal)
+    executing: bool = False  # its handler is running (a batch holds runs not started yet)
+    started: float | None = None
+    deadline: float | None = None  # when the attempt times out
+    tripped_at: float | None = None  # when the signal tripped while executing
+    interrupted: bool = False
+
+
+class Keeper:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        name: str,
+        stop_at: Callable[[], float | None] = lambda: None,
+        interrupt: Callable[[], None] | None = None,
+        on_tick: Callable[[Keeper], None] | None = None,
+        deadman: Deadman | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.name = name
+        self._stop_at = stop_at
+        self._interrupt = interrupt
+        self._on_tick = on_tick
+        self.deadman = deadman
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._held: dict[int, Held] = {}
+        self._conn: Conn | None = None
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    # -- what the worker tells it ---------------------------------------------------------------
+
+    def hold(self, claim: Claim, now: float | None = None) -> Held:
+        """Look after a claimed run's lease from now on (its claim was its first renewal)."""
+        now = self._clock() if now is None else now
+        cfg = self.config
+        ratio = claim.lease_seconds / cfg.lease
+        renew_every = cfg.renew_every * ratio
+        held = Held(
+            claim,
+            renew_every=renew_every,
+            control_every=min(cfg.control_every, renew_every / 2),
+            renewed=now,
+            controlled=now,
+        )
+        with self._lock:
+            self._held[claim.id] = held
+        self._changed()
+        return held
+
+    def begin(self, held: Held, now: float | None = None) -> None:
+        """Its handler starts now: the attempt's timeout runs from here."""
+        now = self._clock() if now is None else now
+        held.executing = True
+        held.started = now
+        timeout = held.claim.timeout_seconds
+        held.deadline = None if timeout is None else now + timeout
+        self._changed()
+
+    def drop(self, run_id: int) -> None:
+        """The run's outcome is written (or it was lost): stop looking after it."""
+        with self._lock:
+            self._held.pop(run_id, None)
+        self._changed()
+
+    def get(self, run_id: int) -> Held | None:
+        return self._held.get(run_id)
+
+    def executing(self) -> Held | None:
+        for held in list(self._held.values()):
+            if held.executing:
+                return held
+        return None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _changed(self) -> None:
+        if self._thread is not None:
+            self._wake.set()
+        elif self.deadman is not None:
+            self._arm(self._clock())
+
+    # -- the tick -------------------------------------------------------------------------------
+
+    def tend(self, now: float | None = None, *, wait: bool = True) -> None:
+        """Do what is due: trip timeouts and shutdown, renew the leases due for renewal and read
+        every held run's state (one statement), arm the dead man's switch, interrupt a handler
+        whose run must stop. With wait=False, return at once if the thread is at it already."""
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
+            now = self._clock() if now is None else now
+            runs = list(self._held.values())
+            stop_at = self._stop_at()
+            for held in runs:
+                if held.executing and held.deadline is not None and now >= held.deadline:
+                    self._trip(held, "timeout", now)
+                elif stop_at is not None and now >= stop_at:
+                    self._trip(held, "shutdown", now)
+            alive = [h for h in runs if h.signal.reason != "lost"]
+            if any(
+                now - h.controlled >= h.control_every or now - h.renewed >= h.renew_every
+                for h in alive
+            ):
+                self._query(alive)
+            self._arm(self._clock())
+            for held in runs:
+                if held.executing and held.signal.tripped:
+                    if held.tripped_at is None:
+                        held.tripped_at = now
+                    if not held.interrupted and self._interrupt is not None:
+                        held.interrupted = True
+                        self._interrupt()
+        finally:
+            self._lock.release()
+
+    def _query(self, runs: list[Held]) -> None:
+        sent = self._clock()
+        due = [(h.claim, sent - h.renewed >= h.renew_every) for h in runs]
+        try:
+            states = lease.tend(self._connection(), due)
+            expired = [h for h in runs if (s := states.get(h.claim.id)) and s.expired]
+            if expired:  # ours, but the lease lapsed (a long stall): renew them at once
+                states.update(lease.tend(self._connection(), [(h.claim, True) for h in expired]))
+        except (psycopg.Error, LeaseworkError) as exc:
+            self._failed(runs, exc, sent)
+            return
+        for held in runs:
+            if self._held.get(held.claim.id) is not held:
+                continue  # dropped meanwhile: its outcome is being written
+            state = states.get(held.claim.id)
+            if state is None or not state.ours:
+                self._lost(held, "the keeper found the run no longer ours", sent)
+                continue
+            held.controlled = sent
+            if state.renewed:
+                held.renewed = sent
+            if state.cancel_requested and not held.signal.tripped:
+                self._trip(held, "cancelled", sent)
+                log.event("cancel_seen", run_id=held.claim.id)
+
+    def _failed(self, runs: list[Held], exc: BaseException, now: float) -> None:
+        """A renewal or control query failed. Keep going while each lease is surely still ours;
+        trip `lost` before it could have expired in database time."""
+        level = 30 if is_transient(exc) or isinstance(exc, LeaseworkError) else 40
+        log.event(
+            "lease_check_failed",
+            level=level,
+            run_ids=[h.claim.id for h in runs],
+            error=log.first_line(exc),
+        )
+        self._drop_connection()
+        for held in runs:
+            if now - held.renewed >= held.claim.lease_seconds * GIVE_UP_AT:
+                self._lost(held, "renewal failed until the lease ran out", now)
+
+    def _lost(self, held: Held, why: str, now: float) -> None:
+        if held.signal.reason == "lost":
+            return
+        held.signal.reason = "lost"  # a lost lease overrides every other reason: write nothing
+        if held.executing and held.tripped_at is None:
+            held.tripped_at = now
+        log.event("lease_lost", run_id=held.claim.id, owner=str(held.claim.owner), why=why)
+
+    def _trip(self, held: Held, reason: str, now: float) -> None:
+        if held.signal.tripped:
+            return
+        held.signal.trip(reason)
+        if held.executing:
+            held.tripped_at = now
+
+    # -- the dead man's switch ------------------------------------------------------------------
+
+    def kill_at(self, now: float) -> float | None:
+        """When this process must be dead unless the keeper does better: before any held lease
+        it could not confirm expires, and after a tripped handler's abort grace."""
+        cfg = self.config
+        times: list[float] = []
+        for held in list(self._held.values()):
+            if held.signal.reason != "lost":
+                lease_s = held.claim.lease_seconds
+                margin = cfg.kill_margin * lease_s / cfg.lease
+                times.append(held.renewed + lease_s - margin / 2)
+            if held.executing and held.tripped_at is not None:
+                times.append(held.tripped_at + cfg.abort_grace + DEADMAN_SLACK)
+        return min(times) if times else None
+
+    def _arm(self, now: float) -> None:
+        if self.deadman is None:
+            return
+        at = self.kill_at(now)
+        if at is None:
+            if self.deadman.armed_at is not None:
+                self.deadman.disarm()
+        elif at != self.deadman.armed_at:
+            self.deadman.arm(at, now)
+
+    # -- the thread and its connection ----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._closing = False
+            self._thread = threading.Thread(
+                target=self._loop, name=f"{self.name}-keeper", daemon=True
+            )
+            self._thread.start()
+
+    def _next_wake(self, now: float) -> float:
+        """Seconds until something is due: a control query, a renewal, a timeout, shutdown."""
+        times = [now + self.config.heartbeat_interval]
+        stop_at = self._stop_at()
+        for held in list(self._held.values()):
+            if held.signal.reason == "lost":
+                continue
+            times.append(held.controlled + held.control_every)
+            times.append(held.renewed + held.renew_every)
+            if held.deadline is not None:
+                times.append(held.deadline)
+            if stop_at is not None:
+                times.append(stop_at)
+            if held.tripped_at is not None and not held.interrupted:
+                times.append(now)
+        return max(0.0, min(times) - now)
+
+    def _loop(self) -> None:
+        while not self._closing:
+            self._wake.wait(self._next_wake(self._clock()))
+            self._wake.clear()
+            if self._closing:
+                break
+            try:
+                self.tend()
+                if self._on_tick is not None:
+                    self._on_tick(self)
+            except Exception as exc:  # the keeper must outlive any bug of a tick
+                log.event("keeper_failed", level=40, error=log.first_line(exc))
+                time.sleep(0.1)
+
+    def connection(self) -> Conn:
+        """The keeper's own connection (reopened if it broke). Bounded so that a cut-off
+        database fails a statement within seconds instead of hanging the keeper."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._drop_connection()
+            self._conn = db.connect(
+                self.config.dsn,
+                application_name=f"leasework:{self.name}:keeper",
+                connect_timeout=db.HANG_CONNECT_TIMEOUT,
+                **db.HANG_GUARD,
+            )
+        return self._conn
+
+    _connection = connection
+
+    def run(self, fn: Callable[[Conn], Any]) -> Any:
+        """Run `fn` on the keeper's connection, under its lock (the workers-row heartbeat)."""
+        with self._lock:
+            try:
+                return fn(self.connection())
+            except psycopg.Error:
+                self._drop_connection()
+                raise
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
+
+    def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        with self._lock:
+            self._drop_connection()
+        if self.deadman is not None:
+            self.deadman.close()

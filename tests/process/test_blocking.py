@@ -1,0 +1,209 @@
+"""Handlers that never call ctx.check(), under a real supervisor: one blocking call longer than
+the lease keeps its lease and runs once; a cancel or a timeout interrupts a handler blocked in a
+sleep, and kills one stuck in a C call that holds the GIL (the parent writes the outcome); an
+open ctx.transaction() does not hold up renewal. The committed lease of a running run is sampled
+throughout and must never be in the past."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from leasework import App
+from tests.conftest import get_run, wait_for
+
+from .conftest import alive, holder_pid
+
+HANDLERS = textwrap.dedent(
+    """
+
+    def _started(ctx):
+        (HERE / f"started-{ctx.run_id}-{ctx.attempt}-{os.getpid()}").touch()
+
+
+    @app.task("sleepy", timeout=None)
+    def sleepy(ctx, payload):
+        _started(ctx)
+        time.sleep(payload["seconds"])  # one blocking call, never ctx.check()
+        return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+    @app.task("sleepy_timeout", timeout=2, max_attempts=2)
+    def sleepy_timeout(ctx, payload):
+        _started(ctx)
+        time.sleep(600)
+
+
+    @app.task("gil")
+    def gil(ctx, payload):
+        _started(ctx)
+        sum(range(10**10))  # minutes inside one C call holding the GIL, deaf to signals
+        return {"done": True}
+
+
+    @app.task("tx_held", timeout=None)
+    def tx_held(ctx, payload):
+        _started(ctx)
+        with ctx.transaction() as conn:
+            conn.execute(
+                "INSERT INTO public.supervisor_test_effects (run_id, attempt, pid) VALUES (%s, %s, %s)",
+                (ctx.run_id, ctx.attempt, os.getpid()),
+            )
+            # Open far past the lease, never idle for long (a transaction idle for a whole
+            # lease is ended by the server: fence_run).
+            for _ in range(payload["seconds"]):
+                time.sleep(1)
+                conn.execute("SELECT 1")
+        return {"attempt": ctx.attempt}
+    """
+)
+
+# The issue's reproduction: a 6 s lease renewed every 2 s, control every second.
+SHORT_LEASE: dict[str, Any] = {
+    "lease": 6.0,
+    "renew_interval": 2.0,
+    "control_interval": 1.0,
+    "watchdog_margin": 1.0,
+    "hang_timeout": 6.0,
+    "abort_grace": 3.0,
+    "backoff": [0.1],
+}
+
+
+def add_handlers(app_dir: Path) -> None:
+    with (app_dir / "lwtestapp.py").open("a", encoding="utf-8") as f:
+        f.write(HANDLERS)
+
+
+def enqueue(conn: psycopg.Connection[Any], kind: str, payload: dict[str, Any], **task: Any) -> int:
+    app = App()
+    app.task(kind, **task)(lambda ctx, p: None)
+    return app.enqueue(conn, kind, payload)
+
+
+def starts(app_dir: Path, run_id: int) -> list[str]:
+    return sorted(p.name for p in app_dir.glob(f"started-{run_id}-*"))
+
+
+class LeaseSampler:
+    """Reads the run's committed lease while it runs: it must never be in the past, and no two
+    attempts may ever have started while another process was still running one."""
+
+    def __init__(self, conn: psycopg.Connection[Any], run_id: int) -> None:
+        self.conn, self.run_id, self.samples, self.lapsed = conn, run_id, 0, []
+
+    def until(self, done: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            row = self.conn.execute(
+                "SELECT status, lease_expires_at < leasework.now() AS lapsed, attempts"
+                " FROM leasework.runs WHERE id = %s",
+                (self.run_id,),
+            ).fetchone()
+            assert row is not None
+            if row[0] == "running":
+                self.samples += 1
+                if row[1]:
+                    self.lapsed.append(row[2])
+            run = get_run(self.conn, self.run_id)
+            return run if done(run) else None
+
+        result: dict[str, Any] = wait_for(check, timeout=timeout, interval=0.1)
+        return result
+
+
+def test_a_handler_blocked_for_two_leases_succeeds_on_its_first_attempt(
+    supervise: Any, pconn: Any, app_dir: Path
+) -> None:
+    add_handlers(app_dir)
+    sup = supervise(processes=2, **SHORT_LEASE)
+    sup.wait_children(2)
+    run_id = enqueue(pconn, "sleepy", {"seconds": 15}, timeout=None)
+    sampler = LeaseSampler(pconn, run_id)
+    done = sampler.until(lambda r: r["status"] not in ("queued", "running"), timeout=60)
+    assert done["status"] == "succeeded", done
+    assert done["attempts"] == 1 and done["result"]["attempt"] == 1
+    assert [h["outcome"] for h in done["history"]] == ["succeeded"]
+    assert len(starts(app_dir, run_id)) == 1, "run twice"
+    assert sampler.samples > 50 and sampler.lapsed == [], "the committed lease lapsed"
+    assert not sup.events("child_killed_by_watchdog")
+
+
+def test_a_cancel_interrupts_a_handler_blocked_in_a_sleep(
+    supervise: Any, pconn: Any, app_dir: Path
+) -> None:
+    add_handlers(app_dir)
+    sup = supervise(processes=1, **SHORT_LEASE)
+    sup.wait_children(1)
+    run_id = enqueue(pconn, "sleepy", {"seconds": 600}, timeout=None)
+    run = wait_for(lambda: (r := get_run(pconn, run_id))["status"] == "running" and r)
+    pid = holder_pid(run["lease_worker"])
+    App().cancel(pconn, run_id)
+    done = wait_for(lambda: (r := get_run(pconn, run_id))["status"] == "cancelled" and r, 10)
+    assert done["history"][-1]["outcome"] == "cancelled"
+    # Interrupted, not killed: the same child goes on serving.
+    assert alive(pid) and not sup.events("child_killed_by_watchdog")
+    again = enqueue(pconn, "sleepy", {"seconds": 0}, timeout=None)
+    served = wait_for(lambda: (r := get_run(pconn, again))["status"] == "succeeded" and r, 10)
+    assert served["result"]["pid"] == pid
+
+
+def test_a_cancel_kills_a_handler_stuck_in_a_c_call_holding_the_gil(
+    supervise: Any, pconn: Any, app_dir: Path
+) -> None:
+    add_handlers(app_dir)
+    # The default lease: neither the lease rule nor hang_timeout fires within this test; only
+    # the cancel can end the attempt.
+    sup = supervise(
+        processes=1,
+        lease=120.0,
+        renew_interval=None,
+        control_interval=1.0,
+        watchdog_margin=None,
+        hang_timeout=120.0,
+        abort_grace=3.0,
+    )
+    sup.wait_children(1)
+    run_id = enqueue(pconn, "gil", {})
+    run = wait_for(lambda: (r := get_run(pconn, run_id))["status"] == "running" and r)
+    wait_for(lambda: starts(app_dir, run_id))
+    pid = holder_pid(run["lease_worker"])
+    App().cancel(pconn, run_id)
+    done = wait_for(lambda: (r := get_run(pconn, run_id))["status"] == "cancelled" and r, 20)
+    assert "abort_grace" in done["error"]
+    killed = sup.wait_event("child_killed_by_watchdog", lambda e: e["pid"] == pid)
+    assert (killed["reason"], killed["why"], killed["run_id"]) == ("abort", "cancelled", run_id)
+    wait_for(lambda: not alive(pid), timeout=5)
+
+
+def test_a_timeout_ends_each_blocked_attempt(supervise: Any, pconn: Any, app_dir: Path) -> None:
+    add_handlers(app_dir)
+    sup = supervise(processes=1, **SHORT_LEASE)
+    sup.wait_children(1)
+    run_id = enqueue(pconn, "sleepy_timeout", {}, timeout=2, max_attempts=2)
+    done = wait_for(lambda: (r := get_run(pconn, run_id))["status"] == "failed" and r, 40)
+    history = done["history"]
+    assert [h["outcome"] for h in history] == ["timeout", "timeout"], history
+    assert len(starts(app_dir, run_id)) == 2
+    assert not sup.events("child_killed_by_watchdog"), "interrupted, not killed"
+
+
+def test_an_open_transaction_does_not_hold_up_renewal(
+    supervise: Any, pconn: Any, app_dir: Path
+) -> None:
+    add_handlers(app_dir)
+    sup = supervise(processes=2, **SHORT_LEASE)
+    sup.wait_children(2)
+    run_id = enqueue(pconn, "tx_held", {"seconds": 10}, timeout=None)
+    sampler = LeaseSampler(pconn, run_id)
+    done = sampler.until(lambda r: r["status"] not in ("queued", "running"), timeout=40)
+    assert done["status"] == "succeeded" and done["attempts"] == 1, done["error"]
+    assert sampler.lapsed == [], "the committed lease lapsed while the transaction was open"
+    effects = pconn.execute(
+        "SELECT attempt FROM public.supervisor_test_effects WHERE run_id = %s", (run_id,)
+    ).fetchall()
+    assert effects == [(1,)]
+    assert not sup.events("child_killed_by_watchdog")

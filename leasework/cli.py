@@ -21,6 +21,7 @@ from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+CHECK_TIMEOUT = 5  # seconds for the one connection a long-running command checks the database with
 
 
 class _Parser(argparse.ArgumentParser):
@@ -251,6 +252,12 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     from .workers.worker import Worker
 
     app = load_app(cfg.app, cfg, required=False)
+    # One direct connection before the worker opens its pool, which would retry a database that
+    # does not exist, refused credentials or a closed port for its whole 30 s start-up wait,
+    # logging each try. This way they are one line within CHECK_TIMEOUT, as for the other
+    # commands: exit 2 for a refusal or a missing schema, 1 for a server that cannot be reached.
+    with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT) as conn:
+        db.check_schema(conn)
     worker = Worker(app, cfg)
     if args.once:
         worker.open()
@@ -487,7 +494,7 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
         raise ConfigError(f"dashboard: --port must be 0-65535, got {args.port}")
     # A missing schema is bad usage (exit 2); a database that is down is served as 503 until back.
     try:
-        with db.connect(cfg.dsn, connect_timeout=5) as conn:
+        with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT) as conn:
             db.check_schema(conn)
     except db.DatabaseUnavailable as exc:
         log.event("dashboard_database_unavailable", logging.WARNING, error=str(exc))

@@ -3,6 +3,10 @@ transient (worth retrying) rather than bugs or bad input."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import numbers
+import reprlib
 from typing import Any
 
 import psycopg
@@ -49,17 +53,38 @@ class Aborted(LeaseworkError):
         self.reason = reason
 
 
+# The longest wait a handler may ask for: a Retry-After beyond this is a bug or a bad header,
+# not a plan, and a run parked for longer holds its key (no other run for it) all that time.
+MAX_RETRY_AFTER = 30 * 24 * 3600.0  # 30 days, in seconds
+
+
 class Retry(Exception):
     """Raised by a handler to ask for another attempt, after `after` seconds if given.
 
-    A provider's Retry-After given here wins over the backoff.
+    A provider's Retry-After given here wins over the backoff. `after` is None (use the
+    backoff) or a number of seconds from 0 to MAX_RETRY_AFTER (30 days). Anything else (a bool,
+    a string, nan, infinity, a negative or a larger number) raises ValueError where the Retry is
+    made, so inside a handler it is an ordinary failure, retried like any other.
     """
 
     def __init__(self, after: float | None = None, message: str = "retry requested") -> None:
         super().__init__(message)
-        if after is not None and after < 0:
-            raise ValueError("Retry(after=...) must be >= 0 seconds")
-        self.after = after
+        self.after = _retry_after(after)
+
+
+def _retry_after(after: object) -> float | None:
+    if after is None:
+        return None
+    seconds = math.nan  # not a number: refused below, as nan and infinity are
+    if isinstance(after, numbers.Real) and not isinstance(after, bool):
+        with contextlib.suppress(OverflowError):  # an int too large for a float
+            seconds = float(after)
+    if not 0 <= seconds <= MAX_RETRY_AFTER:
+        raise ValueError(
+            f"Retry(after={reprlib.repr(after)}): after must be a number of seconds from 0 to "
+            f"{MAX_RETRY_AFTER:.0f} (30 days), or None for the backoff"
+        )
+    return seconds
 
 
 class Partial(Exception):

@@ -169,26 +169,38 @@ class Indexer:
             return self._index(ctx, file_id)
         except Aborted as exc:
             if exc.reason == "cancelled":
-                self._mark(ctx, file_id, "pending", "indexing cancelled", fenced=False)
+                self._mark(ctx, file_id, "pending", "indexing cancelled")
             raise
         except LeaseLost:
             raise
         except Exception as exc:
             if ctx.claim.last_attempt and not ctx.signal.tripped:
-                self._mark(ctx, file_id, "failed", f"{type(exc).__name__}: {exc}", fenced=True)
+                self._mark(ctx, file_id, "failed", f"{type(exc).__name__}: {exc}")
             raise
 
-    def _mark(self, ctx: Context, file_id: int, status: str, error: str, *, fenced: bool) -> None:
-        params = {"id": file_id, "status": status, "error": error[:2000]}
+    def _mark(self, ctx: Context, file_id: int, status: str, error: str) -> None:
+        """The file's side of the run's outcome, written only while the run is still ours (see
+        mark_file_if_ours): a stalled worker never resets a file a newer run is indexing."""
+        params = {
+            "id": file_id,
+            "status": status,
+            "error": error[:2000],
+            "run_id": ctx.claim.id,
+            "owner": ctx.claim.owner,
+        }
         try:
-            if fenced:
-                with ctx.transaction() as tx:
-                    tx.execute(Q["mark_file"], params)
-            else:
-                with ctx.connection() as conn:
-                    conn.execute(Q["mark_file"], params)
-        except (LeaseLost, psycopg.Error) as exc:
-            log.event("file_mark_failed", level=30, file_id=file_id, error=str(exc))
+            with ctx.connection() as conn:
+                marked = conn.execute(Q["mark_file_if_ours"], params).fetchone()
+        except psycopg.Error as exc:
+            log.event("file_mark_failed", level=30, file_id=file_id, error=log.first_line(exc))
+            return
+        if marked is not None and not marked[0]:
+            log.event(
+                "lease_lost",
+                run_id=ctx.claim.id,
+                owner=str(ctx.claim.owner),
+                action="file not marked",
+            )
 
     def _index(self, ctx: Context, file_id: int) -> dict[str, Any]:
         restarts = 0

@@ -1,5 +1,6 @@
 -- The ingest stage: one file indexed per `ingest` run. Every write here runs inside the run's
--- fenced transaction (ctx.transaction()), so a worker that lost its lease commits nothing.
+-- fenced transaction (ctx.transaction()) or is scoped by the run's owner token itself
+-- (mark_file_if_ours), so a worker that lost its lease commits nothing.
 
 -- name: get_file
 SELECT id, project, name, store_key, size, sha256, status
@@ -41,7 +42,29 @@ UPDATE leasework.files
  WHERE id = %(id)s AND project = %(project)s AND sha256 = %(sha256)s
 
 -- name: mark_file
--- Failed, or back to pending after a cancel.
+-- Failed: a file no attempt could index (the stage's reject, inside its own fence).
 UPDATE leasework.files
    SET status = %(status)s, error = %(error)s
  WHERE id = %(id)s AND status IN ('pending', 'indexing')
+
+-- name: mark_file_if_ours
+-- Failed on the last attempt, or back to pending after a cancel, while the run is still ours:
+-- owner-scoped like the run's outcome written next (finish_run, requeue_run), so a worker whose
+-- run was settled or taken meanwhile (and a newer run may be indexing the file) writes nothing.
+-- The run row is locked FOR KEY SHARE first, as fence_run does, so it cannot be settled or taken
+-- (their FOR UPDATE SKIP LOCKED skips it) before this statement commits. Unlike fence_run it also
+-- accepts a lease that ran out with nobody taking it, as finish_run does: a run with a cancel
+-- request or on its last attempt is never reclaimed, so a cancel seen late (after a slow embed)
+-- still resets its file. One row always: whether the run was ours.
+WITH ours AS MATERIALIZED (
+    SELECT id
+      FROM leasework.runs
+     WHERE id = %(run_id)s AND lease_owner = %(owner)s
+       FOR KEY SHARE
+), marked AS (
+    UPDATE leasework.files
+       SET status = %(status)s, error = %(error)s
+     WHERE id = %(id)s AND status IN ('pending', 'indexing')
+       AND EXISTS (SELECT 1 FROM ours)
+)
+SELECT EXISTS (SELECT 1 FROM ours) AS ours

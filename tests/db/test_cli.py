@@ -5,6 +5,8 @@ exit 2 (or 1 for an unreachable database), no password echoed, and nothing writt
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +16,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from leasework import App
 from leasework.workers import lease
@@ -50,7 +53,10 @@ def cli(tmp_path: Path, dsn: str) -> Any:
     }
 
     def run(
-        *args: str, with_dsn: bool = True, extra_env: dict[str, str] | None = None
+        *args: str,
+        with_dsn: bool = True,
+        extra_env: dict[str, str] | None = None,
+        timeout: float = 60,
     ) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "leasework", *args]
         if with_dsn:
@@ -61,7 +67,7 @@ def cli(tmp_path: Path, dsn: str) -> Any:
             env={**env, **(extra_env or {})},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=timeout,
         )
 
     return run
@@ -209,3 +215,57 @@ def test_bad_input_is_one_line_exit_2_nothing_written(conn: Conn, cli: Any, tmp_
         failures = [f for f in pool.map(attempt, BAD_INPUT) if f]
     assert not failures, "\n".join(failures)
     assert count_runs(conn) == 0, "bad input wrote something"
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then let go)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_worker_with_a_bad_database_fails_in_one_line_within_seconds(
+    cli: Any, server_dsn: str
+) -> None:
+    # The worker's pool used to retry these for its whole 30 s start-up wait, logging every try,
+    # then exit 1 on a PoolTimeout. Like the other commands: one line, exit 2 for a refusal, 1
+    # for a server that cannot be reached. 15 s is a deadline for the process, not a measurement.
+    no_db = make_conninfo(server_dsn, dbname=f"lw_no_such_db_{secrets.token_hex(3)}")
+    no_role = make_conninfo(server_dsn, user="no_such_role_lw", password="s3cretpw")
+    closed = make_conninfo(server_dsn, host="127.0.0.1", port=str(free_port()))
+    refused, unreachable = (
+        "the database refused the connection: ",
+        "cannot connect to the database: ",
+    )
+    cases = [
+        (f"{' '.join(['worker', *once])} with {what}", [*once, "--dsn", bad], code, needle)
+        for once in (["--once"], [])
+        for what, bad, code, needle in (
+            ("no such database", no_db, 2, refused),
+            ("no such role", no_role, 2, refused),
+            ("a closed port", closed, 1, unreachable),
+        )
+    ]
+
+    def attempt(case: tuple[str, list[str], int, str]) -> str | None:
+        name, args, code, needle = case
+        argv = ["worker", "--app", "cliapp:app", *args]
+        try:
+            result = cli(*argv, with_dsn=False, timeout=15)
+        except subprocess.TimeoutExpired:
+            return f"{name}: still running after 15 s"
+        lines = result.stderr.strip().splitlines()
+        problems = []
+        if result.returncode != code:
+            problems.append(f"exit {result.returncode}, not {code}")
+        if len(lines) != 1 or not lines[0].startswith(f"leasework: {needle}"):
+            problems.append(f"stderr {result.stderr!r}")
+        if result.stdout:
+            problems.append(f"stdout {result.stdout!r}")
+        if "s3cretpw" in result.stderr:
+            problems.append("the password was echoed")
+        return f"{name}: {'; '.join(problems)}" if problems else None
+
+    with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+        failures = [f for f in pool.map(attempt, cases) if f]
+    assert not failures, "\n".join(failures)

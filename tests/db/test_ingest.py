@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from leasework import files
+from leasework.files import INGEST_KIND
 from leasework.stages.ingest import IngestStage
+from leasework.stages.ingest import Q as INGEST_Q
+from leasework.workers import lease
 
 from ..conftest import expire_lease, get_run
 from .ingest_helpers import Env, chunks_of, document, file_row, pdf_bytes, run_of
@@ -146,6 +150,63 @@ def test_cancel_mid_ingest_keeps_progress_and_writes_nothing_after(conn, env):
     assert env.embedder.calls == 2
     assert run["result"]["chunks"] == run["total_units"]
     assert file_row(conn, file_id)["status"] == "pending"
+
+
+def test_a_stale_attempts_cancel_leaves_a_newer_attempts_file_alone(conn, env):
+    env.settings["ingest_batch"] = 10
+    file_id, run_id = env.add(conn, "doc.txt", document(500))
+    worker = ingest_only(env.worker(control_interval=0.0001))
+    newer = []
+
+    def stall(call: int) -> None:
+        if call != 2:
+            return
+        # Worker A sees the cancel with its own control query, while the run is still its own...
+        assert env.app.cancel(conn, run_id) == "running"
+        assert worker.current is not None
+        worker.current.poke()
+        assert worker.current.signal.reason == "cancelled"
+        # ...then stalls past its lease before its cancel path runs. Meanwhile the run is settled
+        # `cancelled`, the file is indexed again, and the newer run has started on it.
+        expire_lease(conn, run_id)
+        lease.settle_runs(conn, 10)
+        assert get_run(conn, run_id)["status"] == "cancelled"
+        again = files.enqueue_ingest(env.app, conn, file_id)
+        [claim] = lease.claim_runs(conn, [INGEST_KIND], worker="newer", lease=60.0)
+        assert claim.id == again != run_id
+        with conn.transaction():
+            assert lease.fence(conn, claim)
+            conn.execute(INGEST_Q["start_indexing"], {"id": file_id})
+        newer.append(claim)
+
+    env.embedder.hook = stall
+    worker.poll()
+    [claim] = newer
+    # A woke to its cancel path and wrote nothing: the file is still the newer run's.
+    f = file_row(conn, file_id)
+    assert (f["status"], f["error"]) == ("indexing", None)
+    row = get_run(conn, claim.id)
+    assert row["status"] == "running" and row["lease_owner"] == claim.owner
+    assert get_run(conn, run_id)["status"] == "cancelled"
+
+
+def test_a_cancel_seen_after_an_untaken_lease_ran_out_still_resets_the_file(conn, env):
+    # Nobody takes a run whose cancel was requested, so a worker that sees the cancel only after
+    # its lease ran out (a slow embed) still owns the run: it records the cancel, and the file
+    # goes back to pending with it (a fence that wants a live lease would leave it `indexing`).
+    env.settings["ingest_batch"] = 10
+    file_id, run_id = env.add(conn, "doc.txt", document(500))
+
+    def slow(call: int) -> None:
+        if call == 2:
+            assert env.app.cancel(conn, run_id) == "running"
+            expire_lease(conn, run_id)
+
+    env.embedder.hook = slow
+    ingest_only(env.worker(control_interval=0.0001)).poll()
+    assert get_run(conn, run_id)["status"] == "cancelled"
+    f = file_row(conn, file_id)
+    assert (f["status"], f["error"]) == ("pending", "indexing cancelled")
 
 
 def test_over_the_byte_cap_fails_at_once_with_a_clear_error(conn, env):

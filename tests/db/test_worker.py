@@ -140,6 +140,39 @@ def test_retry_after_wins_over_the_backoff(conn: Conn, make_worker: MakeWorker) 
     assert "429" in row["error"]
 
 
+@pytest.mark.parametrize(
+    "after", [float("inf"), float("-inf"), float("nan"), -1, 1e10, 30 * 24 * 3600 + 1, True, "30"]
+)
+def test_a_bad_retry_after_is_an_ordinary_failure(
+    conn: Conn, make_worker: MakeWorker, after: Any
+) -> None:
+    # Once accepted, inf or True failed the requeue in SQL and left the run `running` until its
+    # lease ran out, nan sealed it `failed`, 1e10 parked it for centuries. Refused where the Retry
+    # is made, a bad `after` is a handler error: recorded, and retried after the backoff.
+    app = App()
+
+    @app.task("job")
+    def job(ctx: Context, payload: Any) -> None:
+        raise Retry(after=after, message="429 Too Many Requests")
+
+    run_id = app.enqueue(conn, "job")
+    before = lease.db_now(conn)
+    make_worker(app).poll()
+    done = lease.db_now(conn)
+    row = get_run(conn, run_id)
+    assert row["status"] == "queued" and row["attempts"] == 1, row["error"]
+    assert row["lease_owner"] is None and row["finished_at"] is None
+    first = row["error"].splitlines()[0]
+    assert first == (
+        f"ValueError: Retry(after={after!r}): after must be a number of seconds from 0 to "
+        "2592000 (30 days), or None for the backoff"
+    )
+    [entry] = row["history"]
+    assert entry["outcome"] == "failed" and entry["error"].startswith(first)
+    # The backoff applies (5 s x uniform(0.8, 1.2)), not the rejected `after`.
+    assert secs(row["queued_at"] - before) >= 4.0 and secs(row["queued_at"] - done) <= 6.0
+
+
 def test_exhausted_attempts_end_failed(conn: Conn, make_worker: MakeWorker) -> None:
     app = App()
     seen: list[int] = []

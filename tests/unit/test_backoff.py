@@ -1,14 +1,18 @@
 """Backoff is a pure decision: the seed's 5 s / 30 s / 2 min, each x uniform(0.8, 1.2), the last
-repeating, and a handler's Retry-After always wins."""
+repeating, and a handler's Retry-After always wins (a number of seconds from 0 to 30 days, checked
+where the Retry is raised)."""
 
 from __future__ import annotations
 
 import random
+from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from leasework.errors import MAX_RETRY_AFTER, Retry
 from leasework.workers.backoff import backoff_delay, retry_delay
 
 SEED_SCHEDULE = (5.0, 30.0, 120.0)
@@ -90,3 +94,32 @@ def test_without_retry_after_the_backoff_applies(
 ) -> None:
     expected = backoff_delay(attempt, schedule, jitter, random.Random(seed))
     assert retry_delay(attempt, None, schedule, jitter, random.Random(seed)) == expected
+
+
+def test_retry_after_is_a_number_of_seconds_within_the_cap() -> None:
+    assert Retry().after is None
+    assert Retry(after=0).after == 0.0
+    assert Retry(after=Fraction(3, 2)).after == 1.5
+    assert Retry(after=MAX_RETRY_AFTER).after == MAX_RETRY_AFTER == 30 * 24 * 3600
+    bad: list[Any] = [
+        float("inf"),
+        float("-inf"),
+        float("nan"),
+        -0.5,
+        MAX_RETRY_AFTER + 0.001,
+        1e10,
+        10**400,  # too large for a float: still a clear ValueError, not an OverflowError
+        True,
+        False,
+        "30",
+        [30],
+    ]
+    for after in bad:
+        with pytest.raises(ValueError) as caught:
+            Retry(after=after)
+        message = str(caught.value)
+        assert "\n" not in message
+        assert message.startswith("Retry(after=") and message.endswith(
+            "): after must be a number of seconds from 0 to 2592000 (30 days), or None for the"
+            " backoff"
+        )

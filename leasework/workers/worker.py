@@ -116,13 +116,15 @@ class Worker:
     # -- connections ------------------------------------------------------------------------
 
     def open(self) -> Worker:
-        """Open the pool (pool_size - 1 connections) and the reserved control connection."""
+        """Open the reserved control connection, check the schema, then open the pool
+        (pool_size - 1 connections): a bad or missing database fails on the first connection,
+        in one line, instead of in the pool's retries."""
+        conn = self.control_conn()
+        db.check_schema(conn)
         if self._pool is None:
             self._pool = db.make_pool(
                 self.config.dsn, self.config.pool_size - 1, f"leasework:{self.id}"
             )
-        conn = self.control_conn()
-        db.check_schema(conn)
         if self._want_deadman and self.keeper.deadman is None:
             self.keeper.deadman = Deadman()
         self._install_interrupt()

@@ -1,0 +1,260 @@
+"""The lease keeper on real Postgres: with its thread on, a handler that never calls ctx.check()
+keeps its lease, and a cancel, a timeout or a lost lease interrupts it where it blocks (a sleep,
+a query of its own); an interrupted pooled connection is discarded, never reused half-way. The
+keeper's give-up rule (renewal failing until 0.9 of the lease) is checked on a moved clock, and
+both rules have a mutation that the checks here catch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from leasework import Aborted, App, Config, Context
+from leasework.workers import keeper as keeper_mod
+from leasework.workers import lease
+from leasework.workers.keeper import Keeper
+from leasework.workers.worker import Worker
+
+from ..conftest import get_run, wait_for
+from .test_worker import steal
+
+Conn = psycopg.Connection[Any]
+MakeWorker = Callable[..., Worker]
+# Short enough that a renewal shows within a second or two, never slept out: the handlers wait on
+# the condition they test, with a deadline.
+QUICK = {"lease": 3.0, "renew_interval": 0.5, "control_interval": 0.2, "keeper_thread": True}
+
+
+def lease_expiry(dsn: str, run_id: int) -> datetime | None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("SELECT lease_expires_at FROM leasework.runs WHERE id = %s", (run_id,))
+        found = row.fetchone()
+    return None if found is None else found[0]
+
+
+def renewed_while_the_handler_blocks(make_worker: MakeWorker, conn: Conn, dsn: str) -> None:
+    """A handler that never calls ctx.check() sees its committed lease extended twice while it
+    blocks, and its run succeeds."""
+    app = App()
+    seen: list[bool] = []
+
+    @app.task("blocked")
+    def blocked(ctx: Context, payload: Any) -> None:
+        first = lease_expiry(dsn, ctx.run_id)
+        assert first is not None
+        expiries = {first}
+        deadline = time.monotonic() + 8
+        while len(expiries) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # blocking, never ctx.check()
+            expiries.add(lease_expiry(dsn, ctx.run_id) or first)
+        seen.append(len(expiries) >= 3 and max(expiries) > first)
+
+    run_id = app.enqueue(conn, "blocked")
+    make_worker(app, **QUICK).poll()
+    assert seen == [True], "the lease was not renewed while the handler blocked"
+    assert get_run(conn, run_id)["status"] == "succeeded"
+
+
+def test_the_keeper_renews_a_lease_while_the_handler_blocks(
+    make_worker: MakeWorker, conn: Conn, dsn: str
+) -> None:
+    renewed_while_the_handler_blocks(make_worker, conn, dsn)
+
+
+def test_without_the_keeper_thread_the_blocked_handler_is_caught(
+    monkeypatch: pytest.MonkeyPatch, make_worker: MakeWorker, conn: Conn, dsn: str
+) -> None:
+    """The mutation: handler-independent renewal turned off (the keeper's thread never starts,
+    so leases are renewed only in ctx.check()). The check above must fail."""
+    monkeypatch.setattr(Keeper, "start", lambda self: None)
+    with pytest.raises(AssertionError, match="not renewed"):
+        renewed_while_the_handler_blocks(make_worker, conn, dsn)
+
+
+def when_running(conn: Conn, run_id: int, act: Callable[[], Any]) -> threading.Thread:
+    """In the background: once the run is running, do `act` (as another process would)."""
+
+    def go() -> None:
+        wait_for(lambda: get_run(conn, run_id)["status"] == "running", timeout=20)
+        act()
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_cancel_interrupts_a_handler_blocked_in_a_sleep(
+    make_worker: MakeWorker, conn: Conn, dsn: str
+) -> None:
+    app = App()
+    aborted: list[tuple[str, float]] = []
+
+    @app.task("sleepy")
+    def sleepy(ctx: Context, payload: Any) -> None:
+        started = time.monotonic()
+        try:
+            time.sleep(60)
+        except Aborted as exc:
+            aborted.append((exc.reason, time.monotonic() - started))
+            raise
+
+    run_id = app.enqueue(conn, "sleepy")
+    with psycopg.connect(dsn, autocommit=True) as other:
+        canceller = when_running(other, run_id, lambda: App().cancel(other, run_id))
+        make_worker(app, **QUICK).poll()
+        canceller.join(5)
+    [(reason, took)] = aborted
+    assert reason == "cancelled" and took < 30
+    row = get_run(conn, run_id)
+    assert row["status"] == "cancelled" and row["history"][-1]["outcome"] == "cancelled"
+
+
+def test_a_timeout_interrupts_a_handler_blocked_in_a_sleep(
+    make_worker: MakeWorker, conn: Conn
+) -> None:
+    app = App()
+
+    @app.task("sleepy", timeout=0.5)
+    def sleepy(ctx: Context, payload: Any) -> None:
+        time.sleep(60)
+
+    run_id = app.enqueue(conn, "sleepy")
+    started = time.monotonic()
+    make_worker(app, **QUICK).poll()
+    assert time.monotonic() - started < 30
+    row = get_run(conn, run_id)
+    assert row["status"] == "queued" and row["attempts"] == 1
+    assert row["history"][-1]["outcome"] == "timeout"
+    assert row["error"] == "timeout after 0.5 s"
+
+
+def test_a_lost_lease_interrupts_the_handler_and_nothing_is_written(
+    make_worker: MakeWorker, conn: Conn, dsn: str
+) -> None:
+    app = App()
+    aborted: list[str] = []
+
+    @app.task("job")
+    def job(ctx: Context, payload: Any) -> dict[str, str]:
+        try:
+            time.sleep(60)
+        except Aborted as exc:
+            aborted.append(exc.reason)
+            raise
+        return {"written": "by a stale worker"}
+
+    run_id = app.enqueue(conn, "job")
+    thief: list[lease.Claim] = []
+    with psycopg.connect(dsn, autocommit=True) as other:
+        stealer = when_running(other, run_id, lambda: thief.append(steal(dsn, run_id)))
+        make_worker(app, **QUICK).poll()
+        stealer.join(5)
+    assert aborted == ["lost"]
+    row = get_run(conn, run_id)
+    assert row["status"] == "running" and row["lease_owner"] == thief[0].owner
+    assert row["result"] is None
+
+
+def test_an_interrupted_query_of_the_handler_is_cancelled_and_its_connection_dropped(
+    make_worker: MakeWorker, conn: Conn, dsn: str
+) -> None:
+    app = App()
+    outcomes: list[str] = []
+
+    @app.task("stuck_query")
+    def stuck_query(ctx: Context, payload: Any) -> None:
+        with ctx.transaction() as c:
+            c.execute("SELECT pg_sleep(60) /* stuck_query */")
+
+    @app.task("after")
+    def after(ctx: Context, payload: Any) -> None:
+        with ctx.transaction() as c:  # the pool must hand out a clean connection
+            outcomes.append(str(c.info.transaction_status.name))
+            c.execute("SELECT 1")
+        with ctx.connection() as c:
+            c.execute("SELECT 1")
+
+    run_id = app.enqueue(conn, "stuck_query")
+    worker = make_worker(app, pool_size=2, **QUICK)  # a pool of one: the same connection again
+    with psycopg.connect(dsn, autocommit=True) as other:
+        canceller = when_running(other, run_id, lambda: App().cancel(other, run_id))
+        worker.poll()
+        canceller.join(5)
+    assert get_run(conn, run_id)["status"] == "cancelled"
+    # The server stopped the query (cancelled with the connection), so it holds no lock.
+    wait_for(
+        lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
+            ("%/* stuck_query */%",),
+        ).fetchone()
+        == (0,)
+    )
+    next_id = app.enqueue(conn, "after")
+    worker.poll()
+    assert get_run(conn, next_id)["status"] == "succeeded", get_run(conn, next_id)["error"]
+    assert outcomes == ["INTRANS"]
+
+
+# -- the give-up rule, on a moved clock -------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def unreachable_dsn() -> str:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: connections are refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"host=127.0.0.1 port={port} dbname=none user=none connect_timeout=2"
+
+
+def gives_up_before_the_lease_could_expire(claim: lease.Claim) -> None:
+    """Renewal failing since the claim: the run stays ours until 0.9 of its lease has passed
+    (the database cannot have expired it yet), and is lost from then on, before it expires."""
+    clock = Clock()
+    cfg = Config(dsn=unreachable_dsn(), lease=claim.lease_seconds)
+    keeper = Keeper(cfg, name="t", clock=clock)
+    held = keeper.hold(claim)
+    try:
+        clock.t += claim.lease_seconds * 0.85
+        keeper.tend()
+        assert not held.signal.tripped, "gave up while the lease was surely still ours"
+        clock.t += claim.lease_seconds * 0.1  # 0.95 of the lease
+        keeper.tend()
+        assert held.signal.reason == "lost", "renewal kept failing past 0.9 of the lease"
+    finally:
+        keeper.close()
+
+
+def a_claim(conn: Conn) -> lease.Claim:
+    app = App()
+    app.task("job", lease=30)(lambda ctx, payload: None)
+    app.enqueue(conn, "job")
+    [claim] = lease.claim_runs(conn, ["job"], worker="w", lease=30.0)
+    return claim
+
+
+def test_the_keeper_gives_up_at_nine_tenths_of_the_lease(conn: Conn) -> None:
+    gives_up_before_the_lease_could_expire(a_claim(conn))
+
+
+def test_giving_up_later_than_the_lease_is_caught(
+    monkeypatch: pytest.MonkeyPatch, conn: Conn
+) -> None:
+    """The mutation: the keeper gives up at 1.5 x the lease, after the database expired it."""
+    monkeypatch.setattr(keeper_mod, "GIVE_UP_AT", 1.5)
+    with pytest.raises(AssertionError, match="past 0.9"):
+        gives_up_before_the_lease_could_expire(a_claim(conn))

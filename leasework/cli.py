@@ -90,7 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="apply nothing; exit 1 if migrations are pending"
     )
 
-    p = sub.add_parser("worker", help="run one worker in the foreground")
+    p = sub.add_parser(
+        "worker",
+        help="run one worker in the foreground (a development tool; production: supervise)",
+        description=STANDALONE_NOTE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _common(p)
     _with_app(p)
     p.add_argument("--once", action="store_true", help="run a single poll and exit")
@@ -248,6 +253,20 @@ def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
     return EXIT_OK
 
 
+STANDALONE_NOTE = """\
+One worker process, no supervisor: a development tool. Its lease keeper renews
+and watches each run whatever the handler does, a cancel, a timeout or a stop
+interrupts a blocked handler, and a kernel timer kills the process before a lease
+it can no longer confirm expires, exactly as under `leasework supervise`. What
+only the supervisor gives:
+  - a handler stuck in a C call holding the GIL is not killed on cancel (nothing
+    in the process can see it): the timer kills the process before its lease
+    expires, and the run ends `cancelled` only once the lease has expired;
+  - a worker that dies (kill -9, the timer) has its run released only when its
+    lease expires, not at once; nobody restarts it.
+"""
+
+
 def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     from .workers.worker import Worker
 
@@ -258,7 +277,14 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     # commands: exit 2 for a refusal or a missing schema, 1 for a server that cannot be reached.
     with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT) as conn:
         db.check_schema(conn)
-    worker = Worker(app, cfg)
+    worker = Worker(app, cfg, deadman=True)
+    log.event(
+        "worker_standalone",
+        level=30,
+        note="a development tool: a handler stuck in a C call holding the GIL is not killed on "
+        "cancel, and a dead worker's run waits out its lease; production hosts run "
+        "`leasework supervise` (leasework worker --help)",
+    )
     if args.once:
         worker.open()
         try:
@@ -271,7 +297,10 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     import signal
 
     def on_signal(signum: int, frame: object) -> None:
-        worker.stop(graceful=not worker.stopping)
+        graceful = not worker.stopping  # the first asks for a graceful stop, a second is fast
+        worker.stop(graceful=graceful)
+        if not graceful:
+            worker.interrupt_now()  # Aborted in the handler, if one is running
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -132,6 +132,8 @@ class Keeper:
             held.started = now
             timeout = held.claim.timeout_seconds
             held.deadline = None if timeout is None else now + timeout
+            if held.deadline is not None:
+                self._arm(now)
             self._changed(held.deadline)
 
     def drop(self, run_id: int) -> None:
@@ -254,7 +256,7 @@ class Keeper:
 
     def kill_at(self, now: float) -> float | None:
         """When this process must be dead unless the keeper does better: before any held lease
-        it could not confirm expires, and after a tripped handler's abort grace."""
+        it could not confirm expires, and after a tripped (or timed-out) handler's abort grace."""
         cfg = self.config
         times: list[float] = []
         for held in list(self._held.values()):
@@ -264,6 +266,8 @@ class Keeper:
                 times.append(held.renewed + lease_s - margin / 2)
             if held.executing and held.tripped_at is not None:
                 times.append(held.tripped_at + cfg.abort_grace + DEADMAN_SLACK)
+            if held.executing and held.deadline is not None:  # even if no tick can trip it
+                times.append(held.deadline + cfg.abort_grace + DEADMAN_SLACK)
         return min(times) if times else None
 
     def _arm(self, now: float) -> None:

@@ -189,11 +189,13 @@ def test_an_interrupted_query_of_the_handler_is_cancelled_and_its_connection_dro
     assert get_run(conn, run_id)["status"] == "cancelled"
     # The server stopped the query (cancelled with the connection), so it holds no lock.
     wait_for(
-        lambda: conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
-            ("%/* stuck_query */%",),
-        ).fetchone()
-        == (0,)
+        lambda: (
+            conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
+                ("%/* stuck_query */%",),
+            ).fetchone()
+            == (0,)
+        )
     )
     next_id = app.enqueue(conn, "after")
     worker.poll()

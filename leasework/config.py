@@ -60,7 +60,10 @@ class Config:
     )
     pool_size: int = field(
         default=4,
-        metadata=_doc("connections per worker process, one reserved for renewal and control"),
+        metadata=_doc(
+            "connections per worker process for claims and handlers, one reserved for claims "
+            "and outcomes; its lease keeper holds one more of its own"
+        ),
     )
     max_attempts: int = field(
         default=3, metadata=_doc("attempts per run unless the task says otherwise")

@@ -219,7 +219,7 @@ class Context:
         # must our idea of progress, or a handler resuming from ctx.processed would skip the step
         # whose effect was just undone.
         saved = (self._processed, self._total)
-        with self._worker.pool_connection() as conn:
+        with self._pooled() as conn:
             block = conn.transaction()
             tx: psycopg.Transaction | None = None
             try:
@@ -247,12 +247,26 @@ class Context:
     @contextmanager
     def connection(self) -> Iterator[Conn]:
         """A pooled connection for reads (autocommit). Write effects through `transaction()`."""
-        with self._worker.pool_connection() as conn:
+        with self._pooled() as conn:
             try:
                 yield conn
             except BaseException:
-                discard_if_busy(conn)
+                with self._shielded():
+                    discard_if_busy(conn)
                 raise
+
+    @contextmanager
+    def _pooled(self) -> Iterator[Conn]:
+        """A connection of the worker's pool, taken and given back where no interruption can
+        land half-way (the pool would lose track of it)."""
+        pool = self._worker.pool()
+        with self._shielded():
+            conn = pool.getconn()
+        try:
+            yield conn
+        finally:
+            with self._shielded():
+                pool.putconn(conn)
 
 
 def describe_error(exc: BaseException, limit: int = 8) -> str:

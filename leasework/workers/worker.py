@@ -230,11 +230,15 @@ class Worker:
 
     @contextmanager
     def pool_connection(self) -> Iterator[Conn]:
+        with self.pool().connection() as conn:
+            yield conn
+
+    def pool(self) -> ConnectionPool[Any]:
+        """The pool of connections for handlers and stages (opened on first use)."""
         if self._pool is None:
             self.open()
         assert self._pool is not None
-        with self._pool.connection() as conn:
-            yield conn
+        return self._pool
 
     # -- the loop ---------------------------------------------------------------------------
 

@@ -258,5 +258,5 @@ def test_giving_up_later_than_the_lease_is_caught(
 ) -> None:
     """The mutation: the keeper gives up at 1.5 x the lease, after the database expired it."""
     monkeypatch.setattr(keeper_mod, "GIVE_UP_AT", 1.5)
-    with pytest.raises(AssertionError, match="past 0.9"):
+    with pytest.raises(AssertionError, match=r"past 0\.9"):
         gives_up_before_the_lease_could_expire(a_claim(conn))

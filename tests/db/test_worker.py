@@ -4,6 +4,7 @@ control and fenced transaction, stage isolation, and the NOTIFY wake-up of an id
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -705,3 +706,82 @@ def test_drain_stops_claiming_after_the_job_in_hand(conn, make_worker):
     statuses = [get_run(conn, i)["status"] for i in ids]
     assert statuses == ["succeeded", "queued", "queued"]
     assert worker.stopping and not worker.running
+
+
+# -- regressions: a retryable Partial on the last attempt; what the log says ------------------
+
+
+def test_a_retryable_partial_on_the_last_attempt_ends_partial(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+
+    @app.task("half", max_attempts=1)
+    def half(ctx: Context, payload: Any) -> None:
+        raise Partial({"tables": 3}, retryable=True)
+
+    run_id = app.enqueue(conn, "half")
+    make_worker(app).poll()
+    row = get_run(conn, run_id)
+    assert row["status"] == "partial", "a partial result on the last attempt was thrown away"
+    assert row["result"] == {"tables": 3}
+    assert row["history"][-1]["outcome"] == "partial"
+
+
+class Events(logging.Handler):
+    """leasework's events as (name, level, fields), whatever the logging set-up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int, dict[str, Any]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append((record.getMessage(), record.levelno, getattr(record, "fields", {})))
+
+    def named(self, name: str) -> list[tuple[int, dict[str, Any]]]:
+        return [(level, fields) for n, level, fields in self.seen if n == name]
+
+
+@pytest.fixture
+def events() -> Iterator[Events]:
+    handler = Events()
+    logger = logging.getLogger("leasework")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.setLevel(level)
+    logger.removeHandler(handler)
+
+
+def test_the_log_says_what_the_database_returned(
+    conn: Conn, make_worker: MakeWorker, events: Events
+) -> None:
+    app = App()
+
+    @app.task("flaky", max_attempts=2)
+    def flaky(ctx: Context, payload: Any) -> None:
+        raise ValueError("upstream said no\nsecond line")
+
+    @app.task("fine")
+    def fine(ctx: Context, payload: Any) -> dict[str, int]:
+        return {"ok": 1}
+
+    run_id = app.enqueue(conn, "flaky")
+    worker = make_worker(app)
+    worker.poll()
+    [(level, retry)] = events.named("run_retry")
+    assert level == logging.WARNING and retry["run_id"] == run_id and retry["attempt"] == 1
+    assert retry["error"] == "ValueError: upstream said no"
+    assert retry["due_at"] == get_run(conn, run_id)["queued_at"].isoformat()
+    make_due(conn, run_id)
+    worker.poll()
+    [(level, failed)] = events.named("run_failed")
+    assert level == logging.ERROR and failed["attempts"] == 2
+    assert failed["error"] == "ValueError: upstream said no"
+    assert get_run(conn, run_id)["status"] == "failed"
+    assert not events.named("run_requeued")
+    done = app.enqueue(conn, "fine")
+    worker.poll()
+    [(_, ok)] = events.named("run_succeeded")
+    assert ok["run_id"] == done and isinstance(ok["duration"], float) and ok["duration"] >= 0

@@ -4,10 +4,12 @@ which child to retire; plus the liveness-pipe encoding. No database, no fork."""
 from __future__ import annotations
 
 import signal
+import uuid
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from leasework.supervisor import policy
 from leasework.supervisor.liveness import Beat, LineBuffer, decode, encode_beat, encode_error
 from leasework.supervisor.policy import (
     Candidate,
@@ -158,6 +160,52 @@ def test_an_idle_child_is_never_killed_for_its_lease(now: float, beat: float, le
     assert verdict is None
 
 
+def test_a_run_that_must_stop_gets_abort_grace_then_its_child_is_killed() -> None:
+    cancelled = Liveness(
+        last_beat=1000.0, run_id=7, renewed=1000.0, lease=120.0, abort="cancelled", abort_at=1000.0
+    )
+    assert _verdict(1004.9, cancelled, abort_grace=5.0) is None
+    assert _verdict(1005.0, cancelled, abort_grace=5.0) is Verdict.ABORT
+    # Even with the watchdog off: a cancel must end a handler that ignores it.
+    assert _verdict(1005.0, cancelled, abort_grace=5.0, enabled=False) is Verdict.ABORT
+    # A timeout passed counts without any report from the child (it may be unable to send one).
+    timed = Liveness(last_beat=900.0, run_id=7, renewed=1000.0, lease=120.0, timeout_at=1010.0)
+    assert policy.must_stop(timed, 1009.0) is None
+    assert policy.must_stop(timed, 1011.0) == ("timeout", 1010.0)
+    assert _verdict(1014.0, timed, abort_grace=5.0, hang_timeout=0.0) is None
+    assert _verdict(1015.0, timed, abort_grace=5.0, hang_timeout=0.0) is Verdict.ABORT
+    # An idle child has nothing to stop.
+    assert policy.must_stop(Liveness(last_beat=1.0, abort="cancelled", abort_at=1.0), 99.0) is None
+
+
+@given(times, st.floats(min_value=0.1, max_value=1e4), st.floats(min_value=0, max_value=1e4))
+def test_an_abort_is_never_acted_on_before_its_grace(
+    at: float, grace: float, before: float
+) -> None:
+    child = Liveness(last_beat=at, run_id=1, renewed=at, lease=1e6, abort="timeout", abort_at=at)
+    now = at + grace * (before / (before + 1.0))  # strictly inside the grace
+    assert (
+        watchdog(
+            now,
+            child,
+            enabled=True,
+            config_lease=1e6,
+            margin=0.0,
+            hang_timeout=0.0,
+            abort_grace=grace,
+        )
+        is None
+    )
+
+
+def test_what_the_parent_writes_for_a_run_it_killed() -> None:
+    assert policy.outcome_after_kill("cancelled") == "cancelled"
+    assert policy.outcome_after_kill("timeout") == "timeout"
+    assert policy.outcome_after_kill("shutdown") == "released"
+    assert policy.outcome_after_kill("lost") is None  # no longer ours: write nothing
+    assert policy.outcome_after_kill(None) is None
+
+
 # -- retiring -------------------------------------------------------------------------------------
 
 
@@ -188,7 +236,18 @@ def test_pick_to_retire_never_picks_busy_when_idle_exists(rows: list[tuple[float
 def test_beats_round_trip_through_the_pipe_encoding(
     t: float, run: int | None, renewed: float | None, lease: float | None, jobs: int
 ) -> None:
-    beat = Beat(t, run, renewed, lease, jobs)
+    extra = (
+        {}
+        if run is None
+        else {
+            "owner": str(uuid.UUID(int=run)),
+            "attempt": 3,
+            "timeout_at": t + 5.0,
+            "abort": "cancelled",
+            "abort_at": t,
+        }
+    )
+    beat = Beat(t, run, renewed, lease, jobs, **extra)  # type: ignore[arg-type]
     data = encode_beat(beat)
     assert len(data) < 512  # far below PIPE_BUF: each write is atomic
     buf = LineBuffer()

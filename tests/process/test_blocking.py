@@ -45,6 +45,12 @@ HANDLERS = textwrap.dedent(
         return {"done": True}
 
 
+    @app.task("gil_timeout", timeout=2, max_attempts=1)
+    def gil_timeout(ctx, payload):
+        _started(ctx)
+        sum(range(10**10))
+
+
     @app.task("tx_held", timeout=None)
     def tx_held(ctx, payload):
         _started(ctx)
@@ -177,6 +183,27 @@ def test_a_cancel_kills_a_handler_stuck_in_a_c_call_holding_the_gil(
     killed = sup.wait_event("child_killed_by_watchdog", lambda e: e["pid"] == pid)
     assert (killed["reason"], killed["why"], killed["run_id"]) == ("abort", "cancelled", run_id)
     wait_for(lambda: not alive(pid), timeout=5)
+
+
+def test_a_timeout_kills_a_handler_stuck_in_a_c_call_holding_the_gil(
+    supervise: Any, pconn: Any, app_dir: Path
+) -> None:
+    add_handlers(app_dir)
+    sup = supervise(
+        processes=1,
+        lease=120.0,
+        renew_interval=None,
+        control_interval=1.0,
+        watchdog_margin=None,
+        hang_timeout=120.0,
+        abort_grace=3.0,
+    )
+    sup.wait_children(1)
+    run_id = enqueue(pconn, "gil_timeout", {}, timeout=2, max_attempts=1)
+    done = wait_for(lambda: (r := get_run(pconn, run_id))["status"] == "failed" and r, 30)
+    assert done["history"][-1]["outcome"] == "timeout" and "abort_grace" in done["error"]
+    killed = sup.wait_event("child_killed_by_watchdog", lambda e: e["run_id"] == run_id)
+    assert (killed["reason"], killed["why"]) == ("abort", "timeout")
 
 
 def test_a_timeout_ends_each_blocked_attempt(supervise: Any, pconn: Any, app_dir: Path) -> None:

@@ -260,10 +260,11 @@ class Keeper:
         cfg = self.config
         times: list[float] = []
         for held in list(self._held.values()):
-            if held.signal.reason != "lost":
-                lease_s = held.claim.lease_seconds
-                margin = cfg.kill_margin * lease_s / cfg.lease
-                times.append(held.renewed + lease_s - margin / 2)
+            # Lost or not: a handler still running when the lease it last renewed runs out could
+            # overlap the next attempt (a lost run's grace never outlasts its lease).
+            lease_s = held.claim.lease_seconds
+            margin = cfg.kill_margin * lease_s / cfg.lease
+            times.append(held.renewed + lease_s - margin / 2)
             if held.executing and held.tripped_at is not None:
                 times.append(held.tripped_at + cfg.abort_grace + DEADMAN_SLACK)
             if held.executing and held.deadline is not None:  # even if no tick can trip it

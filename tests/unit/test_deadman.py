@@ -1,0 +1,102 @@
+"""The dead man's switch: the kernel kills a process stuck in a C call holding the GIL at the
+armed time, disarming cancels it; and when the keeper arms it: before any held lease it last
+renewed could expire (lost or not), and after a tripped or timed-out handler's grace."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from leasework import Config
+from leasework.workers.deadman import Deadman
+from leasework.workers.keeper import DEADMAN_SLACK, Keeper
+from leasework.workers.lease import Claim
+
+pytestmark = pytest.mark.skipif(not Deadman().available, reason="no POSIX timers here")
+
+STUCK = textwrap.dedent(
+    """
+    import sys, time
+    from leasework.workers.deadman import Deadman
+
+    d = Deadman()
+    d.arm(time.monotonic() + float(sys.argv[1]))
+    if sys.argv[2] == "disarm":
+        d.disarm()
+        time.sleep(1.0)  # past the time it was armed for
+        sys.exit(0)
+    sum(range(10**10))  # minutes in one C call holding the GIL, deaf to signals
+    sys.exit(0)
+    """
+)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-c", STUCK, *args], capture_output=True, timeout=60, check=False
+    )
+
+
+def test_the_kernel_kills_a_process_holding_the_gil_at_the_armed_time() -> None:
+    assert run("0.3", "stay").returncode == -9
+
+
+def test_disarming_cancels_the_kill() -> None:
+    assert run("0.3", "disarm").returncode == 0
+
+
+class Clock:
+    t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def claim(run_id: int = 1, lease: float = 60.0, timeout: float | None = None) -> Claim:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    return Claim(
+        run_id,
+        "job",
+        None,
+        None,
+        None,
+        False,
+        0,
+        {},
+        None,
+        1,
+        3,
+        uuid.uuid4(),
+        at,
+        lease,
+        timeout,
+        0,
+        None,
+        at,
+        at,
+        at,
+    )
+
+
+def test_the_keeper_arms_before_the_lease_and_after_the_grace() -> None:
+    clock = Clock()
+    cfg = Config(lease=60.0, abort_grace=5.0)  # margin 10 s: armed 5 s before the lease runs out
+    keeper = Keeper(cfg, name="t", clock=clock)
+    assert keeper.kill_at(clock.t) is None  # nothing held: nothing to kill for
+    held = keeper.hold(claim(timeout=30.0))
+    assert keeper.kill_at(clock.t) == 1000.0 + 55.0
+    keeper.begin(held)
+    assert keeper.kill_at(clock.t) == 1000.0 + 30.0 + 5.0 + DEADMAN_SLACK  # timeout + grace
+    held.signal.trip("cancelled")
+    held.tripped_at = 1010.0
+    assert keeper.kill_at(clock.t) == 1010.0 + 5.0 + DEADMAN_SLACK
+    held.signal.reason = "lost"  # a lost run's handler never outlives the lease it last renewed
+    held.tripped_at, held.deadline = 1052.0, None
+    assert keeper.kill_at(clock.t) == 1055.0
+    keeper.drop(held.claim.id)
+    assert keeper.kill_at(clock.t) is None

@@ -277,7 +277,7 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     # commands: exit 2 for a refusal or a missing schema, 1 for a server that cannot be reached.
     with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT) as conn:
         db.check_schema(conn)
-    worker = Worker(app, cfg, deadman=True)
+    worker = Worker(app, cfg, deadman=cfg.deadman)
     log.event(
         "worker_standalone",
         level=30,

@@ -116,6 +116,13 @@ class Config:
             "lease / 6",
         ),
     )
+    deadman: bool = field(
+        default=True,
+        metadata=_doc(
+            "a kernel timer kills a worker process before a lease it could not renew expires "
+            "(even when nothing in it can run); off only to debug a paused worker"
+        ),
+    )
     hang_timeout: float = field(
         default=120.0,
         metadata=_doc(

@@ -199,7 +199,7 @@ def _run(
     set_parent_death_signal(signal.SIGQUIT)
     _close_fds(inherited_fds)
     beacon = Beacon(beat_fd, parent_pid, config.max_jobs_per_child)
-    worker = Worker(app, config, worker_id=worker_id, on_beat=beacon, register=False, deadman=True)
+    worker = Worker(app, config, worker_id=worker_id, on_beat=beacon, register=False, deadman=config.deadman)
     _install_signals(worker)
     # The parent blocked every signal around fork(); anything that arrived since is delivered
     # now, to the handlers above.

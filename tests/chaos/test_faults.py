@@ -88,9 +88,10 @@ def test_kill_9_right_after_the_finish_commits(chaos: Chaos) -> None:
 
 
 def test_sigstop_past_the_lease_then_sigcont(chaos: Chaos) -> None:
-    """Watchdog off, so the paused child really wakes up after its run was taken: everything it
-    then tries is refused (renewal, fence, finish), and it commits nothing."""
-    run = chaos(watchdog=False, hang_timeout=0)
+    """Watchdog and dead man's switch off, so the paused child really wakes up after its run was
+    taken: everything it then tries is refused (renewal, fence, finish), and it commits
+    nothing."""
+    run = chaos(watchdog=False, hang_timeout=0, deadman=False)
     run.start()
     run.enqueue(12, steps=6, sleep=(0.2, 0.3))
     _progress(run, 3)

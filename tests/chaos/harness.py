@@ -50,6 +50,11 @@ CONFIG: dict[str, Any] = {
 }
 
 
+# A step's fenced transaction picked for a partition has been idle in transaction for less than
+# this (seconds): shorter than the rest of its tx_sleep, so it is still open when the link goes.
+FRESH_TX = 0.3
+
+
 @dataclass
 class Fault:
     kind: str
@@ -57,6 +62,8 @@ class Fault:
     run_id: int | None = None  # the run the fault hit, if one
     owner: str | None = None  # that run's lease owner when hit
     healed: float | None = None  # end of a fault with a duration
+    # The server session (backend pid, xact_start) caught inside a transaction, if one.
+    session: tuple[int, Any] | None = None
 
 
 @dataclass
@@ -131,7 +138,10 @@ class ChaosRun:
         steps: int = 3,
         sleep: tuple[float, float] = (0.05, 0.2),
         die: str | None = None,
+        tx_sleep: float = 0.0,
     ) -> list[int]:
+        """Enqueue `n` runs of `steps` steps, each waiting `sleep` (a random value in the range)
+        and then sleeping `tx_sleep` s inside its fenced transaction."""
         ids = []
         with self.connect() as conn:
             for _ in range(n):
@@ -141,6 +151,8 @@ class ChaosRun:
                 }
                 if die:
                     payload["die"] = die
+                if tx_sleep:
+                    payload["tx_sleep"] = tx_sleep
                 ids.append(chaos_app.enqueue(conn, kind, payload))
         self.enqueued.extend(ids)
         return ids
@@ -209,27 +221,49 @@ class ChaosRun:
         self.faults.append(fault)
         return fault
 
-    def partition_child(self, *, in_transaction: bool = False) -> tuple[Fault, int]:
-        """Black-hole a busy child's traffic until `heal_child`. in_transaction: pick a child
-        whose job holds a fenced transaction open at that moment."""
-        if in_transaction:
-
-            def in_tx() -> tuple[int, int, str] | None:
-                pid, run_id, owner = self.busy_child()
-                rows = self.query(
-                    "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE %s"
-                    " AND state = 'idle in transaction'",
-                    (f"leasework:%-{pid}-%",),
-                )
-                return (pid, run_id, owner) if rows else None
-
-            pid, run_id, owner = wait_for(in_tx, timeout=20, interval=0.01)
-        else:
+    def partition_child(self, *, in_transaction: Sequence[int] = ()) -> tuple[Fault, int]:
+        """Black-hole a busy child's traffic until `heal_child`. in_transaction: run ids (whose
+        steps hold their fenced transaction open a while: payload tx_sleep); black-hole the
+        child of one of them whose job is inside that transaction now, its session idle in it
+        for less than FRESH_TX s, and record that session in `fault.session`."""
+        if not in_transaction:
             pid, run_id, owner = self.busy_child()
+            self.proxy.set_mode(pid, "blackhole")
+            fault = Fault("blackhole_child", time.time(), run_id, owner)
+            self.faults.append(fault)
+            return fault, pid
+
+        def in_tx() -> tuple[Any, ...] | None:
+            rows = self.query(
+                "SELECT r.lease_worker, r.id, r.lease_owner::text, a.pid, a.xact_start"
+                "  FROM leasework.runs r"
+                "  JOIN pg_stat_activity a ON a.application_name = 'leasework:' || r.lease_worker"
+                " WHERE r.id = ANY(%s) AND r.status = 'running' AND r.lease_expires_at > now()"
+                "   AND a.state = 'idle in transaction'"
+                "   AND a.state_change > clock_timestamp() - make_interval(secs => %s)",
+                (list(in_transaction), FRESH_TX),
+            )
+            kids = set(self.sup.children())
+            rows = [r for r in rows if worker_pid(r[0]) in kids]
+            return self.rand.choice(rows) if rows else None
+
+        worker, run_id, owner, backend, xact_start = wait_for(in_tx, timeout=20, interval=0.01)
+        pid = worker_pid(worker)
         self.proxy.set_mode(pid, "blackhole")
-        fault = Fault("blackhole_child", time.time(), run_id, owner)
+        fault = Fault("blackhole_child", time.time(), run_id, owner, session=(backend, xact_start))
         self.faults.append(fault)
         return fault, pid
+
+    def session_state(self, fault: Fault) -> str | None:
+        """The state of the server session a fault caught inside a transaction, if it is still
+        in that same transaction (pg_stat_activity), else None."""
+        assert fault.session is not None
+        backend, xact_start = fault.session
+        rows = self.query(
+            "SELECT state FROM pg_stat_activity WHERE pid = %s AND xact_start = %s",
+            (backend, xact_start),
+        )
+        return str(rows[0][0]) if rows else None
 
     def heal_child(self, fault: Fault, pid: int) -> None:
         self.proxy.heal(pid)

@@ -129,18 +129,21 @@ def test_blackholed_child_is_stopped_before_its_lease_expires(chaos: Chaos) -> N
 def test_a_partition_inside_a_fenced_transaction_does_not_hold_the_run(chaos: Chaos) -> None:
     """The partitioned child had a fenced transaction open: its server session keeps the run's
     row lock until the server notices, and a reclaim skips locked rows. The run must still move
-    to another worker within the lease (plus the watchdog), not when the partition heals."""
+    to another worker within the lease (plus the watchdog), not when the partition heals: the
+    fence's idle_in_transaction_session_timeout ends the session."""
     run = chaos()
     sup = run.start()
     run.enqueue(9, steps=4, sleep=(0.05, 0.1))
-    run.enqueue(3, steps=4, sleep=(0.05, 0.1))
-    run.query(
-        "UPDATE leasework.runs SET payload = payload || '{\"tx_sleep\": 0.5}' WHERE id = ANY(%s)",
-        (run.enqueued[-3:],),
-    )
-    fault, pid = run.partition_child(in_transaction=True)
+    long_tx = run.enqueue(3, steps=4, sleep=(0.05, 0.1), tx_sleep=1.0)
+    fault, pid = run.partition_child(in_transaction=long_tx)
     lease = float(run.cfg["lease"])
     try:
+        # The link went down inside the step's transaction: the session sits idle in it, with
+        # the run's row locked, and nothing more of the child's reaches the server.
+        state = run.session_state(fault)
+        assert state == "idle in transaction", (
+            f"run {fault.run_id}'s session is {state!r} once the partition started"
+        )
         moved = wait_for(
             lambda: run.query(
                 "SELECT extract(epoch FROM min(at)) FROM public.chaos_transitions"

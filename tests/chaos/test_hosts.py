@@ -1,10 +1,11 @@
 """Two hosts against one Postgres: two supervisors (two children each), each in its own network
 namespace, reach a private cluster listening on the machine's side of their veth pairs (see
 netns.py). Host A's link is cut (its veth brought down: connections hang, nothing is reset);
-every run A held must move to host B within the lease, in database time; then the link heals,
-and A must commit nothing with a token it held before the cut: no stale effect (the oracle and
-the effects' writing host) and no stale lease write (the transition log, which records the
-writing host of every change). A then works again with fresh claims.
+every run A held must move to host B once its lease has expired in database time, never before
+(no overlap), and soon after; then the link heals, and A must commit nothing with a token it
+held before the cut: no stale effect (the oracle and the effects' writing host) and no stale
+lease write (the transition log, which records the writing host of every change). A then works
+again with fresh claims, and no run is lost.
 
 Skipped, with the reason, where network namespaces cannot be made (not root, no iproute2)."""
 
@@ -24,9 +25,11 @@ from . import netns
 from .harness import ChaosRun, Fault
 from .netns import Host
 
-# How late after the lease a run may move: the reclaiming poll (poll_interval) and the claim
-# itself. The lease was renewed before the cut, so it expires at most `lease` after it.
-MOVE_SLACK = 1.0
+# How late after the lease a run may move: the reclaiming poll (poll_interval), the claim itself,
+# and B's children finishing the runs they hold, which on a busy machine can take seconds. The
+# lease was renewed before the cut, so it expires at most `lease` after it. Generous on purpose:
+# what must hold exactly is that a run never moves before A's lease on it expired.
+MOVE_SLACK = 4.0
 # Statements already delivered to the server when the link went down may still commit.
 IN_FLIGHT = 0.5
 
@@ -100,14 +103,20 @@ class HostsRun(ChaosRun):
         args = {"a": a.addr, "b": b.addr, "cut": cut, "healed": healed}
         stale = [r[0] for r in self.query(f"SELECT owner FROM ({claims}) c", args)]
         # Each run A held at the cut: the change that ended A's hold came after the cut, and it
-        # must be host B's claim, within the lease.
+        # must be host B's claim, after the last lease A's token had (no overlap: the two hosts
+        # never both held it), and soon after the cut.
         self.moves = []
-        for run_id, owner, at, client, status in self.query(
+        for run_id, owner, at, client, status, expires in self.query(
             f"""SELECT c.run_id, c.owner::text, extract(epoch FROM e.at), host(e.client),
-                       e.new_status
+                       e.new_status,
+                       (SELECT extract(epoch FROM max(y.new_expires))
+                          FROM public.chaos_transitions y
+                         WHERE y.run_id = c.run_id AND y.new_owner = c.owner
+                           AND y.seq >= c.seq AND y.seq < e.seq)
                   FROM ({claims}) c
                   LEFT JOIN LATERAL (
-                       SELECT x.at, x.client, x.new_status FROM public.chaos_transitions x
+                       SELECT x.seq, x.at, x.client, x.new_status
+                         FROM public.chaos_transitions x
                         WHERE x.run_id = c.run_id AND x.seq > c.seq
                           AND (x.new_owner IS DISTINCT FROM c.owner OR x.new_status <> 'running')
                         ORDER BY x.seq LIMIT 1) e ON true
@@ -121,7 +130,13 @@ class HostsRun(ChaosRun):
             self.moves.append((run_id, took))
             if status != "running" or client != b.addr:
                 v.append(f"run {run_id} left A's token {owner} by {status} from {client}, not B")
-            elif took > lease + MOVE_SLACK:
+                continue
+            if expires is not None and float(at) <= float(expires):
+                v.append(
+                    f"run {run_id} claimed by host B {float(expires) - float(at):.2f} s before"
+                    f" A's lease (token {owner}) expired"
+                )
+            if took > lease + MOVE_SLACK:
                 v.append(f"run {run_id} moved to host B {took:.2f} s after the cut (lease {lease})")
         # Nothing of A's committed while its link was down (the cut was real).
         v += [
@@ -197,48 +212,33 @@ def two_hosts(
 def test_cutting_a_hosts_link_moves_its_runs_to_the_other_host(
     two_hosts: tuple[HostsRun, Host, Host], options: str
 ) -> None:
-    """The cut host's supervisor never hangs on its own database connection (the ledger's
-    tcp_user_timeout and keepalives, whatever the DSN says), so its watchdog must stop every job
-    the cut host held before that job's lease expired in database time; the children's
-    connections may hang (plain DSN) or fail (tcp_user_timeout in the DSN)."""
+    """The runs the cut host held move to the other host once their leases expire (never
+    before), the cut host commits nothing with the tokens it held, and no run is lost; then the
+    cut host works again. How the cut host's jobs stop is not checked here: its watchdog stops
+    them (its supervisor never hangs on its own connection), or, with tcp_user_timeout in the
+    DSN, a job may fail on its own connection first (test_faults.py checks the watchdog)."""
     run, a, b = two_hosts
     lease = float(run.cfg["lease"])
-    sup_a = run.start_on(a, options)
+    run.start_on(a, options)
     run.start_on(b, options)
     # One run per child, each longer than the time to the cut, shorter than the lease: at the
-    # cut both hosts hold runs, and B's children are free again before A's leases expire.
+    # cut both hosts hold runs, and B's children are usually free again before A's leases expire.
     run.enqueue(4, steps=8, sleep=(0.3, 0.35))
     wait_for(
         lambda: run.held_by(a) and run.committed_from(a, run.started - 1) > 0,
-        timeout=20,
+        timeout=30,
         interval=0.05,
     )
     fault = run.cut(a, b)
     held = run.held_by(a)
     assert held, "host A held no run at the cut"
     try:
-        # Every run A held moves to B (database time is checked over the history in `check`).
-        wait_for(lambda: not run.held_by(a), timeout=3 * lease, interval=0.05)
-        wait_for(
-            lambda: (
-                {r for r, _ in held}
-                <= {e["run_id"] for e in sup_a.events("child_killed_by_watchdog")}
-            ),
-            timeout=lease,
-        )
-        kills = {e["run_id"]: e["ts"] for e in sup_a.events("child_killed_by_watchdog")}
+        # Every run A held moves to B; when, and that it never overlapped A's lease, is checked
+        # over the history in `check` (database time).
+        wait_for(lambda: not run.held_by(a), timeout=6 * lease, interval=0.05)
     finally:
         run.heal(fault)
-    print(f"host A held runs {sorted(r for r, _ in held)} at the cut; watchdog kills {kills}")
-    for run_id, owner in held:
-        expiry = run.query(
-            "SELECT extract(epoch FROM max(new_expires)) FROM public.chaos_transitions"
-            " WHERE run_id = %s AND new_owner = %s::uuid",
-            (run_id, owner),
-        )[0][0]
-        ahead = float(expiry) - kills[run_id]
-        print(f"watchdog stopped run {run_id}'s job {ahead:.2f} s before its lease expired")
-        assert ahead > 0, f"run {run_id}: watchdog {-ahead:.2f} s after the lease expired"
+    print(f"host A held runs {sorted(r for r, _ in held)} at the cut")
     # A works again, with fresh tokens (enqueue more while B alone drains the queue).
     assert run.healed_at is not None
     healed = run.healed_at
@@ -247,7 +247,7 @@ def test_cutting_a_hosts_link_moves_its_runs_to_the_other_host(
         run.ensure_work(4)
         return run.committed_from(a, healed) > 0
 
-    wait_for(a_is_back, timeout=30, interval=0.2)
+    wait_for(a_is_back, timeout=60, interval=0.2)
     line = run.finish()
-    assert run.moves, line
+    assert {r for r, _ in run.moves} >= {r for r, _ in held}, line
     print("moves after the cut: " + ", ".join(f"run {r} {t:.2f} s" for r, t in run.moves))

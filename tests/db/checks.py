@@ -1,20 +1,28 @@
 """Invariant checks shared by the lease tests and the mutation check: each raises AssertionError
-when the rule is broken, so test_mutations can show the suite catches a deliberately broken query."""
+when the rule is broken, so test_mutations can show the suite catches a deliberately broken query.
+
+The claim has two branches for every rule (tenanted runs, locked with their tenant row, and runs
+without a tenant; lease.sql, claim_runs), each stating the same predicates again. So every check
+of a claim rule takes `tenant` and runs once per branch (TENANTS)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import psycopg
+import pytest
 
 from leasework import App
 from leasework.workers import lease
 
-from ..conftest import expire_lease, get_run
+from ..conftest import expire_lease, get_run, shift_clock, wait_for
 
 Conn = psycopg.Connection[Any]
 KINDS = ["job", "other"]
 LEASE = 30.0
+# Both branches of the claim: parametrize a check's `tenant` with these.
+TENANTS = [pytest.param(None, id="untenanted"), pytest.param("ws-1", id="tenanted")]
 
 
 def make_app() -> App:
@@ -30,13 +38,16 @@ def claim_one(conn: Conn, worker: str = "w1", kinds: list[str] | None = None) ->
     return claims[0] if claims else None
 
 
-def stale_owner_writes_nothing(conn: Conn) -> None:
-    """An expired lease is reclaimed; the old owner's renew, control, checkpoint, finish, requeue,
-    release and fence all match nothing and leave the row exactly as the new owner has it."""
+def stale_owner_writes_nothing(conn: Conn, tenant: str | None = None) -> None:
+    """A live lease is not claimable; an expired one is reclaimed, and then the old owner's renew,
+    control, checkpoint, finish, requeue, release and fence all match nothing and leave the row
+    exactly as the new owner has it."""
     app = make_app()
-    run_id = app.enqueue(conn, "job", {"n": 1})
+    run_id = app.enqueue(conn, "job", {"n": 1}, tenant=tenant)
     old = claim_one(conn, "old")
     assert old is not None and old.id == run_id and old.attempts == 1
+    assert old.tenant == tenant
+    assert claim_one(conn, "thief") is None, "a live lease was claimed"
     expire_lease(conn, run_id)
     new = claim_one(conn, "new")
     assert new is not None and new.id == run_id, "an expired lease must be reclaimable"
@@ -65,11 +76,11 @@ def stale_owner_writes_nothing(conn: Conn) -> None:
     assert [h["outcome"] for h in done["history"]] == ["expired", "succeeded"]
 
 
-def cancel_beats_reclaim(conn: Conn) -> None:
+def cancel_beats_reclaim(conn: Conn, tenant: str | None = None) -> None:
     """A running run whose cancel was requested is never reclaimed once its lease expires; the
     poll's settle ends it `cancelled`."""
     app = make_app()
-    run_id = app.enqueue(conn, "job")
+    run_id = app.enqueue(conn, "job", tenant=tenant)
     first = claim_one(conn, "w1")
     assert first is not None
     assert app.cancel(conn, run_id) == "running"
@@ -80,3 +91,179 @@ def cancel_beats_reclaim(conn: Conn) -> None:
     row = get_run(conn, run_id)
     assert row["status"] == "cancelled" and row["attempts"] == 1
     assert row["lease_owner"] is None and row["finished_at"] is not None
+
+
+def last_attempt_is_never_reclaimed(conn: Conn, tenant: str | None = None) -> None:
+    """An expired run with attempts left is reclaimed (and not settled); once it has used its
+    last attempt it is never reclaimed, and the poll's settle ends it `failed`."""
+    app = make_app()
+    run_id = app.enqueue(conn, "job", tenant=tenant, max_attempts=2)
+    first = claim_one(conn, "w1")
+    assert first is not None and first.id == run_id and not first.last_attempt
+    expire_lease(conn, run_id)
+    assert lease.settle_runs(conn, 100) == (0, 0), "a run with attempts left was settled"
+    assert get_run(conn, run_id)["status"] == "running"
+    second = claim_one(conn, "w2")
+    assert second is not None and second.id == run_id, "a run with attempts left was not reclaimed"
+    assert second.attempts == 2 and second.last_attempt
+    assert lease.settle_runs(conn, 100) == (0, 0)  # live lease: nothing to settle
+    expire_lease(conn, run_id)
+    assert claim_one(conn, "w3") is None, (
+        "a run on its last attempt was reclaimed past max_attempts"
+    )
+    assert lease.settle_runs(conn, 100) == (1, 0)
+    row = get_run(conn, run_id)
+    assert row["status"] == "failed" and row["error"] == "lease expired"
+    assert row["attempts"] == 2 and row["lease_owner"] is None and row["finished_at"] is not None
+    assert [h["outcome"] for h in row["history"]] == ["expired", "expired"]
+    assert lease.finish(conn, second, "succeeded") is False
+
+
+def delayed_run_is_claimed_only_when_due(conn: Conn, tenant: str | None = None) -> None:
+    """A run queued with queued_at in the future (enqueue's delay, a retry's backoff) is not
+    claimed until it is due in database time, then is."""
+    app = make_app()
+    run_id = app.enqueue(conn, "job", tenant=tenant, delay=60)
+    try:
+        assert claim_one(conn) is None, "a delayed run was claimed before it was due"
+        shift_clock(conn, 59)
+        assert claim_one(conn) is None, "a delayed run was claimed before it was due"
+        shift_clock(conn, 61)
+        claim = claim_one(conn)
+        assert claim is not None and claim.id == run_id, "a due run was not claimed"
+        assert claim.tenant == tenant
+    finally:
+        shift_clock(conn, 0)
+
+
+def claim_takes_only_its_kinds(conn: Conn, tenant: str | None = None) -> None:
+    """A claim takes only runs of the kinds it asks for, queued or expired."""
+    app = make_app()
+    run_id = app.enqueue(conn, "other", tenant=tenant)
+    assert claim_one(conn, "w1", kinds=["job"]) is None, "a claim took a queued run of another kind"
+    first = claim_one(conn, "w1", kinds=["other"])
+    assert first is not None and first.id == run_id
+    expire_lease(conn, run_id)
+    assert claim_one(conn, "w2", kinds=["job"]) is None, (
+        "a claim took an expired run of another kind"
+    )
+    again = claim_one(conn, "w2", kinds=["other"])
+    assert again is not None and again.id == run_id and again.attempts == 2
+
+
+def expire_worker_leases_expires_only_the_dead_workers_leases(
+    conn: Conn, tenant: str | None = None
+) -> None:
+    """What expire_worker_leases writes: the dead worker's lease moved into the past (the run
+    stays `running`, its attempt charged) and a `crashed` history entry; nothing of any other
+    worker's run. The run is then claimable at once, and the crash is recorded once."""
+    app = make_app()
+    run_id = app.enqueue(conn, "job", tenant=tenant)
+    untouched = app.enqueue(conn, "job", tenant=tenant)
+    dead = claim_one(conn, "dead")
+    alive = claim_one(conn, "alive")
+    assert dead is not None and dead.id == run_id
+    assert alive is not None and alive.id == untouched
+    alive_before = get_run(conn, untouched)
+    assert lease.expire_worker_leases(conn, "dead", "killed by signal 9") == [run_id]
+
+    row = get_run(conn, run_id)
+    assert row["lease_expires_at"] < lease.db_now(conn), "the dead worker's lease is not expired"
+    assert row["status"] == "running" and row["attempts"] == 1
+    assert row["lease_owner"] == dead.owner
+    assert len(row["history"]) == 1, row["history"]
+    entry = row["history"][0]
+    assert entry["outcome"] == "crashed", f"the crash is not recorded as one: {entry}"
+    assert entry["error"] == "killed by signal 9"
+    assert (entry["attempt"], entry["worker"], entry["owner"]) == (1, "dead", str(dead.owner))
+    assert get_run(conn, untouched) == alive_before, "another worker's run was touched"
+
+    again = claim_one(conn, "w3")
+    assert again is not None and again.id == run_id and again.attempts == 2
+    history = get_run(conn, run_id)["history"]
+    assert [h["outcome"] for h in history] == ["crashed"]  # recorded once, not twice
+    assert lease.control(conn, alive) == "ok"
+
+
+def settle_without_the_key_index(conn: Conn) -> tuple[int, int]:
+    """What settle_runs itself decides while a waiting run's key is busy, in a transaction that
+    drops the unique index of one active run per key (runs_one_active_per_key) and is then
+    rolled back, index and all. With the index in place a wrong promotion fails as a unique
+    violation: that shows the index held, not that settle's own rule did. Here a wrong promotion
+    fails this helper's assertion. Returns settle's (ended, promoted), undone."""
+
+    class Undo(Exception):
+        pass
+
+    outcome = (0, 0)
+    with contextlib.suppress(Undo), conn.transaction():
+        conn.execute("DROP INDEX leasework.runs_one_active_per_key")
+        outcome = lease.settle_runs(conn, 100)
+        doubled = conn.execute(
+            "SELECT key, array_agg(status ORDER BY id) FROM leasework.runs"
+            " WHERE status IN ('queued', 'running') AND key IS NOT NULL"
+            " GROUP BY key HAVING count(*) > 1"
+        ).fetchall()
+        assert not doubled, f"settle promoted a waiting run while its key was active: {doubled}"
+        raise Undo
+    return outcome
+
+
+def waiting_run_waits_for_its_key(conn: Conn) -> None:
+    """An exclusive run whose key is busy waits, is never claimed, and is promoted to `queued`
+    by settle only once nothing else is active (queued or running) for its key."""
+    app = make_app()
+    sync = app.enqueue(conn, "job", key="conn-1")
+    claim = claim_one(conn)
+    assert claim is not None and claim.id == sync
+    purge = app.enqueue(conn, "other", key="conn-1", exclusive=True)
+    assert purge != sync and get_run(conn, purge)["status"] == "waiting"
+    assert app.enqueue(conn, "other", key="conn-1", exclusive=True) == purge  # one waiting per key
+    assert app.enqueue(conn, "job", key="conn-1") == sync  # one active per key
+
+    assert settle_without_the_key_index(conn) == (0, 0), "promoted while its key was running"
+    assert claim_one(conn, "w2") is None  # waiting is never claimed
+    # Requeued (queued again) still holds the key.
+    assert lease.requeue(conn, claim, delay=0, error="flaky") == "queued"
+    assert settle_without_the_key_index(conn) == (0, 0), "promoted while its key was queued"
+    again = claim_one(conn)
+    assert again is not None and again.id == sync
+    assert lease.finish(conn, again, "succeeded")
+
+    assert lease.settle_runs(conn, 100) == (0, 1), "not promoted once its key was idle"
+    assert get_run(conn, purge)["status"] == "queued"
+    drained = claim_one(conn)
+    assert drained is not None and drained.id == purge and drained.exclusive
+
+
+def idle_fenced_transaction_is_ended(conn: Conn, dsn: str, deadline: float = 30.0) -> None:
+    """A worker cut off inside its fenced transaction leaves its session idle in transaction,
+    holding the run's row lock, which every claim skips. The server must end that session once
+    it has been idle for the lease (fence_run sets idle_in_transaction_session_timeout), so the
+    run is claimable again soon after the lease: not hours later, when TCP gives up on the dead
+    peer. `deadline`: how long the run may stay unclaimable (the lease here is 1 s)."""
+    app = make_app()
+    run_id = app.enqueue(conn, "job")
+    with psycopg.connect(dsn) as fenced:  # not autocommit: the fence opens the transaction
+        claims = lease.claim_runs(conn, KINDS, worker="cut-off", lease=1.0, limit=1)
+        assert [c.id for c in claims] == [run_id]
+        assert lease.fence(fenced, claims[0])
+        pid = fenced.info.backend_pid
+        # ... and the worker goes silent with its transaction open.
+        try:
+            taken = wait_for(lambda: claim_one(conn, "w2"), timeout=deadline, interval=0.05)
+        except AssertionError:
+            raise AssertionError(
+                f"run {run_id} still held by an idle fenced transaction after {deadline} s"
+            ) from None
+        assert taken.id == run_id and taken.attempts == 2
+
+        def session_gone() -> bool:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+            return row.fetchone() == (0,)
+
+        wait_for(session_gone, timeout=deadline)
+        # The cut-off worker, back: its connection is gone (nothing it sends can commit).
+        with contextlib.suppress(psycopg.Error):
+            fenced.execute("SELECT 1")
+        assert fenced.broken, "the idle fenced session still answers"

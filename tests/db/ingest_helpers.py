@@ -1,8 +1,10 @@
 """Helpers shared by the ingest, expand and maintenance tests: an App with a store under
-tmp_path, a counting stub embedder, generated documents and a tiny PDF writer."""
+tmp_path, a counting stub embedder, generated documents and a tiny PDF writer; and the ingest
+checks test_mutations runs against deliberately broken queries."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,10 @@ import psycopg
 
 from leasework import App, Config
 from leasework.ingest.embed import HashingEmbedder
+from leasework.stages.ingest import IngestStage
 from leasework.workers.worker import Worker
+
+from ..conftest import get_run
 
 Conn = psycopg.Connection[Any]
 
@@ -119,3 +124,50 @@ def pdf_bytes(pages: Sequence[str | None]) -> bytes:
         out += f"{off:010d} 00000 n \n".encode()
     out += f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
     return bytes(out)
+
+
+def ingest_only(worker: Worker) -> Worker:
+    worker.stages = [s for s in worker.stages if isinstance(s, IngestStage)]
+    return worker
+
+
+def replaced_mid_run_is_never_ready_with_stale_chunks(conn: Conn, env: Env) -> None:
+    """A file given new content while its ingest run embeds the old content: the run's re-check
+    before `ready` sees the content changed, starts over on the new content, and only then
+    marks the file `ready`, with exactly the chunks a clean index of the new content gives. At no
+    moment is the file `ready` with the old content's chunks."""
+    env.settings["ingest_batch"] = 10
+    old, new = document(400), document(300, seed=5)
+    file_id, run_id = env.add(conn, "replaced.txt", old)
+    seen: list[tuple[str, str]] = []
+
+    def replace(call: int) -> None:
+        f = file_row(conn, file_id)
+        seen.append((f["status"], f["sha256"]))
+        if call == 1:  # the first batch of the old content is being embedded
+            path = env.write("replaced-v2.txt", new)
+            assert env.app.replace_file(conn, file_id, path) == run_id  # joins the running run
+
+    env.embedder.hook = replace
+    try:
+        ingest_only(env.worker()).poll()
+    finally:
+        env.embedder.hook = None
+    run = get_run(conn, run_id)
+    assert run["status"] == "succeeded", run["error"]
+    assert "ready" not in {status for status, _ in seen}, f"ready mid-run: {seen}"
+    f = file_row(conn, file_id)
+    assert f["sha256"] == hashlib.sha256(new.encode()).hexdigest()
+    assert f["status"] == "ready", f"the new content was never indexed: file {f['status']}"
+
+    clean_id, clean_run = env.add(conn, "clean-v2.txt", new)
+    ingest_only(env.worker()).poll()
+    assert get_run(conn, clean_run)["status"] == "succeeded"
+    want = chunks_of(conn, clean_id)
+    got = chunks_of(conn, file_id)
+    assert got == want, (
+        f"file marked ready with {len(got)} chunks, not the new content's {len(want)}"
+        f" (stale: {sum(c not in want for c in got)})"
+    )
+    assert (f["chunks"], run["total_units"]) == (len(want), len(want))
+    assert run["result"]["restarts"] == 1, "the replacement mid-run was not seen"

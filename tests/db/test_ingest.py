@@ -1,5 +1,6 @@
-"""The ingest stage on real Postgres: resume after a lost worker, tail clean-up, scope re-check,
-cancel, ceilings, PDF pages. Leases are expired by moving columns, never by sleeping."""
+"""The ingest stage on real Postgres: resume after a lost worker, tail clean-up, scope and
+content re-check, cancel, ceilings, PDF pages. Leases are expired by moving columns, never by
+sleeping."""
 
 from __future__ import annotations
 
@@ -7,12 +8,20 @@ import pytest
 
 from leasework import files
 from leasework.files import INGEST_KIND
-from leasework.stages.ingest import IngestStage
 from leasework.stages.ingest import Q as INGEST_Q
 from leasework.workers import lease
 
 from ..conftest import expire_lease, get_run
-from .ingest_helpers import Env, chunks_of, document, file_row, pdf_bytes, run_of
+from .ingest_helpers import (
+    Env,
+    chunks_of,
+    document,
+    file_row,
+    ingest_only,
+    pdf_bytes,
+    replaced_mid_run_is_never_ready_with_stale_chunks,
+    run_of,
+)
 
 # No control query or renewal inside a test's lifetime unless a test asks for one, so the only
 # ownership check a "dead" worker meets is the fence of its next write.
@@ -22,11 +31,6 @@ QUIET = {"lease": 60.0, "renew_interval": 25.0, "control_interval": 20.0}
 @pytest.fixture
 def env(tmp_path, make_worker):
     return Env(tmp_path, make_worker, ingest_chunk_chars=64)
-
-
-def ingest_only(worker):
-    worker.stages = [s for s in worker.stages if isinstance(s, IngestStage)]
-    return worker
 
 
 def test_ingest_indexes_a_text_file(conn, env):
@@ -130,6 +134,10 @@ def test_scope_change_mid_run_is_not_marked_ready_under_the_old_scope(conn, env)
     chunks = chunks_of(conn, file_id)
     assert len(chunks) == run["total_units"]
     assert {c[2] for c in chunks} == {"new"}
+
+
+def test_content_replaced_mid_run_is_not_marked_ready_with_stale_chunks(conn, env):
+    replaced_mid_run_is_never_ready_with_stale_chunks(conn, env)
 
 
 def test_cancel_mid_ingest_keeps_progress_and_writes_nothing_after(conn, env):

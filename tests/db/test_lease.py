@@ -1,6 +1,8 @@
 """The lease rules, statement by statement, on real Postgres: claim, limiter, settle (cancel beats
 reclaim, expired on the last attempt, promotion), renew, control, finish, requeue, release,
-checkpoint and the fence. Time moves by shifting the database clock or the lease columns."""
+checkpoint and the fence. Time moves by shifting the database clock or the lease columns.
+Every claim rule is stated twice in the claim, for tenanted runs and for runs without a tenant,
+so its test runs once per branch (checks.TENANTS)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,17 @@ from ..conftest import expire_lease, get_run, shift_clock
 from .checks import (
     KINDS,
     LEASE,
+    TENANTS,
     cancel_beats_reclaim,
     claim_one,
+    claim_takes_only_its_kinds,
+    delayed_run_is_claimed_only_when_due,
+    expire_worker_leases_expires_only_the_dead_workers_leases,
+    idle_fenced_transaction_is_ended,
+    last_attempt_is_never_reclaimed,
     make_app,
     stale_owner_writes_nothing,
+    waiting_run_waits_for_its_key,
 )
 
 Conn = psycopg.Connection[Any]
@@ -78,6 +87,11 @@ def test_claim_order_is_priority_then_queued_at_then_id(conn: Conn) -> None:
     assert order == [urgent, late, also_late, background]
 
 
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_claim_takes_only_its_kinds(conn: Conn, tenant: str | None) -> None:
+    claim_takes_only_its_kinds(conn, tenant)
+
+
 def test_claim_respects_limit_and_kinds(conn: Conn) -> None:
     app = make_app()
     ids = [app.enqueue(conn, "job") for _ in range(5)]
@@ -90,19 +104,18 @@ def test_claim_respects_limit_and_kinds(conn: Conn) -> None:
     assert get_run(conn, other_kind)["status"] == "queued"
 
 
-def test_delayed_run_is_claimable_only_when_due_in_database_time(conn: Conn) -> None:
-    app = make_app()
-    run_id = app.enqueue(conn, "job", delay=60)
-    assert claim_one(conn) is None
-    shift_clock(conn, 59)
-    assert claim_one(conn) is None
-    shift_clock(conn, 61)
-    claim = claim_one(conn)
-    assert claim is not None and claim.id == run_id
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_delayed_run_is_claimable_only_when_due_in_database_time(
+    conn: Conn, tenant: str | None
+) -> None:
+    delayed_run_is_claimed_only_when_due(conn, tenant)
 
 
-def test_expired_lease_is_reclaimed_and_stale_owner_writes_nothing(conn: Conn) -> None:
-    stale_owner_writes_nothing(conn)
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_expired_lease_is_reclaimed_and_stale_owner_writes_nothing(
+    conn: Conn, tenant: str | None
+) -> None:
+    stale_owner_writes_nothing(conn, tenant)
 
 
 def test_lease_expiry_by_database_clock(conn: Conn) -> None:
@@ -181,8 +194,9 @@ def test_cancel_of_a_running_run_is_seen_by_control(conn: Conn) -> None:
     assert app.cancel(conn, run_id) == "cancelled"
 
 
-def test_cancel_beats_reclaim(conn: Conn) -> None:
-    cancel_beats_reclaim(conn)
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_cancel_beats_reclaim(conn: Conn, tenant: str | None) -> None:
+    cancel_beats_reclaim(conn, tenant)
 
 
 def test_requeue_after_cancel_request_ends_cancelled(conn: Conn) -> None:
@@ -199,7 +213,14 @@ def test_requeue_after_cancel_request_ends_cancelled(conn: Conn) -> None:
 # -- settle: expired on the last attempt, promotion ----------------------------------------------
 
 
-def test_expired_on_last_attempt_ends_failed(conn: Conn) -> None:
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_expired_on_last_attempt_is_never_reclaimed_and_ends_failed(
+    conn: Conn, tenant: str | None
+) -> None:
+    last_attempt_is_never_reclaimed(conn, tenant)
+
+
+def test_expired_on_its_only_attempt_ends_failed(conn: Conn) -> None:
     app = make_app()
     run_id = app.enqueue(conn, "job", max_attempts=1)
     claim = claim_one(conn)
@@ -215,40 +236,8 @@ def test_expired_on_last_attempt_ends_failed(conn: Conn) -> None:
     assert lease.finish(conn, claim, "succeeded") is False
 
 
-def test_expired_with_attempts_left_is_not_settled(conn: Conn) -> None:
-    app = make_app()
-    run_id = app.enqueue(conn, "job", max_attempts=2)
-    assert claim_one(conn) is not None
-    expire_lease(conn, run_id)
-    assert lease.settle_runs(conn, 100) == (0, 0)
-    assert get_run(conn, run_id)["status"] == "running"
-    assert claim_one(conn, "w2") is not None
-
-
 def test_waiting_exclusive_run_is_promoted_only_when_its_key_is_idle(conn: Conn) -> None:
-    app = make_app()
-    sync = app.enqueue(conn, "job", key="conn-1")
-    claim = claim_one(conn)
-    assert claim is not None and claim.id == sync
-    purge = app.enqueue(conn, "other", key="conn-1", exclusive=True)
-    assert purge != sync and get_run(conn, purge)["status"] == "waiting"
-    assert app.enqueue(conn, "other", key="conn-1", exclusive=True) == purge  # one waiting per key
-    assert app.enqueue(conn, "job", key="conn-1") == sync  # one active per key
-
-    assert lease.settle_runs(conn, 100) == (0, 0)
-    assert claim_one(conn, "w2") is None  # waiting is never claimed
-    # Requeued (queued again) still holds the key.
-    assert lease.requeue(conn, claim, delay=0, error="flaky") == "queued"
-    assert lease.settle_runs(conn, 100) == (0, 0)
-    assert get_run(conn, purge)["status"] == "waiting"
-    again = claim_one(conn)
-    assert again is not None and again.id == sync
-    assert lease.finish(conn, again, "succeeded")
-
-    assert lease.settle_runs(conn, 100) == (0, 1)
-    assert get_run(conn, purge)["status"] == "queued"
-    drained = claim_one(conn)
-    assert drained is not None and drained.id == purge and drained.exclusive
+    waiting_run_waits_for_its_key(conn)
 
 
 def test_exclusive_run_on_an_idle_key_is_queued_at_once(conn: Conn) -> None:
@@ -420,18 +409,9 @@ def test_release_after_cancel_request_ends_cancelled(conn: Conn) -> None:
     assert get_run(conn, run_id)["status"] == "cancelled"
 
 
-def test_expire_worker_leases_makes_runs_claimable_now(conn: Conn) -> None:
-    app = make_app()
-    run_id = app.enqueue(conn, "job")
-    untouched = app.enqueue(conn, "job")
-    assert claim_one(conn, "dead") is not None
-    assert claim_one(conn, "alive") is not None
-    assert lease.expire_worker_leases(conn, "dead", "killed by signal 9") == [run_id]
-    again = claim_one(conn, "w3")
-    assert again is not None and again.id == run_id and again.attempts == 2
-    history = get_run(conn, run_id)["history"]
-    assert [h["outcome"] for h in history] == ["crashed"]  # recorded once, not twice
-    assert get_run(conn, untouched)["lease_worker"] == "alive"
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_expire_worker_leases_makes_runs_claimable_now(conn: Conn, tenant: str | None) -> None:
+    expire_worker_leases_expires_only_the_dead_workers_leases(conn, tenant)
 
 
 # -- checkpoint and the fence --------------------------------------------------------------------
@@ -487,6 +467,10 @@ def test_fence_refuses_an_expired_lease_even_if_unclaimed(conn: Conn) -> None:
     assert lease.renew(conn, claim) is not None  # not yet taken: renewal rescues it
     with conn.transaction():
         assert lease.fence(conn, claim) is True
+
+
+def test_idle_fenced_transaction_is_ended_by_the_server(conn: Conn, dsn: str) -> None:
+    idle_fenced_transaction_is_ended(conn, dsn)
 
 
 def test_status_invariants_are_enforced_by_the_schema(conn: Conn) -> None:

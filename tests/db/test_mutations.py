@@ -1,60 +1,123 @@
-"""The suite must be able to fail: load lease.sql, break one rule on purpose (a renewal without
-its owner predicate, a claim that ignores cancel requests), and show that the invariant checks
-that pass on the real query fail on the mutant."""
+"""The suite must be able to fail: load a query from its .sql file, break one rule on purpose (a
+renewal without its owner predicate, a claim that ignores cancel requests, one branch of the claim
+without its attempts check, a fence whose idle timeout is off, an ingest re-check that looks at
+the scope only), and show that the invariant checks that pass on the real query fail on the
+mutant, by their assertions.
+
+The claim states each rule twice, in its tenanted and its untenanted branch (lease.sql,
+claim_runs), so a mutation can break one branch alone (`branch`: the CTE to mutate in); the
+checks run once per branch (checks.TENANTS) and each branch's mutant is caught by its own run."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
-from leasework.queries import parse
+from leasework.queries import compact, parse
+from leasework.stages import ingest
 from leasework.workers import lease
 
 from ..conftest import truncate_all
-from .checks import cancel_beats_reclaim, stale_owner_writes_nothing
+from .checks import (
+    cancel_beats_reclaim,
+    claim_takes_only_its_kinds,
+    delayed_run_is_claimed_only_when_due,
+    expire_worker_leases_expires_only_the_dead_workers_leases,
+    idle_fenced_transaction_is_ended,
+    last_attempt_is_never_reclaimed,
+    stale_owner_writes_nothing,
+    waiting_run_waits_for_its_key,
+)
+from .ingest_helpers import Env, replaced_mid_run_is_never_ready_with_stale_chunks
 
 Conn = psycopg.Connection[Any]
+Check = Callable[[Conn], None]
+
+# Where each query lives: the package and .sql file it is loaded from, and the module's
+# {name: statement} that the code runs it from (what a mutation replaces).
+SOURCES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "lease": ("leasework.workers", "lease.sql", lease.Q),
+    "ingest": ("leasework.stages", "ingest.sql", ingest.Q),
+}
 
 
-def original(name: str) -> str:
-    text = resources.files("leasework.workers").joinpath("lease.sql").read_text(encoding="utf-8")
+@dataclass(frozen=True)
+class Mutation:
+    """One deliberate bug: in query `query` of `source`, `remove` becomes `replace`; with
+    `branch`, only inside that CTE of the query (where `remove` must occur exactly once)."""
+
+    query: str
+    remove: str
+    replace: str = ""
+    branch: str | None = None
+    source: str = "lease"
+
+
+def original(source: str, name: str) -> str:
+    package, filename, _ = SOURCES[source]
+    text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
     return parse(text)[name]
 
 
-def mutate(name: str, remove: str, replace: str = "") -> Any:
-    """The named query with every `remove` replaced, in the type lease.Q holds."""
-    body = original(name)
-    assert remove in body, f"the mutation no longer applies to {name}: update this test"
-    mutant = body.replace(remove, replace)
-    current = lease.Q[name]
-    return mutant.encode() if isinstance(current, bytes) else sql.SQL(mutant)
+def mutate(mutation: Mutation) -> Any:
+    """The mutated query, in the form its module's Q holds (compacted bytes, as queries.load)."""
+    body = original(mutation.source, mutation.query)
+    stale = f"the mutation {mutation} no longer applies: update this test"
+    if mutation.branch is None:
+        assert mutation.remove in body, stale
+        mutant = body.replace(mutation.remove, mutation.replace)
+    else:
+        cte = re.compile(r"\b(\w+) AS (?:MATERIALIZED )?\(")
+        starts = {m.group(1): m.start() for m in cte.finditer(body)}
+        assert mutation.branch in starts, stale
+        start = starts[mutation.branch]
+        end = min((s for s in starts.values() if s > start), default=len(body))
+        part = body[start:end]
+        assert part.count(mutation.remove) == 1, stale
+        mutant = body[:start] + part.replace(mutation.remove, mutation.replace) + body[end:]
+    assert mutant != body
+    current = SOURCES[mutation.source][2][mutation.query]
+    text = compact(mutant)
+    return text.encode() if isinstance(current, bytes) else text
 
 
-RENEW_WITHOUT_OWNER = ("renew_lease", " AND lease_owner = %(owner)s", "")
-CLAIM_IGNORES_CANCEL = ("claim_runs", "AND r.cancel_requested_at IS NULL ", "")
-BATCH_FINISH_WITHOUT_OWNER = ("finish_runs", "AND r.lease_owner = d.owner", "")
+def applied(m: pytest.MonkeyPatch, mutations: Mutation | tuple[Mutation, ...]) -> None:
+    for mutation in mutations if isinstance(mutations, tuple) else (mutations,):
+        m.setitem(SOURCES[mutation.source][2], mutation.query, mutate(mutation))
 
 
 def fails_with(
     monkeypatch: pytest.MonkeyPatch,
     conn: Conn,
-    mutation: tuple[str, str, str],
-    check: Callable[[Conn], None],
+    mutation: Mutation | tuple[Mutation, ...],
+    check: Check,
 ) -> AssertionError:
-    check(conn)  # passes on the real query
+    """`check` passes on the real queries, fails (AssertionError, not any other error) on the
+    mutant, and passes again once the real queries are back."""
+    check(conn)
     truncate_all(conn)
     with monkeypatch.context() as m:
-        m.setitem(lease.Q, mutation[0], mutate(*mutation))
+        applied(m, mutation)
         with pytest.raises(AssertionError) as caught:
             check(conn)
     truncate_all(conn)
-    check(conn)  # and passes again once the real query is back
+    check(conn)
     return caught.value
+
+
+# -- owner predicates, cancel ---------------------------------------------------------------------
+
+RENEW_WITHOUT_OWNER = Mutation("renew_lease", " AND lease_owner = %(owner)s")
+CLAIM_IGNORES_CANCEL = Mutation("claim_runs", "AND r.cancel_requested_at IS NULL ")
+BATCH_FINISH_WITHOUT_OWNER = Mutation("finish_runs", "AND r.lease_owner = d.owner")
 
 
 def test_renewal_without_owner_predicate_is_caught(
@@ -74,3 +137,197 @@ def test_batch_finish_without_owner_predicate_is_caught(
     monkeypatch: pytest.MonkeyPatch, conn: Conn
 ) -> None:
     fails_with(monkeypatch, conn, BATCH_FINISH_WITHOUT_OWNER, stale_owner_writes_nothing)
+
+
+# -- one branch of the claim at a time ------------------------------------------------------------
+
+# (the predicate removed, in which of the branch's two CTEs, the check that must catch it, and
+# what its assertion says)
+CLAIM_PREDICATES = [
+    pytest.param(
+        ("expired", "AND r.attempts < r.max_attempts", "AND true"),
+        last_attempt_is_never_reclaimed,
+        "past max_attempts",
+        id="expired-without-attempts-left",
+    ),
+    pytest.param(
+        ("expired", "AND r.cancel_requested_at IS NULL", "AND true"),
+        cancel_beats_reclaim,
+        "cancel request",
+        id="expired-ignoring-cancel",
+    ),
+    pytest.param(
+        ("expired", "AND r.lease_expires_at < leasework.now()", "AND true"),
+        stale_owner_writes_nothing,
+        "live lease was claimed",
+        id="expired-ignoring-the-lease",
+    ),
+    pytest.param(
+        ("expired", "AND r.kind = ANY(%(kinds)s)", "AND true"),
+        claim_takes_only_its_kinds,
+        "expired run of another kind",
+        id="expired-ignoring-kinds",
+    ),
+    pytest.param(
+        ("queued", "AND r.queued_at <= leasework.now()", "AND true"),
+        delayed_run_is_claimed_only_when_due,
+        "before it was due",
+        id="queued-ignoring-due-time",
+    ),
+    pytest.param(
+        ("queued", "AND r.kind = ANY(%(kinds)s)", "AND true"),
+        claim_takes_only_its_kinds,
+        "queued run of another kind",
+        id="queued-ignoring-kinds",
+    ),
+]
+BRANCHES = [
+    pytest.param("untenanted", None, id="untenanted"),
+    pytest.param("tenanted", "ws-1", id="tenanted"),
+]
+
+
+@pytest.mark.parametrize(("branch", "tenant"), BRANCHES)
+@pytest.mark.parametrize(("where", "check", "says"), CLAIM_PREDICATES)
+def test_claim_branch_without_its_predicate_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+    conn: Conn,
+    branch: str,
+    tenant: str | None,
+    where: tuple[str, str, str],
+    check: Callable[..., None],
+    says: str,
+) -> None:
+    """E.g. the tenanted expired branch without `r.attempts < r.max_attempts`: a tenanted run on
+    its last attempt was reclaimed past max_attempts while every untenanted check passed."""
+    cte, remove, replace = where
+    mutation = Mutation("claim_runs", remove, replace, branch=f"{branch}_{cte}")
+    err = fails_with(monkeypatch, conn, mutation, partial(check, tenant=tenant))
+    assert says in str(err), err
+    # The mutant broke that branch only: the other branch's run of the same check passes on it.
+    other = "ws-1" if tenant is None else None
+    truncate_all(conn)
+    with monkeypatch.context() as m:
+        applied(m, mutation)
+        check(conn, tenant=other)
+
+
+# -- settle, expire_worker_leases ------------------------------------------------------------------
+
+SETTLE_MUTATIONS = [
+    pytest.param(
+        Mutation("settle_runs", "a.status IN ('queued', 'running')", "false", branch="promotable"),
+        waiting_run_waits_for_its_key,
+        "promoted a waiting run while its key was active",
+        id="promotes-while-its-key-is-active",
+    ),
+    pytest.param(
+        Mutation(
+            "settle_runs",
+            "a.status IN ('queued', 'running')",
+            "a.status = 'running'",
+            branch="promotable",
+        ),
+        waiting_run_waits_for_its_key,
+        "promoted a waiting run while its key was active",
+        id="promotes-while-its-key-is-queued",
+    ),
+    pytest.param(
+        Mutation(
+            "settle_runs",
+            "AND (r.cancel_requested_at IS NOT NULL OR r.attempts >= r.max_attempts)",
+            "",
+        ),
+        last_attempt_is_never_reclaimed,
+        "attempts left was settled",
+        id="ends-runs-with-attempts-left",
+    ),
+    pytest.param(
+        Mutation(
+            "expire_worker_leases", "lease_expires_at = leasework.now() - interval '1 millisecond',"
+        ),
+        expire_worker_leases_expires_only_the_dead_workers_leases,
+        "lease is not expired",
+        id="expire-worker-leases-leaves-the-lease",
+    ),
+    pytest.param(
+        Mutation("expire_worker_leases", "'outcome', 'crashed'", "'outcome', 'expired'"),
+        expire_worker_leases_expires_only_the_dead_workers_leases,
+        "crash is not recorded",
+        id="expire-worker-leases-records-no-crash",
+    ),
+    pytest.param(
+        Mutation("expire_worker_leases", "lease_worker = %(worker)s AND ", ""),
+        expire_worker_leases_expires_only_the_dead_workers_leases,
+        "",
+        id="expire-worker-leases-of-every-worker",
+    ),
+]
+
+
+@pytest.mark.parametrize(("mutation", "check", "says"), SETTLE_MUTATIONS)
+def test_settle_and_expire_mutations_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+    conn: Conn,
+    mutation: Mutation,
+    check: Check,
+    says: str,
+) -> None:
+    err = fails_with(monkeypatch, conn, mutation, check)
+    assert says in str(err), err
+
+
+# -- the fence's idle timeout ----------------------------------------------------------------------
+
+FENCE_WITHOUT_IDLE_TIMEOUT = Mutation("fence_run", "%(idle_ms)s, true", "'0', true")
+
+
+def test_fence_without_its_idle_timeout_is_caught(
+    monkeypatch: pytest.MonkeyPatch, conn: Conn, dsn: str
+) -> None:
+    """With the timeout off, a cut-off worker's idle fenced transaction holds its run until
+    the session dies some other way (TCP keepalive: hours). 10 s is ten times the lease here."""
+    check = partial(idle_fenced_transaction_is_ended, dsn=dsn, deadline=10.0)
+    err = fails_with(monkeypatch, conn, FENCE_WITHOUT_IDLE_TIMEOUT, check)
+    assert "still held by an idle fenced transaction" in str(err)
+
+
+# -- ingest's re-check before `ready` --------------------------------------------------------------
+
+# The re-check compares the file's (project, sha256), read under a row lock, with what the run
+# indexed; mark_ready repeats both. Reduced to the scope: the content is read as the content the
+# run started on (indexing_sha256), and mark_ready no longer tests it.
+RECHECK_READS_STARTED_CONTENT = Mutation(
+    "lock_file", "SELECT project, sha256", "SELECT project, indexing_sha256", source="ingest"
+)
+READY_WITHOUT_CONTENT = Mutation("mark_ready", " AND sha256 = %(sha256)s", source="ingest")
+
+
+@pytest.mark.parametrize(
+    ("mutation", "says"),
+    [
+        pytest.param(
+            (RECHECK_READS_STARTED_CONTENT, READY_WITHOUT_CONTENT),
+            "not the new content's",
+            id="recheck-of-scope-only",
+        ),
+        pytest.param(RECHECK_READS_STARTED_CONTENT, "never indexed", id="recheck-misses-content"),
+    ],
+)
+def test_ingest_recheck_of_scope_only_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+    conn: Conn,
+    tmp_path: Path,
+    make_worker: Callable[..., Any],
+    mutation: Mutation | tuple[Mutation, ...],
+    says: str,
+) -> None:
+    runs = iter(range(3))
+
+    def check(c: Conn) -> None:
+        env = Env(tmp_path / f"run{next(runs)}", make_worker, ingest_chunk_chars=64)
+        env.tmp.mkdir()
+        replaced_mid_run_is_never_ready_with_stale_chunks(c, env)
+
+    err = fails_with(monkeypatch, conn, mutation, check)
+    assert says in str(err), err

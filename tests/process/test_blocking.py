@@ -80,6 +80,18 @@ SHORT_LEASE: dict[str, Any] = {
 }
 
 
+# The default lease: neither the lease rule nor hang_timeout fires within a test; only a cancel
+# or a timeout (after abort_grace) can end a handler stuck holding the GIL.
+LONG_LEASE: dict[str, Any] = {
+    "lease": 120.0,
+    "renew_interval": None,
+    "control_interval": 1.0,
+    "watchdog_margin": None,
+    "hang_timeout": 120.0,
+    "abort_grace": 3.0,
+}
+
+
 def add_handlers(app_dir: Path) -> None:
     with (app_dir / "lwtestapp.py").open("a", encoding="utf-8") as f:
         f.write(HANDLERS)
@@ -161,17 +173,7 @@ def test_a_cancel_kills_a_handler_stuck_in_a_c_call_holding_the_gil(
     supervise: Any, pconn: Any, app_dir: Path
 ) -> None:
     add_handlers(app_dir)
-    # The default lease: neither the lease rule nor hang_timeout fires within this test; only
-    # the cancel can end the attempt.
-    sup = supervise(
-        processes=1,
-        lease=120.0,
-        renew_interval=None,
-        control_interval=1.0,
-        watchdog_margin=None,
-        hang_timeout=120.0,
-        abort_grace=3.0,
-    )
+    sup = supervise(processes=1, **LONG_LEASE)
     sup.wait_children(1)
     run_id = enqueue(pconn, "gil", {})
     run = wait_for(lambda: (r := get_run(pconn, run_id))["status"] == "running" and r)
@@ -189,15 +191,7 @@ def test_a_timeout_kills_a_handler_stuck_in_a_c_call_holding_the_gil(
     supervise: Any, pconn: Any, app_dir: Path
 ) -> None:
     add_handlers(app_dir)
-    sup = supervise(
-        processes=1,
-        lease=120.0,
-        renew_interval=None,
-        control_interval=1.0,
-        watchdog_margin=None,
-        hang_timeout=120.0,
-        abort_grace=3.0,
-    )
+    sup = supervise(processes=1, **LONG_LEASE)
     sup.wait_children(1)
     run_id = enqueue(pconn, "gil_timeout", {}, timeout=2, max_attempts=1)
     done = wait_for(lambda: (r := get_run(pconn, run_id))["status"] == "failed" and r, 30)

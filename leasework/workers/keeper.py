@@ -103,8 +103,12 @@ class Keeper:
 
     # -- what the worker tells it ---------------------------------------------------------------
 
-    def hold(self, claim: Claim, now: float | None = None) -> Held:
-        """Look after a claimed run's lease from now on (its claim was its first renewal)."""
+    def hold(self, claim: Claim, now: float | None = None, *, sent: float | None = None) -> Held:
+        """Look after a claimed run's lease from now on. The claim was its first renewal, made
+        when the claim statement was `sent` (default: now). A claim whose answer came so late
+        that a renewal is already due is confirmed at once, before the dead man's switch counts
+        on it: renewed if still ours, tripped `lost` if not (its caller must then not start it;
+        another worker may have reclaimed it after its lease ran out)."""
         now = self._clock() if now is None else now
         cfg = self.config
         ratio = claim.lease_seconds / cfg.lease
@@ -113,11 +117,13 @@ class Keeper:
             claim,
             renew_every=renew_every,
             control_every=min(cfg.control_every, renew_every / 2),
-            renewed=now,
-            controlled=now,
+            renewed=now if sent is None else min(now, sent),
+            controlled=now if sent is None else min(now, sent),
         )
         with self._lock:
             self._held[claim.id] = held
+            if now - held.renewed >= held.renew_every:
+                self._query([held])
             self._arm(now)
             self._changed(
                 min(held.controlled + held.control_every, held.renewed + held.renew_every)
@@ -261,7 +267,10 @@ class Keeper:
         times: list[float] = []
         for held in list(self._held.values()):
             # Lost or not: a handler still running when the lease it last renewed runs out could
-            # overlap the next attempt (a lost run's grace never outlasts its lease).
+            # overlap the next attempt (a lost run's grace never outlasts its lease). A lost run
+            # that has not started runs nothing: it is never started.
+            if held.signal.reason == "lost" and not held.executing:
+                continue
             lease_s = held.claim.lease_seconds
             margin = cfg.kill_margin * lease_s / cfg.lease
             times.append(held.renewed + lease_s - margin / 2)

@@ -8,10 +8,11 @@ value (False / None), never an exception. Never runs job code.
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -58,6 +59,10 @@ class Claim:
     created_at: datetime
     queued_at: datetime
     started_at: datetime
+    # When the claim statement was sent, on this process's monotonic clock: the lease counts from
+    # no later than that, so a reply that arrives late (a slow network, a stalled process) is not
+    # taken for a fresh lease (Keeper.hold). Not a column.
+    sent: float = field(default=0.0, compare=False, repr=False)
 
     @property
     def last_attempt(self) -> bool:
@@ -124,8 +129,7 @@ def claim_runs(
     limiter's re-check under the tenant locks, with a fresh snapshot, happens inside that same
     statement (leasework.limiter_conflict), so two conflicting runs are never both `running` with
     live leases, not even for a moment: the seed's "two workers cannot both pass the check" holds
-    in the database, not only in the handlers. The claim's own commit is asynchronous (see
-    lease.sql), so it must not share a transaction with anything else.
+    in the database, not only in the handlers.
     """
     if not kinds:
         return []
@@ -138,6 +142,7 @@ def claim_runs(
     }
     # A connection outside autocommit still gets the claim committed on its own.
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
+    sent = time.monotonic()
     with own_tx, conn.cursor() as cur:
         cur.execute(Q["claim_runs"], params, prepare=True)
         rows = cur.fetchall()
@@ -149,7 +154,7 @@ def claim_runs(
     # of one-at-a-time mode, and a dict per row cost more than building the Claim itself.
     if len(rows) > 1:
         rows.sort(key=lambda r: (r[_PRIORITY], r[_QUEUED_AT], r[0]))
-    return [_claim(r, lease) for r in rows]
+    return [_claim(r, lease, sent) for r in rows]
 
 
 def finish_and_claim(
@@ -180,24 +185,27 @@ def finish_and_claim(
         "finishing": claim.id,
     }
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
+    sent = time.monotonic()
     with own_tx, conn.cursor() as cur:
         cur.execute(FINISH_AND_CLAIM, params, prepare=True)
         row = cur.fetchone()
         assert row is not None  # one row always
         if row[1] is not None and not _combined_columns_checked:
             _check_combined_columns(cur.description)
-    return bool(row[0]), None if row[1] is None else _claim(row[1:], lease)
+    return bool(row[0]), None if row[1] is None else _claim(row[1:], lease, sent)
 
 
-def _claim(row: tuple[Any, ...], lease: float) -> Claim:
+def _claim(row: tuple[Any, ...], lease: float, sent: float) -> Claim:
     if row[_LEASE_SECONDS] is None:  # the kind's lease is the worker's
         row = (*row[:_LEASE_SECONDS], lease, *row[_LEASE_SECONDS + 1 :])
-    return Claim(*row)
+    return Claim(*row, sent)  # type: ignore[call-arg]  # row holds every field but `sent`
 
 
 # The claim's RETURNING columns, in order: Claim's fields, `owner` being the lease_owner column.
 CLAIM_COLUMNS = tuple(
-    "lease_owner" if f.name == "owner" else f.name for f in dataclasses.fields(Claim)
+    "lease_owner" if f.name == "owner" else f.name
+    for f in dataclasses.fields(Claim)
+    if f.name != "sent"
 )
 _PRIORITY = CLAIM_COLUMNS.index("priority")
 _QUEUED_AT = CLAIM_COLUMNS.index("queued_at")

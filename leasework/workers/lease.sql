@@ -135,16 +135,10 @@ UPDATE leasework.runs r
            ELSE r.history
        END
  WHERE r.id = ANY(ARRAY(SELECT id FROM chosen))
-   -- This statement's own transaction commits without waiting for the WAL flush (is_local: the
-   -- setting ends with it). Losing the claim in a server crash is harmless, it is simply undone:
-   -- every effect, checkpoint and finish that depends on it commits synchronously, and flushing
-   -- their commit record flushes the claim's, which precedes it in the WAL. Guarded by
-   -- tests/process/test_postgres_crash.py. Saves a WAL flush per claim (bench/README.md).
-   -- Not when the claim is part of finish_and_claim (%(finishing)s set): that transaction also
-   -- seals a run, which must commit synchronously. CASE evaluates only the branch it takes.
-   AND CASE WHEN %(finishing)s::bigint IS NULL
-            THEN set_config('synchronous_commit', 'off', true)
-            ELSE 'on' END IS NOT NULL
+   -- The claim commits synchronously. An asynchronous claim saved a WAL flush, but a claim lost
+   -- in a server crash is handed out again after the restart while its first worker may still
+   -- be running the handler (a blocking one notices only at its next renewal): two attempts of
+   -- one run alive at once. Guarded by tests/chaos (the non-cooperative Postgres crash).
 -- Unqualified: the statement has no FROM, so these are the claimed row's new values (and the
 -- shorter text keeps finish_and_claim within psycopg's parse cache, see queries.load).
 RETURNING id, kind, key, tenant, "group", exclusive, priority, payload, result, attempts,

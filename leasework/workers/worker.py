@@ -410,7 +410,13 @@ class Worker:
 
         The keeper looks after the lease from here to the outcome: renewal, cancel, timeout and
         shutdown reach the handler whether or not it calls ctx.check()."""
-        held = self.keeper.get(claim.id) or self.keeper.hold(claim)
+        held = self.keeper.get(claim.id) or self.keeper.hold(claim, sent=claim.sent)
+        if held.signal.reason == "lost":
+            # The claim's answer came after its lease could have run out (Keeper.hold): another
+            # worker may hold the run now. Never start it.
+            self.keeper.drop(claim.id)
+            log.event("claim_not_started", level=30, run_id=claim.id, owner=str(claim.owner))
+            return None
         self.keeper.begin(held)
         ctx = Context(claim, self, held)
         self.current = ctx
@@ -498,7 +504,7 @@ class Worker:
         executed = 0
         renew_every = self.config.renew_every
         for claim in claims:
-            self.keeper.hold(claim)
+            self.keeper.hold(claim, sent=claim.sent)
         written_at = time.monotonic()
         try:
             for i, claim in enumerate(claims):

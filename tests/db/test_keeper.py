@@ -6,6 +6,7 @@ both rules have a mutation that the checks here catch."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -260,3 +261,50 @@ def test_giving_up_later_than_the_lease_is_caught(
     monkeypatch.setattr(keeper_mod, "GIVE_UP_AT", 1.5)
     with pytest.raises(AssertionError, match=r"past 0\.9"):
         gives_up_before_the_lease_could_expire(a_claim(conn))
+
+
+def late(claim: lease.Claim) -> lease.Claim:
+    """The claim as if its answer had arrived a whole lease after the statement was sent (a slow
+    network, a stalled process)."""
+    return dataclasses.replace(claim, sent=time.monotonic() - claim.lease_seconds)
+
+
+def test_a_claim_answered_after_its_lease_ran_out_is_never_started(
+    make_worker: MakeWorker, conn: Conn, dsn: str
+) -> None:
+    """Meanwhile the lease ran out and another worker took the run: the late claim must not run
+    its handler beside the thief's attempt, nor write anything."""
+    app = App()
+    ran: list[int] = []
+    app.task("job")(lambda ctx, payload: ran.append(ctx.run_id))
+    run_id = app.enqueue(conn, "job")
+    [claim] = lease.claim_runs(conn, ["job"], worker="slow", lease=30.0)
+    thief = steal(dsn, run_id)
+
+    worker = make_worker(app, **QUICK)
+    assert worker.execute(late(claim), app.handler("job")) is None
+    assert ran == [], "a claim answered after its lease ran out was started"
+    row = get_run(conn, run_id)
+    assert row["status"] == "running" and row["lease_owner"] == thief.owner
+
+
+def test_a_late_claim_still_ours_is_renewed_before_it_starts(
+    make_worker: MakeWorker, conn: Conn
+) -> None:
+    app = App()
+    app.task("job")(lambda ctx, payload: None)
+    run_id = app.enqueue(conn, "job")
+    [claim] = lease.claim_runs(conn, ["job"], worker="slow", lease=30.0)
+    before = conn.execute(
+        "SELECT lease_expires_at FROM leasework.runs WHERE id = %s", (run_id,)
+    ).fetchone()
+
+    worker = make_worker(app, **QUICK)
+    held = worker.keeper.hold(late(claim), sent=late(claim).sent)
+    assert held.renewed > late(claim).sent, "a late claim was not confirmed before its start"
+    after = conn.execute(
+        "SELECT lease_expires_at FROM leasework.runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert before is not None and after is not None and after[0] > before[0]
+    assert worker.execute(claim, app.handler("job")) == "succeeded"
+    assert get_run(conn, run_id)["status"] == "succeeded"

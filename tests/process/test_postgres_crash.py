@@ -1,10 +1,8 @@
 """Postgres crashes (immediate shutdown, WAL replay on restart) under worker processes that are
 busy claiming and finishing short runs: nothing is lost and no effect is committed twice.
 
-This is the guard for claim_runs committing asynchronously (synchronous_commit off for the claim's
-own transaction only): a claim lost in the crash is simply undone, because every later
-synchronous commit (a fenced effect, a checkpoint, a finish) flushes the WAL up to itself and so
-makes the claim before it durable first. Runs on a private cluster of its own."""
+Every claim, effect, checkpoint and finish commits synchronously, so whatever a worker was told
+has committed survives the crash. Runs on a private cluster of its own."""
 
 from __future__ import annotations
 

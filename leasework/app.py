@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .connectors import CheckConfig, Connector, Extract
     from .filestore import FileStore
     from .stages.schedule import ScheduleSpec
+    from .workers.stage import Stage
 
 Q = load("leasework", "runs.sql")
 F = TypeVar("F", bound=Callable[[Context, Any], Any])
@@ -186,6 +187,12 @@ class App:
     def _unknown(self, kind: str) -> str:
         known = ", ".join(self.kinds()) or "none registered"
         return f"unknown kind {kind!r}; known kinds: {known}"
+
+    def stages(self, config: Config | None = None) -> list[Stage]:
+        """The stages a worker of this app polls, in order."""
+        from .stages import default_stages
+
+        return default_stages(self, config or self.config)
 
     def with_config(self, config: Config) -> App:
         """The same tasks under another configuration (the CLI applies file, env and flags)."""

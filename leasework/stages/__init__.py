@@ -6,21 +6,13 @@ items it handled. Adding a job family is one file, its queries, and one line in 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
+
+from ..workers.stage import Stage
 
 if TYPE_CHECKING:
     from ..app import App
     from ..config import Config
-    from ..workers.worker import Worker
-
-
-class Stage(Protocol):
-    name: str
-    limit: int
-
-    def step(self, worker: Worker) -> int:
-        """Do at most `limit` items of work; return how many were handled."""
-        ...
 
 
 def default_stages(app: App, config: Config) -> list[Stage]:

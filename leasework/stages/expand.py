@@ -27,11 +27,11 @@ from ..files import enqueue_ingest
 from ..filestore import FileStore, StoreError, safe_name
 from ..ingest.extract import kind_of
 from ..queries import load
+from ..workers.stage import Site
 
 if TYPE_CHECKING:
     from ..app import App
     from ..config import Config
-    from ..workers.worker import Worker
 
 Q = load("leasework.stages", "expand.sql")
 Conn = psycopg.Connection[Any]
@@ -139,6 +139,7 @@ def member_key(upload_id: int, member: Member) -> str:
 
 class ExpandStage:
     name = "expand"
+    wakes = frozenset({"upload"})  # files.add_upload NOTIFYs it
 
     def __init__(self, app: App, config: Config, *, limit: int | None = None) -> None:
         self.app = app
@@ -146,22 +147,22 @@ class ExpandStage:
         self.limit = limit if limit is not None else config.expand_limit
         self.caps = ArchiveCaps.from_config(config)
 
-    def step(self, worker: Worker) -> int:
+    def step(self, site: Site) -> int:
         params = {
             "reclaim": self.config.expand_reclaim,
             "max_attempts": self.config.expand_max_attempts,
         }
-        with worker.pool_connection() as conn:
+        with site.conns.pooled() as conn:
             handled = len(conn.execute(Q["fail_stuck_uploads"], params).fetchall())
         for _ in range(self.limit):
-            if worker.stopping:
+            if site.stopping:
                 break
-            with worker.pool_connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            with site.conns.pooled() as conn, conn.cursor(row_factory=dict_row) as cur:
                 upload = cur.execute(Q["claim_upload"], params).fetchone()
             if upload is None:
                 break
             log.event("upload_claimed", upload_id=upload["id"], attempt=upload["attempts"])
-            with worker.pool_connection() as conn:
+            with site.conns.pooled() as conn:
                 self.expand(conn, upload)
             handled += 1
         return handled

@@ -36,11 +36,11 @@ from ..queries import load
 from ..workers import lease
 from ..workers.context import Context
 from ..workers.lease import Claim
+from ..workers.stage import Site
 
 if TYPE_CHECKING:
     from ..app import App, Task
     from ..config import Config
-    from ..workers.worker import Worker
 
 Q = load("leasework.stages", "ingest.sql")
 Conn = psycopg.Connection[Any]
@@ -311,6 +311,7 @@ class IngestStage:
     """Claims `ingest` runs (one at a time, up to `limit` per poll) and runs the Indexer."""
 
     name = "ingest"
+    wakes = frozenset({INGEST_KIND})
 
     def __init__(self, app: App, config: Config, *, limit: int | None = None) -> None:
         self.app = app
@@ -324,38 +325,38 @@ class IngestStage:
             self._indexer = Indexer(self.app.file_store(), self.app.get_embedder(), self.caps)
         return self._indexer
 
-    def step(self, worker: Worker) -> int:
+    def step(self, site: Site) -> int:
         handled = 0
         for _ in range(self.limit):
-            if worker.stopping:
+            if site.stopping:
                 break
-            with worker.pool_connection() as conn:
+            with site.conns.pooled() as conn:
                 claims = lease.claim_runs(
-                    conn, [INGEST_KIND], worker=worker.id, lease=worker.config.lease, limit=1
+                    conn, [INGEST_KIND], worker=site.worker_id, lease=site.config.lease, limit=1
                 )
             if not claims:
                 break
             claim = claims[0]
-            why = self._precheck(worker, claim)
+            why = self._precheck(site, claim)
             if why is not None:
-                self._reject(worker, claim, why)
+                self._reject(site, claim, why)
             else:
-                worker.execute(claim, self.indexer())
+                site.executor.run(claim, self.indexer())
             handled += 1
         return handled
 
-    def _precheck(self, worker: Worker, claim: Claim) -> str | None:
+    def _precheck(self, site: Site, claim: Claim) -> str | None:
         try:
             file_id = _file_id(claim.payload)
         except FileGone as exc:
             return str(exc)
-        with worker.pool_connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        with site.conns.pooled() as conn, conn.cursor(row_factory=dict_row) as cur:
             file = cur.execute(Q["get_file"], {"id": file_id}).fetchone()
         return precheck(file, self.indexer().store, self.caps)
 
-    def _reject(self, worker: Worker, claim: Claim, why: str) -> None:
+    def _reject(self, site: Site, claim: Claim, why: str) -> None:
         """A file no attempt could index: fail the run at once (no retries) and the file."""
-        with worker.pool_connection() as conn, conn.transaction():
+        with site.conns.pooled() as conn, conn.transaction():
             if not lease.fence(conn, claim):
                 return
             if isinstance(claim.payload, dict) and isinstance(claim.payload.get("file_id"), int):

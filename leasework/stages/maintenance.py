@@ -19,11 +19,11 @@ from psycopg.types.json import Jsonb
 from .. import log
 from ..queries import load
 from ..workers import lease
+from ..workers.stage import Site
 
 if TYPE_CHECKING:
     from ..app import App
     from ..config import Config
-    from ..workers.worker import Worker
 
 Q = load("leasework.stages", "maintenance.sql")
 Conn = psycopg.Connection[Any]
@@ -98,6 +98,7 @@ HANDLERS: tuple[Handler, ...] = (
 
 class MaintenanceStage:
     name = "maintenance"
+    wakes: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -112,9 +113,9 @@ class MaintenanceStage:
         self.handlers = tuple(handlers)
         self.limit = limit if limit is not None else config.maintenance_limit
 
-    def step(self, worker: Worker) -> int:
+    def step(self, site: Site) -> int:
         done = 0
-        with worker.pool_connection() as conn:
+        with site.conns.pooled() as conn:
             rows = conn.execute(Q["read_markers"]).fetchall()
             now = rows[0][3] if rows else lease.db_now(conn)
             markers = {r[0]: (r[1], r[2]) for r in rows}

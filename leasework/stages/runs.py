@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..workers import lease
 from ..workers.lease import Claim
+from ..workers.stage import Site
 
 if TYPE_CHECKING:
     from ..app import App
-    from ..workers.worker import Worker
 
 
 class RunsStage:
@@ -23,7 +23,12 @@ class RunsStage:
         self.limit = limit
         self.settle_limit = settle_limit
 
-    def step(self, worker: Worker) -> int:
+    @property
+    def wakes(self) -> list[str]:
+        """An enqueue NOTIFYs its kind: the kinds this stage runs."""
+        return self.app.kinds(stage=self.name)
+
+    def step(self, site: Site) -> int:
         kinds = self.app.kinds(stage=self.name)
         # Claim and settle on the control connection: idle between runs, it spares a pool
         # check-out per claim and keeps the claim's generic plan (worker.control_conn).
@@ -35,18 +40,18 @@ class RunsStage:
         pending: tuple[Claim, Any] | None = None
         try:
             for _ in range(self.limit):
-                if worker.stopping:
+                if site.stopping:
                     break
                 claims: list[Claim] | None = None
                 if pending is not None and pending[0].tenant is None:
-                    claims = worker.finish_and_claim(pending, kinds)
+                    claims = site.executor.seal_and_claim(pending, kinds)
                     pending = None
                 if claims is None:
                     if pending is not None:
-                        worker.finish_success(*pending)
+                        site.executor.seal_success(*pending)
                         pending = None
                     claims = lease.claim_runs(
-                        worker.control_conn(), kinds, worker=worker.id, lease=worker.config.lease
+                        site.conns.control(), kinds, worker=site.worker_id, lease=site.config.lease
                     )
                 if not claims:
                     break
@@ -55,28 +60,28 @@ class RunsStage:
                 batch = self.app.tasks[first.kind].batch
                 if batch == 1:
                     done: list[tuple[Claim, Any]] = []
-                    worker.execute(first, handler, defer=done)
+                    site.executor.run(first, handler, defer=done)
                     pending = done[0] if done else None
                     handled += 1
                     # Between two runs: liveness, and the supervisor's child recycles after
                     # exactly max_jobs_per_child runs (it drains the worker from this beat).
-                    worker.beat(None)
+                    site.executor.beat(None)
                     continue
                 # A kind with batch=N: the next N - 1 runs of the same kind in one more statement,
                 # so that which run comes first still follows priority across every kind.
                 claims += lease.claim_runs(
-                    worker.control_conn(),
+                    site.conns.control(),
                     [first.kind],
-                    worker=worker.id,
-                    lease=worker.config.lease,
+                    worker=site.worker_id,
+                    lease=site.config.lease,
                     limit=batch - 1,
                 )
-                handled += worker.execute_batch(claims, handler)
+                handled += site.executor.run_batch(claims, handler)
         finally:
             if pending is not None:
-                worker.finish_success(*pending)
+                site.executor.seal_success(*pending)
         # Settle after claiming, so that a worker woken by a NOTIFY spends its first round trip
         # on the claim (pickup latency). What settle promotes counts as work, so the worker polls
         # again at once and claims it then.
-        ended, promoted = lease.settle_runs(worker.control_conn(), self.settle_limit)
+        ended, promoted = lease.settle_runs(site.conns.control(), self.settle_limit)
         return handled + ended + promoted

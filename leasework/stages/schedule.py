@@ -17,11 +17,11 @@ from psycopg.rows import dict_row
 from .. import log
 from ..errors import ConfigError
 from ..queries import load
+from ..workers.stage import Site
 from . import sync
 
 if TYPE_CHECKING:
     from ..app import App
-    from ..workers.worker import Worker
 
 Q = load("leasework.stages", "schedule.sql")
 Conn = psycopg.Connection[Any]
@@ -172,14 +172,15 @@ def list_schedules(conn: Conn) -> list[dict[str, Any]]:
 
 class ScheduleStage:
     name = "schedule"
+    wakes: frozenset[str] = frozenset()
 
     def __init__(self, app: App, *, limit: int = 10) -> None:
         self.app = app
         self.limit = limit
         self._registered = False
 
-    def step(self, worker: Worker) -> int:
-        with worker.pool_connection() as conn:
+    def step(self, site: Site) -> int:
+        with site.conns.pooled() as conn:
             if not self._registered:
                 register_schedules(conn, list(self.app.schedules.values()))
                 self._registered = True

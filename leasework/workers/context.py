@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -22,11 +22,9 @@ from psycopg.pq import TransactionStatus
 from .. import log
 from ..errors import Aborted, LeaseLost, is_transient
 from . import lease
-from .keeper import AbortSignal, Held
+from .connections import Connections
+from .keeper import AbortSignal, Held, Keeper
 from .lease import Claim
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 Conn = psycopg.Connection[Any]
 
@@ -47,13 +45,23 @@ def discard_if_busy(conn: Conn) -> bool:
     return True
 
 
+class Runner(Protocol):
+    """What a context needs of whoever runs its handler (the executor)."""
+
+    worker_id: str
+    keeper: Keeper
+    conns: Connections
+
+    def beat(self, ctx: Context | None) -> None: ...
+
+
 class Context:
     """Passed to every handler as its first argument."""
 
     def __init__(
         self,
         claim: Claim,
-        worker: Worker,
+        runner: Runner,
         held: Held,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -62,7 +70,7 @@ class Context:
         self.held = held
         self.signal = held.signal
         self.result: Any = claim.result
-        self._worker = worker
+        self._runner = runner
         self._clock = clock
         self.started = clock()
         self._processed = claim.processed_units
@@ -117,7 +125,7 @@ class Context:
 
     @property
     def worker_id(self) -> str:
-        return self._worker.id
+        return self._runner.worker_id
 
     # -- control ----------------------------------------------------------------------------
 
@@ -131,8 +139,8 @@ class Context:
     def poke(self) -> None:
         """`check()` without raising: does the bookkeeping and trips the signal if needed."""
         with self._shielded():
-            self._worker.keeper.tend(self._clock(), wait=False)
-        self._worker.beat(self)
+            self._runner.keeper.tend(self._clock(), wait=False)
+        self._runner.beat(self)
 
     def interrupt(self) -> None:
         """Called in the main thread by the worker's interrupt signal: raise `Aborted` into the
@@ -177,14 +185,14 @@ class Context:
         now = self._clock()
         with self._shielded():
             try:
-                conn = tx if tx is not None else self._worker.control_conn()
+                conn = tx if tx is not None else self._runner.conns.control()
                 ok = lease.checkpoint(conn, self.claim, processed, total)
             except psycopg.Error as exc:
                 if tx is not None or not is_transient(exc):
                     raise
                 # Progress is not lost (the next checkpoint writes it); the keeper decides when
                 # the lease is gone.
-                self._worker.drop_control_conn()
+                self._runner.conns.drop_control()
                 log.event(
                     "checkpoint_failed", level=30, run_id=self.claim.id, error=log.first_line(exc)
                 )
@@ -199,7 +207,7 @@ class Context:
             raise Aborted("lost")
         if tx is None:  # renewed and committed; inside a transaction only once it commits
             self.held.renewed = max(self.held.renewed, now)
-            self._worker.drain_notifies()  # read with the checkpoint's answer
+            self._runner.conns.drain_notifies()  # read with the checkpoint's answer
         self._processed = processed
         if total is not None:
             self._total = total
@@ -259,7 +267,7 @@ class Context:
     def _pooled(self) -> Iterator[Conn]:
         """A connection of the worker's pool, taken and given back where no interruption can
         land half-way (the pool would lose track of it)."""
-        pool = self._worker.pool()
+        pool = self._runner.conns.pool()
         with self._shielded():
             conn = pool.getconn()
         try:

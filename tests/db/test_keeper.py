@@ -282,7 +282,7 @@ def test_a_claim_answered_after_its_lease_ran_out_is_never_started(
     thief = steal(dsn, run_id)
 
     worker = make_worker(app, **QUICK)
-    assert worker.execute(late(claim), app.handler("job")) is None
+    assert worker.executor.run(late(claim), app.handler("job")) is None
     assert ran == [], "a claim answered after its lease ran out was started"
     row = get_run(conn, run_id)
     assert row["status"] == "running" and row["lease_owner"] == thief.owner
@@ -306,5 +306,5 @@ def test_a_late_claim_still_ours_is_renewed_before_it_starts(
         "SELECT lease_expires_at FROM leasework.runs WHERE id = %s", (run_id,)
     ).fetchone()
     assert before is not None and after is not None and after[0] > before[0]
-    assert worker.execute(claim, app.handler("job")) == "succeeded"
+    assert worker.executor.run(claim, app.handler("job")) == "succeeded"
     assert get_run(conn, run_id)["status"] == "succeeded"

@@ -16,6 +16,7 @@ import pytest
 
 from leasework import Aborted, App, Context, LeaseLost, Partial, Retry
 from leasework.workers import lease
+from leasework.workers.stage import Site
 from leasework.workers.worker import Worker
 
 from ..conftest import expire_lease, get_run, make_due, wait_for
@@ -515,8 +516,9 @@ class CountingStage:
         self.limit = 1
         self.fail = fail
         self.calls = 0
+        self.wakes: frozenset[str] = frozenset()
 
-    def step(self, worker: Worker) -> int:
+    def step(self, site: Site) -> int:
         self.calls += 1
         if self.fail:
             raise RuntimeError(f"{self.name} broke")
@@ -601,8 +603,8 @@ def running_worker(make_worker: MakeWorker) -> Iterator[Callable[[App], Worker]]
 
 
 def _listening_pid(worker: Worker) -> int | None:
-    control = worker._control
-    if not worker._listening or control is None or control.closed:
+    control = worker.conns._control
+    if not worker.conns._listening or control is None or control.closed:
         return None
     return control.info.backend_pid
 
@@ -640,7 +642,7 @@ def test_notifies_received_while_busy_wake_an_idle_worker_once(
     app = App()
     app.task("job")(lambda ctx, payload: None)
     worker = make_worker(app)
-    assert worker.idle_wait(0.01) == set()  # listening now
+    assert worker.conns.idle_wait(0.01) == set()  # listening now
     with psycopg.connect(dsn, autocommit=True) as other:
         for i in range(500):
             other.execute("SELECT pg_notify('leasework', 'job')")  # one transaction each
@@ -651,10 +653,10 @@ def test_notifies_received_while_busy_wake_an_idle_worker_once(
 
     # psycopg's own queue (private, but it is where the memory would go) is emptied by each
     # poll, not left to grow while the worker stays busy.
-    assert worker._control is not None and not worker._control._notifies_backlog
-    assert worker.idle_wait(5.0) == {"job"}  # at once, all of them as one wake-up (and only
+    assert worker.conns._control is not None and not worker.conns._control._notifies_backlog
+    assert worker.conns.idle_wait(5.0) == {"job"}  # at once, all of them as one wake-up (and only
     # kinds it serves: 500 distinct payloads from anyone on the channel take no room)
-    assert worker.idle_wait(0.2) == set()  # and nothing left over: this one waited, then timed out
+    assert worker.conns.idle_wait(0.2) == set()  # and nothing left over: this one waited, then timed out
 
 
 def test_notifies_received_during_a_long_job_are_drained_by_its_control_queries(
@@ -666,7 +668,7 @@ def test_notifies_received_during_a_long_job_are_drained_by_its_control_queries(
 
     @app.task("long")
     def long(ctx: Context, payload: Any) -> None:
-        control = holder[0]._control
+        control = holder[0].conns._control
         assert control is not None
         with psycopg.connect(dsn, autocommit=True) as other:
             for _ in range(200):
@@ -675,14 +677,14 @@ def test_notifies_received_during_a_long_job_are_drained_by_its_control_queries(
         # the worker moves them out of psycopg's queue at once, into one wake-up entry.
         def moved() -> bool:
             ctx.checkpoint(1)
-            return "long" in holder[0]._woken and not control._notifies_backlog
+            return "long" in holder[0].conns.woken and not control._notifies_backlog
 
         drained.append(wait_for(moved, timeout=5))
 
     run_id = app.enqueue(conn, "long")
     worker = make_worker(app, control_interval=0.05)
     holder.append(worker)
-    assert worker.idle_wait(0.01) == set()  # listening
+    assert worker.conns.idle_wait(0.01) == set()  # listening
     worker.poll()
     assert drained == [True]
     assert get_run(conn, run_id)["status"] == "succeeded"

@@ -1,0 +1,84 @@
+"""What one attempt's end means for its run: a pure decision from what the handler returned or
+raised and why its run had to stop. No I/O; the executor writes what this decides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import Aborted, LeaseLost, Partial, Retry
+
+Action = Literal["seal", "requeue", "release", "nothing"]
+Sealed = Literal["succeeded", "partial", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """seal: a terminal status (`succeeded`, `partial`, `cancelled`). requeue: back to queued
+    after a backoff (`after` overrides it) unless the database ends the run (no attempt left,
+    cancel requested); `label` is the attempt's outcome in the run's history. release: back to
+    queued, the attempt not charged (shutdown). nothing: the lease is lost, write nothing."""
+
+    action: Action
+    status: Sealed | None = None
+    label: str | None = None
+    error: str | None = None
+    after: float | None = None
+    result: Any = None
+
+
+NOTHING = Outcome("nothing")
+
+
+def stopped(reason: str | None, result: Any, timeout: float | None) -> Outcome:
+    """The run had to stop (its abort signal tripped): the reason decides, whatever the handler
+    did. A cancel keeps what was gathered; a timeout is a failed attempt, retried."""
+    if reason == "lost":
+        return NOTHING
+    if reason == "cancelled":
+        return Outcome("seal", status="cancelled", error="cancelled", result=result)
+    if reason == "timeout":
+        return Outcome(
+            "requeue", label="timeout", error=f"timeout after {timeout or 0:g} s", result=result
+        )
+    return Outcome("release", error=reason or "shutdown")
+
+
+def decide(
+    returned: Any,
+    raised: BaseException | None,
+    reason: str | None,
+    *,
+    gathered: Any,
+    last_attempt: bool,
+    timeout: float | None,
+    describe: Any = None,
+) -> Outcome:
+    """One attempt's end. `returned`: the handler's value (when `raised` is None); `reason`:
+    why the run's abort signal tripped, if it did; `gathered`: ctx.result, what the handler
+    stored so far; `describe(exc)` renders an error for the history (default `Type: message`).
+    Results are returned unencoded."""
+    if isinstance(raised, LeaseLost):
+        return NOTHING
+    if isinstance(raised, Partial):
+        gathered = raised.result
+    if reason is not None or isinstance(raised, Aborted):
+        if raised is None and returned is not None:
+            gathered = returned
+        return stopped(reason, gathered, timeout)
+    if raised is None:
+        return Outcome("seal", status="succeeded", result=returned)
+    if isinstance(raised, Retry):
+        # What the handler gathered is kept across the retry, as on cancel: a sync's per-table
+        # results accumulate on the one run.
+        return Outcome(
+            "requeue", label="retry", error=f"Retry: {raised}", after=raised.after, result=gathered
+        )
+    if isinstance(raised, Partial):
+        if raised.retryable and not last_attempt:
+            return Outcome("requeue", label="partial", error=f"Partial: {raised}", result=gathered)
+        # Not retryable, or no attempt left to retry with: sealed as partial, its result kept
+        # (a partial result is never thrown away as a failure).
+        return Outcome("seal", status="partial", error=str(raised), result=gathered)
+    render = describe or (lambda e: f"{type(e).__name__}: {e}")
+    return Outcome("requeue", label="failed", error=render(raised), result=gathered)

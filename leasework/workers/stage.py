@@ -1,0 +1,44 @@
+"""What a stage is, and the narrow part of its worker a stage may use (`Site`): the connections,
+the executor, the worker's id and settings, and whether it is stopping. Stages live above this
+package (leasework/stages/ and the families); this package imports none of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config import Config
+from .connections import Connections
+from .executor import Executor
+
+
+@dataclass(frozen=True)
+class Site:
+    """Handed to `Stage.step`: everything a stage may touch of the worker running it."""
+
+    worker_id: str
+    config: Config
+    conns: Connections
+    executor: Executor
+    is_stopping: Callable[[], bool]
+
+    @property
+    def stopping(self) -> bool:
+        """The worker is stopping: claim nothing more (a claim in hand still runs)."""
+        return self.is_stopping()
+
+
+class Stage(Protocol):
+    """One bounded step of a poll. `wakes`: the NOTIFY payloads (task kinds, `upload`) whose
+    arrival asks this stage at once rather than at its next turn."""
+
+    name: str
+    limit: int
+
+    @property
+    def wakes(self) -> Collection[str]: ...
+
+    def step(self, site: Site) -> int:
+        """Do at most `limit` items of work; return how many were handled."""
+        ...

@@ -3,7 +3,8 @@
 Every poll reads the markers once (one query); a handler whose period has passed is claimed
 with one conditional upsert that only one worker can win per period, then runs one bounded
 batch. A handler that hit its bound leaves a backlog flag, so the next poll (anywhere)
-continues without waiting a whole period. Adding a handler is one `Handler` in `HANDLERS`.
+continues without waiting a whole period. Adding one is a `Pruner` in `PRUNERS` (or in a
+family's `pruners()`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ Conn = psycopg.Connection[Any]
 
 
 @dataclass(frozen=True)
-class Handler:
+class Pruner:
     """`run(conn, app, limit)` deletes at most `limit` rows and returns how many it did."""
 
     name: str
@@ -62,37 +63,9 @@ def prune_workers(conn: Conn, app: App, limit: int) -> int:
     return len(conn.execute(Q["prune_workers"], params).fetchall())
 
 
-def prune_uploads(conn: Conn, app: App, limit: int) -> int:
-    """Finished uploads past retention: the archive's bytes, then the row (the files expanded
-    from it stay; their upload_id becomes NULL)."""
-    rows = conn.execute(
-        Q["old_uploads"], {"retention": app.config.retention_uploads, "limit": limit}
-    ).fetchall()
-    if not rows:
-        return 0
-    store = app.file_store()
-    for _, key in rows:
-        store.delete(key)
-    return len(conn.execute(Q["delete_uploads"], {"ids": [r[0] for r in rows]}).fetchall())
-
-
-def prune_tombstones(conn: Conn, app: App, limit: int) -> int:
-    """Records tombstoned (gone upstream) longer ago than the retention."""
-    params = {"retention": app.config.retention_tombstones, "limit": limit}
-    return len(conn.execute(Q["prune_tombstones"], params).fetchall())
-
-
-def reconcile_files(conn: Conn, app: App, limit: int) -> int:
-    """Files stuck `indexing` after their ingest run ended without its handler."""
-    return len(conn.execute(Q["reconcile_files"], {"limit": limit}).fetchall())
-
-
-HANDLERS: tuple[Handler, ...] = (
-    Handler("prune_runs", lambda c: c.prune_interval, prune_runs),
-    Handler("prune_uploads", lambda c: c.prune_interval, prune_uploads),
-    Handler("prune_workers", lambda c: c.workers_prune_interval, prune_workers),
-    Handler("prune_tombstones", lambda c: c.prune_interval, prune_tombstones),
-    Handler("reconcile_files", lambda c: c.reconcile_interval, reconcile_files),
+PRUNERS: tuple[Pruner, ...] = (
+    Pruner("prune_runs", lambda c: c.prune_interval, prune_runs),
+    Pruner("prune_workers", lambda c: c.workers_prune_interval, prune_workers),
 )
 
 
@@ -105,12 +78,13 @@ class MaintenanceStage:
         app: App,
         config: Config,
         *,
-        handlers: Sequence[Handler] = HANDLERS,
+        handlers: Sequence[Pruner] = PRUNERS,
+        extra: Sequence[Pruner] = (),
         limit: int | None = None,
     ) -> None:
         self.app = app
         self.config = config
-        self.handlers = tuple(handlers)
+        self.handlers = (*handlers, *extra)
         self.limit = limit if limit is not None else config.maintenance_limit
 
     def step(self, site: Site) -> int:
@@ -132,7 +106,7 @@ class MaintenanceStage:
                 done += self._run(conn, h)
         return done
 
-    def _run(self, conn: Conn, h: Handler) -> int:
+    def _run(self, conn: Conn, h: Pruner) -> int:
         """One bounded batch; a failure is logged and recorded on the marker, and the other
         handlers still run. It is tried again next period."""
         try:

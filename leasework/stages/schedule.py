@@ -5,6 +5,7 @@ downtime never turns into a backlog. Never executes a run; the `runs` stage does
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -18,10 +19,9 @@ from .. import log
 from ..errors import ConfigError
 from ..queries import load
 from ..workers.stage import Site
-from . import sync
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..app import App, Family
 
 Q = load("leasework.stages", "schedule.sql")
 Conn = psycopg.Connection[Any]
@@ -132,16 +132,6 @@ def register_schedules(conn: Conn, specs: list[ScheduleSpec]) -> None:
             )
 
 
-def enqueue_due_connections(app: App, conn: Conn, limit: int) -> int:
-    """Enqueue a sync for each due active connection (bounded); returns how many were due."""
-    with conn.transaction():
-        rows = conn.execute(Q["advance_due_connections"], {"limit": limit}).fetchall()
-        for connection_id, workspace, provider in rows:
-            run_id = sync.enqueue_sync(app, conn, connection_id, workspace, provider)
-            log.event("sync_scheduled", connection_id=connection_id, run_id=run_id)
-    return len(rows)
-
-
 def enqueue_due_tasks(app: App, conn: Conn, limit: int) -> int:
     """Enqueue each due periodic task of this app (bounded); returns how many were due."""
     specs = app.schedules
@@ -174,9 +164,10 @@ class ScheduleStage:
     name = "schedule"
     wakes: frozenset[str] = frozenset()
 
-    def __init__(self, app: App, *, limit: int = 10) -> None:
+    def __init__(self, app: App, *, limit: int = 10, families: Sequence[Family] = ()) -> None:
         self.app = app
         self.limit = limit
+        self.families = tuple(families)
         self._registered = False
 
     def step(self, site: Site) -> int:
@@ -184,6 +175,6 @@ class ScheduleStage:
             if not self._registered:
                 register_schedules(conn, list(self.app.schedules.values()))
                 self._registered = True
-            handled = enqueue_due_connections(self.app, conn, self.limit)
+            handled = sum(f.enqueue_due(conn, self.limit) for f in self.families)
             handled += enqueue_due_tasks(self.app, conn, self.limit)
         return handled

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -16,9 +16,10 @@ from .errors import ConfigError, LeaseworkError, UnknownKind
 from .queries import load
 from .stages.maintenance import MaintenanceStage, Pruner
 from .stages.runs import RunsStage
-from .stages.schedule import ScheduleSpec, ScheduleStage
+from .stages.schedule import ScheduleStage
 from .tasks import (
     DEFAULT_TIMEOUT,
+    ScheduleSpec,
     Task,
     check_attempts,
     check_kind,
@@ -39,29 +40,29 @@ Conn = psycopg.Connection[Any]
 __all__ = ["DEFAULT_TIMEOUT", "App", "Family", "Task"]
 
 
-class Family(Protocol):
+class Family:
     """A job family plugged into an app with `app.use(family)`: its kinds, its stages, what the
-    schedule stage enqueues for it and what the maintenance stage prunes for it. The built-in
-    ones are leasework.syncs.Syncs and leasework.documents.Documents."""
+    schedule stage enqueues for it and what the maintenance stage prunes for it. Subclass it and
+    override what the family has (each default adds nothing). The built-in ones are
+    leasework.syncs.Syncs and leasework.documents.Documents; ARCHITECTURE.md has a small one."""
 
-    name: str
+    name: str = "family"
 
     def install(self, app: App) -> None:
-        """Register the family's kinds on `app` (Task(..., family=name)); remember the app."""
-        ...
+        """Register the family's kinds on `app` (Task(..., family=self.name))."""
 
     def stages(self, config: Config) -> list[Stage]:
-        """Its stages, polled after the runs stage and before maintenance."""
-        ...
+        """Its stages, polled after the runs stage and before maintenance, in this order."""
+        return []
 
     def enqueue_due(self, conn: Conn, limit: int) -> int:
         """Enqueue its due scheduled work (bounded) in the schedule stage's transaction; return
         how many items were due."""
-        ...
+        return 0
 
     def pruners(self) -> list[Pruner]:
         """Its maintenance: bounded deletions run by the maintenance stage."""
-        ...
+        return []
 
 
 class App:
@@ -169,13 +170,15 @@ class App:
         config = config or self.config
         families = list(self.families.values())
         stages: list[Stage] = [
-            ScheduleStage(self, limit=config.schedule_limit, families=families),
+            ScheduleStage(
+                self, limit=config.schedule_limit, due=[f.enqueue_due for f in families]
+            ),
             RunsStage(self, limit=config.runs_limit, settle_limit=config.settle_limit),
         ]
         for family in families:
             stages.extend(family.stages(config))
         pruners = [p for family in families for p in family.pruners()]
-        stages.append(MaintenanceStage(self, config, extra=pruners))
+        stages.append(MaintenanceStage(config, extra=pruners))
         return stages
 
     # -- enqueue and cancel -----------------------------------------------------------------

@@ -7,10 +7,11 @@ package."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
+from ..app import App, Family
 from ..config import Config
 from ..errors import LeaseworkError
 from ..stages.maintenance import Pruner
@@ -21,16 +22,13 @@ from .expand import ExpandStage
 from .ingest import IngestStage, ingest_task
 from .store import FileStore, LocalStore
 
-if TYPE_CHECKING:
-    from ..app import App
-
 Conn = psycopg.Connection[Any]
 E = TypeVar("E", bound=Embedder)
 
 __all__ = ["Documents", "Embedder", "FileStore", "LocalStore"]
 
 
-class Documents:
+class Documents(Family):
     """The family: installed on one app with `app.use(Documents())`."""
 
     name = "documents"
@@ -71,11 +69,11 @@ class Documents:
             Pruner("reconcile_files", lambda c: c.reconcile_interval, self._reconcile_files),
         ]
 
-    def _prune_uploads(self, conn: Conn, app: App, limit: int) -> int:
+    def _prune_uploads(self, conn: Conn, config: Config, limit: int) -> int:
         """Finished uploads past retention: the archive's bytes, then the row (the files
         expanded from it stay; their upload_id becomes NULL)."""
         rows = conn.execute(
-            files.Q["old_uploads"], {"retention": app.config.retention_uploads, "limit": limit}
+            files.Q["old_uploads"], {"retention": config.retention_uploads, "limit": limit}
         ).fetchall()
         if not rows:
             return 0
@@ -85,7 +83,7 @@ class Documents:
         ids = [r[0] for r in rows]
         return len(conn.execute(files.Q["delete_uploads"], {"ids": ids}).fetchall())
 
-    def _reconcile_files(self, conn: Conn, app: App, limit: int) -> int:
+    def _reconcile_files(self, conn: Conn, config: Config, limit: int) -> int:
         """Files stuck `indexing` after their ingest run ended without its handler."""
         return len(conn.execute(files.Q["reconcile_files"], {"limit": limit}).fetchall())
 

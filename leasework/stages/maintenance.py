@@ -12,19 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from .. import log
+from ..config import Config
 from ..queries import load
 from ..workers import lease
 from ..workers.stage import Site
-
-if TYPE_CHECKING:
-    from ..app import App
-    from ..config import Config
 
 Q = load("leasework.stages", "maintenance.sql")
 Conn = psycopg.Connection[Any]
@@ -32,11 +29,11 @@ Conn = psycopg.Connection[Any]
 
 @dataclass(frozen=True)
 class Pruner:
-    """`run(conn, app, limit)` deletes at most `limit` rows and returns how many it did."""
+    """`run(conn, config, limit)` deletes at most `limit` rows and returns how many it did."""
 
     name: str
     period: Callable[[Config], float]
-    run: Callable[[Conn, App, int], int]
+    run: Callable[[Conn, Config, int], int]
 
 
 def due(last_run_at: datetime | None, backlog: bool, period: float, now: datetime) -> bool:
@@ -46,8 +43,7 @@ def due(last_run_at: datetime | None, backlog: bool, period: float, now: datetim
     return now - last_run_at >= timedelta(seconds=period)
 
 
-def prune_runs(conn: Conn, app: App, limit: int) -> int:
-    cfg = app.config
+def prune_runs(conn: Conn, cfg: Config, limit: int) -> int:
     retention = {
         "succeeded": cfg.retention_succeeded,
         "partial": cfg.retention_partial,
@@ -58,8 +54,8 @@ def prune_runs(conn: Conn, app: App, limit: int) -> int:
     return len(conn.execute(Q["prune_runs"], params).fetchall())
 
 
-def prune_workers(conn: Conn, app: App, limit: int) -> int:
-    params = {"retention": app.config.retention_workers, "limit": limit}
+def prune_workers(conn: Conn, cfg: Config, limit: int) -> int:
+    params = {"retention": cfg.retention_workers, "limit": limit}
     return len(conn.execute(Q["prune_workers"], params).fetchall())
 
 
@@ -75,14 +71,12 @@ class MaintenanceStage:
 
     def __init__(
         self,
-        app: App,
         config: Config,
         *,
         handlers: Sequence[Pruner] = PRUNERS,
         extra: Sequence[Pruner] = (),
         limit: int | None = None,
     ) -> None:
-        self.app = app
         self.config = config
         self.handlers = (*handlers, *extra)
         self.limit = limit if limit is not None else config.maintenance_limit
@@ -110,7 +104,7 @@ class MaintenanceStage:
         """One bounded batch; a failure is logged and recorded on the marker, and the other
         handlers still run. It is tried again next period."""
         try:
-            n = h.run(conn, self.app, self.limit)
+            n = h.run(conn, self.config, self.limit)
         except Exception as exc:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()

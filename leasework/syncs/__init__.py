@@ -6,11 +6,12 @@ disconnect, reconnect, delete_connection). Nothing in the engine imports this pa
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
 from .. import log
+from ..app import App, Family
 from ..config import Config
 from ..errors import ConfigError, LeaseworkError
 from ..stages.maintenance import Pruner
@@ -19,9 +20,6 @@ from ..workers.stage import Stage
 from . import kinds
 from .connectors import CheckConfig, Connection, Connector, Extract, Row, Table, TableError
 from .local_files import files_connector
-
-if TYPE_CHECKING:
-    from ..app import App
 
 Conn = psycopg.Connection[Any]
 
@@ -33,7 +31,7 @@ def builtin_connectors() -> dict[str, Connector]:
     return {files_connector.provider: files_connector}
 
 
-class Syncs:
+class Syncs(Family):
     """The family: installed on one app with `app.use(Syncs())`."""
 
     name = "syncs"
@@ -80,9 +78,9 @@ class Syncs:
     def pruners(self) -> list[Pruner]:
         return [Pruner("prune_tombstones", lambda c: c.prune_interval, self._prune_tombstones)]
 
-    def _prune_tombstones(self, conn: Conn, app: App, limit: int) -> int:
+    def _prune_tombstones(self, conn: Conn, config: Config, limit: int) -> int:
         """Records tombstoned (gone upstream) longer ago than the retention."""
-        params = {"retention": app.config.retention_tombstones, "limit": limit}
+        params = {"retention": config.retention_tombstones, "limit": limit}
         return len(conn.execute(kinds.Q["prune_tombstones"], params).fetchall())
 
     # -- the API ------------------------------------------------------------------------------

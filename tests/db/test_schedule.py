@@ -12,7 +12,8 @@ import psycopg
 import pytest
 
 from leasework import App, ConfigError
-from leasework.stages.schedule import ScheduleSpec, list_schedules, next_fire
+from leasework.stages.schedule import list_schedules
+from leasework.tasks import ScheduleSpec, next_fire
 
 from .syncing import runs_of, sync_app, syncs, write_jsonl
 

@@ -77,7 +77,7 @@ class DatabaseUnavailable(LeaseworkError):
     """The database could not be reached (a transient condition for the supervisor)."""
 
 
-# For connections that must never hang their owner (the supervisor's ledger, a worker's lease
+# For connections that must never hang their owner (the supervisor's own (hostdb.py), a worker's lease
 # keeper): while one waits, leases go unrenewed or unwatched. A write left unacknowledged for a
 # second, or an answer that keepalives show will never come, fails the statement instead.
 HANG_CONNECT_TIMEOUT = 2  # seconds; libpq's minimum

@@ -21,7 +21,7 @@ WITH tenant AS (
 SELECT run.id, pg_notify('leasework', %(kind)s) IS NULL AS notified FROM run
 
 -- name: enqueue_waiting_run
--- An exclusive run whose key is busy waits; settle_runs promotes it once the key is idle. At
+-- An exclusive run whose key is busy waits; expire_and_promote promotes it once the key is idle. At
 -- most one waiting run per key (unique index): a second one returns the first.
 WITH tenant AS (
     INSERT INTO leasework.tenants (name)

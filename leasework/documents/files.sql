@@ -46,7 +46,7 @@ SELECT id, store_key
 DELETE FROM leasework.uploads WHERE id = ANY(%(ids)s) RETURNING id
 
 -- name: reconcile_files
--- Files left `indexing` by an ingest run that ended outside its handler (settle_runs fails a
+-- Files left `indexing` by an ingest run that ended outside its handler (expire_and_promote fails a
 -- run whose lease expired on its last attempt, and knows nothing of files): follow the run.
 -- A cancelled run leaves the file `pending`, any other ending leaves it `failed`.
 WITH stuck AS MATERIALIZED (

@@ -81,5 +81,5 @@ class RunsStage:
         # Settle after claiming, so that a worker woken by a NOTIFY spends its first round trip
         # on the claim (pickup latency). What settle promotes counts as work, so the worker polls
         # again at once and claims it then.
-        ended, promoted = lease.settle_runs(site.conns.control(), self.settle_limit)
+        ended, promoted = lease.expire_and_promote(site.conns.control(), self.settle_limit)
         return handled + ended + promoted

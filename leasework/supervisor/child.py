@@ -56,7 +56,7 @@ def set_parent_death_signal(signum: int) -> bool:
         return False
 
 
-class Beacon:
+class BeatSender:
     """The child's end of the liveness pipe, called from `Worker.beat` (after each poll, at each
     claim and each ctx.check()) and from the lease keeper's thread after each of its ticks, so
     the parent hears about the run from its claim on whether or not the handler cooperates. Also
@@ -195,7 +195,7 @@ def _run(
 ) -> ChildExit:
     set_parent_death_signal(signal.SIGQUIT)
     _close_fds(inherited_fds)
-    beacon = Beacon(beat_fd, parent_pid, config.max_jobs_per_child)
+    beacon = BeatSender(beat_fd, parent_pid, config.max_jobs_per_child)
     worker = Worker(
         app, config, worker_id=worker_id, on_beat=beacon, register=False, deadman=config.deadman
     )

@@ -2,7 +2,7 @@
 restarts them with backoff, acts on signals, runs the watchdog and keeps the workers rows.
 
 Process plumbing only: it never runs job code and never claims a run. Its database use is the
-`Ledger` (rows, fast release), whose connection is closed before every fork. Signal handlers
+`HostDB` (rows, fast release), whose connection is closed before every fork. Signal handlers
 only record the signal; the loop acts on it (no logging or I/O inside a handler).
 """
 
@@ -32,7 +32,7 @@ from ..workers.lease import RunRef
 from ..workers.worker import Application
 from . import policy
 from .child import child_main
-from .ledger import Killed, Ledger, Row
+from .hostdb import HostDB, Killed, Row
 from .liveness import Beat, LineBuffer, decode
 from .policy import Candidate, ExitMeaning, Liveness, Verdict
 
@@ -125,7 +125,7 @@ class Supervisor:
         self.config = config
         self.reload = reload
         self.rand = rand or random.Random()
-        self.ledger = Ledger(config)
+        self.hostdb = HostDB(config)
         self.slots: list[Slot] = []
         self.children: dict[int, Child] = {}
         self.generation = 0
@@ -209,9 +209,9 @@ class Supervisor:
                 self._kill(child, signal.SIGKILL)
                 os.waitpid(child.pid, 0)
                 self.children.pop(child.pid)
-                self.ledger.child_gone(child.worker_id, f"supervisor of {child.worker_id} failed")
-            self.ledger.flush(float("inf"))
-            self.ledger.close()
+                self.hostdb.child_gone(child.worker_id, f"supervisor of {child.worker_id} failed")
+            self.hostdb.flush(float("inf"))
+            self.hostdb.close()
             self._restore_signals()
         log.event("supervisor_stopped", pid=self.pid, exit_code=self.exit_code)
         return self.exit_code
@@ -232,7 +232,7 @@ class Supervisor:
         self._check_cancels(now)
         self._watchdog(now)
         self._write_rows(now)
-        self.ledger.flush(now)
+        self.hostdb.flush(now)
         if self.stopping is None:
             self._boot(now)
             self._roll(now)
@@ -297,7 +297,7 @@ class Supervisor:
         if self._booted or now < self._boot_retry_at:
             return
         try:
-            self.ledger.check_schema()
+            self.hostdb.check_schema()
         except (DatabaseUnavailable, psycopg.Error) as exc:
             if isinstance(exc, psycopg.Error) and not is_transient(exc):
                 raise
@@ -329,7 +329,7 @@ class Supervisor:
 
     def _spawn(self, slot: Slot, now: float) -> None:
         # Never hold a connection across fork(): the child would share the socket.
-        self.ledger.close()
+        self.hostdb.close()
         suffix = uuid.uuid4().hex[:8]
         read_fd, write_fd = os.pipe()
         sys.stdout.flush()
@@ -401,7 +401,7 @@ class Supervisor:
         # Fast release: whatever it held is claimable on the next poll anywhere, instead of
         # after the lease. Owner-scoped: a run another worker reclaimed already is not touched.
         release = None if meaning.clean else f"worker {child.worker_id} {meaning.describe()}"
-        self.ledger.child_gone(child.worker_id, release, child.kill_run)
+        self.hostdb.child_gone(child.worker_id, release, child.kill_run)
         slot = child.slot
         if slot is None or slot not in self.slots:
             return
@@ -507,7 +507,7 @@ class Supervisor:
             if not child.killed and (ref := child.run_ref()) is not None
         }
         refs = [ref for c in holding.values() if (ref := c.run_ref()) is not None]
-        cancelled = self.ledger.cancel_requested(refs, now)
+        cancelled = self.hostdb.cancel_requested(refs, now)
         for run_id in cancelled or ():
             child = holding[run_id]
             if child.cancel_seen is None or child.cancel_seen[0] != run_id:
@@ -524,7 +524,7 @@ class Supervisor:
             and (c.row_at is None or (now - c.row_at >= interval and c.last_beat > c.row_at))
         ]
         rows = [Row(c.worker_id, c.pid, c.beat.run_id if c.beat else None) for c in due]
-        if self.ledger.heartbeat(rows, now):
+        if self.hostdb.heartbeat(rows, now):
             for c in due:
                 c.row_at = now
 
@@ -584,13 +584,13 @@ class Supervisor:
                 # The new database must take the children that boot with it (reachable, the
                 # credentials accepted, the schema in place), or the reload would replace
                 # working children with ones that cannot boot, and halt the host.
-                Ledger(config).check_schema()
+                HostDB(config).check_schema()
         except Exception as exc:  # a bad file or database keeps the running config
             log.event("reload_failed", level=40, error=log.first_line(exc))
             return
         self.config = config
         self.app = self.app.with_config(config)
-        self.ledger.config = config
+        self.hostdb.config = config
         self.generation += 1
         log.event("config_reloaded", generation=self.generation, processes=config.processes)
         self._resize(config.processes, now, "SIGHUP")

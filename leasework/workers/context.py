@@ -132,11 +132,11 @@ class Context:
     def check(self) -> None:
         """Raise `Aborted(reason)` if the run was cancelled, lost its lease, timed out or is being
         shut down. Also runs whatever lease work is due at once (the keeper does it anyway)."""
-        self.poke()
+        self.refresh()
         if self.signal.reason is not None:
             raise Aborted(self.signal.reason)
 
-    def poke(self) -> None:
+    def refresh(self) -> None:
         """`check()` without raising: does the bookkeeping and trips the signal if needed."""
         with self._shielded():
             self._runner.keeper.tend(self._clock(), wait=False)

@@ -234,11 +234,11 @@ def _check_combined_columns(description: Sequence[Any] | None) -> None:
     _combined_columns_checked = True
 
 
-def settle_runs(conn: Conn, limit: int) -> tuple[int, int]:
+def expire_and_promote(conn: Conn, limit: int) -> tuple[int, int]:
     """End expired runs that must not be reclaimed and promote waiting runs whose key is idle.
 
     Returns (ended, promoted)."""
-    row = conn.execute(Q["settle_runs"], {"limit": limit}, prepare=True).fetchone()
+    row = conn.execute(Q["expire_and_promote"], {"limit": limit}, prepare=True).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
 

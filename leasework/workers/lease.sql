@@ -12,7 +12,7 @@
 -- name: claim_runs
 -- Claim up to %(limit)s runs of %(kinds)s in one statement: queued and due, or running with an
 -- expired lease (crash recovery is this WHERE clause). Cancel beats reclaim: an expired run with a
--- cancel request is never reclaimed (settle_runs ends it), nor one that used its last attempt.
+-- cancel request is never reclaimed (expire_and_promote ends it), nor one that used its last attempt.
 --
 -- The rate limiter: a run with a tenant is not claimable while another run of that tenant holds
 -- a live lease and either one is exclusive or both share a group. The tenant row is locked with
@@ -145,7 +145,7 @@ RETURNING id, kind, key, tenant, "group", exclusive, priority, payload, result, 
           max_attempts, lease_owner, lease_expires_at, lease_seconds, timeout_seconds,
           processed_units, total_units, created_at, queued_at, started_at
 
--- name: settle_runs
+-- name: expire_and_promote
 -- The poll's bookkeeping, bounded by %(limit)s, in one round trip (no reaper process):
 -- an expired run with a cancel request ends `cancelled` (cancel beats reclaim); an expired run on
 -- its last attempt ends `failed` (nothing stays `running` forever); a waiting run is promoted to

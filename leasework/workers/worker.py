@@ -21,7 +21,7 @@ import psycopg
 from .. import db, log
 from ..config import Config
 from ..errors import ConfigError, is_transient
-from . import registry
+from . import presence
 from .connections import Connections
 from .context import Context, describe_error
 from .deadman import Deadman
@@ -129,7 +129,7 @@ class Worker:
     def close(self) -> None:
         if self.register and self._last_heartbeat is not None:
             with suppress(psycopg.Error, db.DatabaseUnavailable, ConfigError):
-                self.keeper.run(lambda c: registry.stop_worker(c, self.id))
+                self.keeper.run(lambda c: presence.stop_worker(c, self.id))
         self.keeper.close()
         self.conns.close()
         if self._main_ident is not None and threading.get_ident() == self._main_ident:
@@ -198,7 +198,7 @@ class Worker:
         host, pid = socket.gethostname(), os.getpid()
         try:
             # On the keeper's connection: it beats from the keeper's thread while a handler runs.
-            self.keeper.run(lambda c: registry.upsert_worker(c, self.id, host, pid, run_id))
+            self.keeper.run(lambda c: presence.upsert_worker(c, self.id, host, pid, run_id))
         except (psycopg.Error, db.DatabaseUnavailable, ConfigError) as exc:
             log.event("heartbeat_failed", level=30, error=log.first_line(exc))
 

@@ -87,7 +87,7 @@ def cancel_beats_reclaim(conn: Conn, tenant: str | None = None) -> None:
     assert lease.control(conn, first) == "cancelled"
     expire_lease(conn, run_id)
     assert claim_one(conn, "w2") is None, "a run with a cancel request was reclaimed"
-    assert lease.settle_runs(conn, 100) == (1, 0)
+    assert lease.expire_and_promote(conn, 100) == (1, 0)
     row = get_run(conn, run_id)
     assert row["status"] == "cancelled" and row["attempts"] == 1
     assert row["lease_owner"] is None and row["finished_at"] is not None
@@ -101,17 +101,17 @@ def last_attempt_is_never_reclaimed(conn: Conn, tenant: str | None = None) -> No
     first = claim_one(conn, "w1")
     assert first is not None and first.id == run_id and not first.last_attempt
     expire_lease(conn, run_id)
-    assert lease.settle_runs(conn, 100) == (0, 0), "a run with attempts left was settled"
+    assert lease.expire_and_promote(conn, 100) == (0, 0), "a run with attempts left was settled"
     assert get_run(conn, run_id)["status"] == "running"
     second = claim_one(conn, "w2")
     assert second is not None and second.id == run_id, "a run with attempts left was not reclaimed"
     assert second.attempts == 2 and second.last_attempt
-    assert lease.settle_runs(conn, 100) == (0, 0)  # live lease: nothing to settle
+    assert lease.expire_and_promote(conn, 100) == (0, 0)  # live lease: nothing to settle
     expire_lease(conn, run_id)
     assert claim_one(conn, "w3") is None, (
         "a run on its last attempt was reclaimed past max_attempts"
     )
-    assert lease.settle_runs(conn, 100) == (1, 0)
+    assert lease.expire_and_promote(conn, 100) == (1, 0)
     row = get_run(conn, run_id)
     assert row["status"] == "failed" and row["error"] == "lease expired"
     assert row["attempts"] == 2 and row["lease_owner"] is None and row["finished_at"] is not None
@@ -186,7 +186,7 @@ def expire_worker_leases_expires_only_the_dead_workers_leases(
 
 
 def settle_without_the_key_index(conn: Conn) -> tuple[int, int]:
-    """What settle_runs itself decides while a waiting run's key is busy, in a transaction that
+    """What expire_and_promote itself decides while a waiting run's key is busy, in a transaction that
     drops the unique index of one active run per key (runs_one_active_per_key) and is then
     rolled back, index and all. With the index in place a wrong promotion fails as a unique
     violation: that shows the index held, not that settle's own rule did. Here a wrong promotion
@@ -198,7 +198,7 @@ def settle_without_the_key_index(conn: Conn) -> tuple[int, int]:
     outcome = (0, 0)
     with contextlib.suppress(Undo), conn.transaction():
         conn.execute("DROP INDEX leasework.runs_one_active_per_key")
-        outcome = lease.settle_runs(conn, 100)
+        outcome = lease.expire_and_promote(conn, 100)
         doubled = conn.execute(
             "SELECT key, array_agg(status ORDER BY id) FROM leasework.runs"
             " WHERE status IN ('queued', 'running') AND key IS NOT NULL"
@@ -230,7 +230,7 @@ def waiting_run_waits_for_its_key(conn: Conn) -> None:
     assert again is not None and again.id == sync
     assert lease.finish(conn, again, "succeeded")
 
-    assert lease.settle_runs(conn, 100) == (0, 1), "not promoted once its key was idle"
+    assert lease.expire_and_promote(conn, 100) == (0, 1), "not promoted once its key was idle"
     assert get_run(conn, purge)["status"] == "queued"
     drained = claim_one(conn)
     assert drained is not None and drained.id == purge and drained.exclusive

@@ -15,7 +15,7 @@ import psycopg
 from leasework import App, Context
 from leasework.config import Config
 from leasework.dashboard import Dashboard
-from leasework.workers import lease, registry
+from leasework.workers import lease, presence
 from leasework.workers.worker import Worker
 
 from ..conftest import expire_lease, make_due, wait_for
@@ -93,7 +93,7 @@ def populate(conn: Conn, make_worker: Callable[..., Worker]) -> Scenario:
     assert lease.expire_worker_leases(conn, "w-crashed", "child killed by signal 9") == [crashed]
     (held,) = lease.claim_runs(conn, ["index_docs"], worker="w-indexer", lease=600.0)
     assert lease.checkpoint(conn, held, 4, 10)
-    registry.upsert_worker(conn, "w-indexer", "host-<1>", 4242, indexing)
+    presence.upsert_worker(conn, "w-indexer", "host-<1>", 4242, indexing)
 
     worker = make_worker(app)
 

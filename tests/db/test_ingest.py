@@ -172,12 +172,12 @@ def test_a_stale_attempts_cancel_leaves_a_newer_attempts_file_alone(conn, env):
         # Worker A sees the cancel with its own control query, while the run is still its own...
         assert env.app.cancel(conn, run_id) == "running"
         assert worker.current is not None
-        worker.current.poke()
+        worker.current.refresh()
         assert worker.current.signal.reason == "cancelled"
         # ...then stalls past its lease before its cancel path runs. Meanwhile the run is settled
         # `cancelled`, the file is indexed again, and the newer run has started on it.
         expire_lease(conn, run_id)
-        lease.settle_runs(conn, 10)
+        lease.expire_and_promote(conn, 10)
         assert get_run(conn, run_id)["status"] == "cancelled"
         again = files.enqueue_ingest(env.app, conn, file_id)
         [claim] = lease.claim_runs(conn, [INGEST_KIND], worker="newer", lease=60.0)

@@ -225,10 +225,10 @@ def test_expired_on_its_only_attempt_ends_failed(conn: Conn) -> None:
     run_id = app.enqueue(conn, "job", max_attempts=1)
     claim = claim_one(conn)
     assert claim is not None and claim.last_attempt
-    assert lease.settle_runs(conn, 100) == (0, 0)  # live lease: nothing to settle
+    assert lease.expire_and_promote(conn, 100) == (0, 0)  # live lease: nothing to settle
     expire_lease(conn, run_id)
     assert claim_one(conn, "w2") is None, "no attempts left: never reclaimed"
-    assert lease.settle_runs(conn, 100) == (1, 0)
+    assert lease.expire_and_promote(conn, 100) == (1, 0)
     row = get_run(conn, run_id)
     assert row["status"] == "failed" and row["error"] == "lease expired"
     assert row["attempts"] == 1 and row["lease_owner"] is None

@@ -162,7 +162,7 @@ def test_old_tombstones_are_pruned_and_live_records_kept(conn, workers):
 
 
 def test_files_left_indexing_follow_their_ended_ingest_run(conn, workers):
-    """settle_runs fails a run whose lease expired on its last attempt without calling the
+    """expire_and_promote fails a run whose lease expired on its last attempt without calling the
     ingest handler; maintenance then moves its file out of `indexing`."""
 
     def add_file(name: str, run_status: str | None) -> int:

@@ -216,14 +216,14 @@ def test_claim_branch_without_its_predicate_is_caught(
 
 SETTLE_MUTATIONS = [
     pytest.param(
-        Mutation("settle_runs", "a.status IN ('queued', 'running')", "false", branch="promotable"),
+        Mutation("expire_and_promote", "a.status IN ('queued', 'running')", "false", branch="promotable"),
         waiting_run_waits_for_its_key,
         "promoted a waiting run while its key was active",
         id="promotes-while-its-key-is-active",
     ),
     pytest.param(
         Mutation(
-            "settle_runs",
+            "expire_and_promote",
             "a.status IN ('queued', 'running')",
             "a.status = 'running'",
             branch="promotable",
@@ -234,7 +234,7 @@ SETTLE_MUTATIONS = [
     ),
     pytest.param(
         Mutation(
-            "settle_runs",
+            "expire_and_promote",
             "AND (r.cancel_requested_at IS NOT NULL OR r.attempts >= r.max_attempts)",
             "",
         ),

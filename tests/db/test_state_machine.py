@@ -218,7 +218,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule()
     def settle(self) -> None:
-        lease.settle_runs(self.conn, 100)
+        lease.expire_and_promote(self.conn, 100)
         for run_id in self.ids:
             self.note_terminal(run_id)
 
@@ -289,7 +289,7 @@ class LeaseMachine(RuleBasedStateMachine):
         """No run is lost: with time moved far ahead, every run reaches a terminal state."""
         shift_clock(self.conn, self.offset + 100_000)
         for _ in range(200):
-            lease.settle_runs(self.conn, 100)
+            lease.expire_and_promote(self.conn, 100)
             claims = lease.claim_runs(self.conn, KINDS, worker="drain", lease=LEASE, limit=10)
             for c in claims:
                 assert lease.finish(self.conn, c, "succeeded")

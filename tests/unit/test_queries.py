@@ -32,7 +32,7 @@ def test_compact_refuses_what_it_could_break(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["claim_runs", "finish_and_claim", "finish_run", "finish_runs", "settle_runs"]
+    "name", ["claim_runs", "finish_and_claim", "finish_run", "finish_runs", "expire_and_promote"]
 )
 def test_hot_statements_fit_psycopgs_parse_cache(name: str) -> None:
     statement = lease.FINISH_AND_CLAIM if name == "finish_and_claim" else lease.Q[name]

@@ -1,4 +1,4 @@
--- The supervisor's own statement (its other writes go through workers/registry.sql and the
+-- The supervisor's own statement (its other writes go through workers/presence.sql and the
 -- lease module's expire_worker_leases).
 
 -- name: wake_workers

@@ -9,7 +9,7 @@ import psycopg
 
 from ..queries import load
 
-Q = load("leasework.workers", "registry.sql")
+Q = load("leasework.workers", "presence.sql")
 
 
 def upsert_worker(

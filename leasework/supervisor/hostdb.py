@@ -20,11 +20,11 @@ import psycopg
 from .. import db, log
 from ..config import Config
 from ..queries import load
-from ..workers import lease, registry
+from ..workers import lease, presence
 from ..workers.backoff import retry_delay
 from . import policy
 
-Q = load("leasework.supervisor", "ledger.sql")
+Q = load("leasework.supervisor", "hostdb.sql")
 
 # After a failed attempt, wait this long before touching the database again, so a database
 # outage costs the parent loop one short connect timeout per interval, not one per tick.
@@ -53,7 +53,7 @@ class Killed:
     reason: str  # cancelled, timeout, lost, shutdown
 
 
-class Ledger:
+class HostDB:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.host = socket.gethostname()
@@ -112,7 +112,7 @@ class Ledger:
             conn = self._connection()
             with conn.transaction():
                 for row in rows:
-                    registry.upsert_worker(conn, row.worker_id, self.host, row.pid, row.run_id)
+                    presence.upsert_worker(conn, row.worker_id, self.host, row.pid, row.run_id)
         except (psycopg.Error, db.DatabaseUnavailable) as exc:
             self._failed("heartbeat", exc, now)
             return False
@@ -193,7 +193,7 @@ class Ledger:
                 if ids:
                     log.event("leases_released", worker=worker_id, runs=ids, reason=reason)
             for worker_id in list(self._stopped):
-                registry.stop_worker(conn, worker_id)
+                presence.stop_worker(conn, worker_id)
                 self._stopped.discard(worker_id)
         except (psycopg.Error, db.DatabaseUnavailable) as exc:
             self._failed("release", exc, now)

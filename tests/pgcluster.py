@@ -95,7 +95,7 @@ class Cluster:
             return []
         try:
             kids = Path(f"/proc/{pm}/task/{pm}/children").read_text().split()
-        except FileNotFoundError:
+        except OSError:  # gone, or exiting while read (ESRCH)
             return []
         return [pm, *(int(k) for k in kids)]
 

@@ -129,7 +129,9 @@ class Connections:
             # that brought the first one, which would otherwise be lost.
             for note in conn.notifies(timeout=seconds, stop_after=1):
                 self._note(note.payload)
-        except psycopg.Error as exc:
+        except (psycopg.Error, db.DatabaseUnavailable) as exc:
+            # Reconnecting fails with DatabaseUnavailable while the server is down (a restart):
+            # the idle worker waits and tries again, as a busy one does.
             log.event("listen_failed", level=30, error=log.first_line(exc))
             self.drop_control()
             time.sleep(min(seconds, 1.0))

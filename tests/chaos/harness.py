@@ -111,15 +111,17 @@ class ChaosRun:
         dsn: str | None = None,
         wrap: Sequence[str] = (),
         tmp: Path | None = None,
+        app: str = "tests.chaos.chaosapp:app",
         **config: Any,
     ) -> Supervised:
         """A supervisor whose children reach Postgres through the proxy, unless `dsn` is given
-        (`wrap`: a command prefix, e.g. `ip netns exec NS`; `tmp`: its own config and log dir)."""
+        (`wrap`: a command prefix, e.g. `ip netns exec NS`; `tmp`: its own config and log dir;
+        `app`: MODULE:ATTR of the app it runs)."""
         sup = Supervised(
             tmp or self.tmp,
             dsn or self.proxy.dsn(),
             {**self.cfg, **config},
-            app="tests.chaos.chaosapp:app",
+            app=app,
             wrap=wrap,
         )
         self.supervisors.append(sup)
@@ -403,7 +405,7 @@ class ChaosRun:
             for r in q(
                 "SELECT r.id, (SELECT count(*) FROM public.chaos_effects e WHERE e.run_id = r.id),"
                 " (r.payload->>'steps')::int FROM leasework.runs r"
-                " WHERE r.kind = 'steps' AND r.status = 'succeeded' AND r.id = ANY(%s)",
+                " WHERE r.payload ? 'steps' AND r.status = 'succeeded' AND r.id = ANY(%s)",
                 (ids,),
             )
             if r[1] != r[2]

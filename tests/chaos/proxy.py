@@ -8,7 +8,11 @@ All children's DSNs point here; only the targeted one is disturbed.
 
 `blackhole` is what a partition looks like to TCP: sockets stay open, nothing is delivered, and
 what was sent (including a closing peer's EOF) is held and delivered when the link heals, as
-TCP retransmission would. Pure standard library, one thread per connection."""
+TCP retransmission would. `hold` holds only what the server sends, from the first answer that
+contains given bytes on (the client's statements still reach the server and commit; their
+answers arrive when the mode ends): a claim answered late, picked out by its run's payload. A mode
+can be limited to one of the process's connections by its role (`control`, `keeper`, `pool`).
+Pure standard library, one thread per connection."""
 
 from __future__ import annotations
 
@@ -26,8 +30,15 @@ GSSENC_REQUEST = 80877104
 
 @dataclass(frozen=True)
 class Mode:
-    kind: str = "pass"  # pass | delay | blackhole
+    kind: str = "pass"  # pass | delay | blackhole | hold
     delay: float = 0.0
+    role: str | None = None  # only the connections of this role (None: all of the process's)
+    after: bytes = b""  # hold: from the first answer containing these bytes on
+
+    def holds(self, from_server: bool, armed: bool) -> bool:
+        """Whether data in this direction is held rather than delivered (`armed`: the bytes that
+        start a hold went by on this connection)."""
+        return self.kind == "blackhole" or (self.kind == "hold" and from_server and armed)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -61,6 +72,13 @@ def pid_of(application_name: str) -> int | None:
     return int(parts[1])
 
 
+def role_of(application_name: str) -> str:
+    """`leasework:<worker>:control` -> control, `...:keeper` -> keeper, `leasework:<worker>` (the
+    job's pool) -> pool."""
+    parts = application_name.split(":")
+    return parts[2] if len(parts) > 2 else "pool"
+
+
 class Proxy:
     def __init__(self, upstream_port: int) -> None:
         self.upstream = ("127.0.0.1", upstream_port)
@@ -79,18 +97,23 @@ class Proxy:
     def dsn(self, dbname: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}?sslmode=disable"
 
-    def set_mode(self, pid: int, kind: str, delay: float = 0.0) -> None:
+    def set_mode(
+        self, pid: int, kind: str, delay: float = 0.0, role: str | None = None, after: bytes = b""
+    ) -> None:
         with self._lock:
-            self._modes[pid] = Mode(kind, delay)
+            self._modes[pid] = Mode(kind, delay, role, after)
 
     def heal(self, pid: int) -> None:
         self.set_mode(pid, "pass")
 
-    def mode(self, pid: int | None) -> Mode:
+    def mode(self, pid: int | None, role: str | None = None) -> Mode:
         if pid is None:
             return Mode()
         with self._lock:
-            return self._modes.get(pid, Mode())
+            mode = self._modes.get(pid, Mode())
+        if mode.role is not None and mode.role != role:
+            return Mode()
+        return mode
 
     def close(self) -> None:
         self._closed = True
@@ -117,11 +140,11 @@ class Proxy:
                     client.sendall(b"N")
                     continue
                 break
-            pid = pid_of(_startup_params(packet).get("application_name", ""))
+            name = _startup_params(packet).get("application_name", "")
             upstream = socket.create_connection(self.upstream, timeout=10)
             upstream.settimeout(None)
             upstream.sendall(packet)
-            self._pump(client, upstream, pid)
+            self._pump(client, upstream, pid_of(name), role_of(name))
         except OSError:
             pass
         finally:
@@ -130,19 +153,24 @@ class Proxy:
                     with contextlib.suppress(OSError):
                         s.close()
 
-    def _pump(self, client: socket.socket, upstream: socket.socket, pid: int | None) -> None:
+    def _pump(
+        self, client: socket.socket, upstream: socket.socket, pid: int | None, role: str
+    ) -> None:
         peer = {client: upstream, upstream: client}
         held: dict[socket.socket, list[bytes]] = {client: [], upstream: []}
         eof: set[socket.socket] = set()
+        armed = False  # hold: the answer that starts it went by
+        tail = b""  # the end of the last answer, should those bytes straddle two reads
         while not self._closed:
-            mode = self.mode(pid)
-            if mode.kind != "blackhole":
-                for src in (client, upstream):  # the link healed: deliver what was held
+            mode = self.mode(pid, role)
+            armed = armed and mode.kind == "hold"
+            for src in (client, upstream):
+                if not mode.holds(src is upstream, armed):  # healed: deliver what was held
                     for data in held[src]:
                         peer[src].sendall(data)
                     held[src].clear()
-                if eof:
-                    return
+            if any(not mode.holds(s is upstream, armed) for s in eof):  # an end not held
+                return
             readable = [s for s in (client, upstream) if s not in eof]
             ready, _, _ = select.select(readable, [], [], 0.05)
             for src in ready:
@@ -150,8 +178,11 @@ class Proxy:
                 if not data:
                     eof.add(src)
                     continue
-                mode = self.mode(pid)
-                if mode.kind == "blackhole":
+                mode = self.mode(pid, role)
+                if mode.kind == "hold" and src is upstream and not armed:
+                    armed = mode.after in tail + data
+                    tail = data[-len(mode.after) :] if mode.after else b""
+                if mode.holds(src is upstream, armed):
                     held[src].append(data)
                     continue
                 if mode.kind == "delay" and mode.delay > 0:

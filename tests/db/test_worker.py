@@ -5,6 +5,7 @@ control and fenced transaction, stage isolation, and the NOTIFY wake-up of an id
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -632,6 +633,29 @@ def test_listen_is_re_established_after_a_reconnect(
     wait_for(lambda: (_listening_pid(worker) or old_pid) != old_pid)
     run_id = app.enqueue(conn, "job")
     wait_for(lambda: get_run(conn, run_id)["status"] == "succeeded", timeout=10)
+
+
+def test_an_idle_worker_waits_out_a_database_it_cannot_reach(
+    conn: Conn, dsn: str, make_worker: MakeWorker
+) -> None:
+    """Between polls a worker waits for a NOTIFY on its control connection. When that connection
+    broke and the server cannot be reached (Postgres restarting), the wait must fail like a
+    poll does (logged, then tried again), not crash the worker: a supervised child exited 1 on
+    every Postgres restart that found it idle (tests/chaos/test_noncooperative.py)."""
+    app = App()
+    app.task("job")(lambda ctx, payload: None)
+    worker = make_worker(app)
+    assert worker.conns.idle_wait(0.01) == set()  # listening
+    reachable = worker.conns.config
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    worker.conns.config = reachable.replace(dsn=f"postgresql://postgres@127.0.0.1:{port}/postgres")
+    worker.conns.drop_control()
+    assert worker.conns.idle_wait(0.01) == set()
+    worker.conns.config = reachable
+    assert worker.conns.idle_wait(0.01) == set()
+    assert _listening_pid(worker) is not None
 
 
 def test_notifies_received_while_busy_wake_an_idle_worker_once(

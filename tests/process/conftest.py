@@ -4,6 +4,7 @@ helpers that wait on conditions with a deadline (never a fixed sleep)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,13 +103,16 @@ def _toml(values: dict[str, Any]) -> str:
 
 
 def alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
+    """True while the process exists and is not a zombie (exited, not reaped yet) or dead. A
+    process that goes away while its stat is read fails the read with ESRCH (ProcessLookupError,
+    not FileNotFoundError): gone too."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+            stat = f.read()
+    except OSError:  # FileNotFoundError: no such pid; ProcessLookupError: it exited meanwhile
         return False
-    return state not in ("Z", "X")
+    fields = stat.rsplit(")", 1)[-1].split()
+    return bool(fields) and fields[0] not in ("Z", "X", "x")
 
 
 class Supervised:
@@ -186,7 +190,7 @@ class Supervised:
         """Live children of the supervisor, from /proc."""
         try:
             text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-        except FileNotFoundError:
+        except OSError:  # gone, or exiting while read (ESRCH)
             return []
         return [int(p) for p in text.split() if alive(int(p))]
 
@@ -226,7 +230,8 @@ class Supervised:
                 self.proc.wait()
         for pid in kids:
             if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it may exit in between
+                    os.kill(pid, signal.SIGKILL)
         self._log.close()
 
 

@@ -88,7 +88,8 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     cancel_requested_at timestamptz,
     processed_units     leasework.units NOT NULL DEFAULT 0,
     total_units         leasework.units,
-    -- One entry per attempt: {attempt, owner, worker, started_at, ended_at, outcome, error}.
+    -- One entry per ended attempt: {attempt, owner, worker, started_at, ended_at, outcome, error},
+    -- built by leasework.history_entry() (below).
     history             jsonb NOT NULL DEFAULT '[]'::jsonb,
     -- Not a domain, unlike the columns below: code of the release before migration 0005 binds one
     -- untyped parameter both to `status` and to a text argument (finish_run's history entry),
@@ -121,6 +122,20 @@ ALTER TABLE leasework.runs
     SET (autovacuum_analyze_scale_factor = 0.02, fillfactor = 100),
     RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
            autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_cost_limit);
+
+-- One entry of runs.history, the record of one ended attempt; every statement of
+-- leasework/workers/lease.sql that ends an attempt appends one with it. STABLE, not IMMUTABLE,
+-- because jsonb_build_object is (a timestamptz is rendered in the session's TimeZone); a
+-- LANGUAGE sql function that is STABLE, not STRICT, has no SET clause and uses each argument
+-- once is inlined by the planner, so it costs nothing over writing the expression out.
+CREATE OR REPLACE FUNCTION leasework.history_entry(
+    attempt integer, owner uuid, worker text, started_at timestamptz, ended_at timestamptz,
+    outcome text, error text) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT jsonb_build_object('attempt', attempt, 'owner', owner, 'worker', worker,
+                              'started_at', started_at, 'ended_at', ended_at,
+                              'outcome', outcome, 'error', error);
+$$;
 
 -- At most one active (queued or running) run per key: racing enqueues give one run.
 -- Serves: enqueue_run (ON CONFLICT), promote in settle_runs.

@@ -7,7 +7,8 @@
 -- statement that moves a run out of `running` clears it; runs_running_has_lease checks it), so
 -- the owner implies the status. A `status = 'running'` test made their generic plans walk the
 -- partial index of running runs (runs_running_by_expiry: every running run and every dead entry)
--- instead of the primary key: 0.4 ms per finish with 3,000 runs running (bench/README.md).
+-- instead of the primary key, a cost that grows with the runs running (figures: bench/README.md,
+-- "Fourth round", 2).
 
 -- name: claim_runs
 -- Claim up to %(limit)s runs of %(kinds)s in one statement: queued and due, or running with an

@@ -10,7 +10,7 @@ from leasework.queries import compact
 from leasework.workers import lease
 
 # psycopg caches the parsing of a statement of at most this many bytes (MAX_CACHED_STATEMENT_LENGTH
-# in its private module psycopg/_queries.py, 4096 from 3.1 to at least 3.3; read there, not
+# in its private module psycopg/_queries.py, 4096 in psycopg 3.3; read there, not
 # imported: tests use psycopg's public API only).
 PSYCOPG_PARSE_CACHE_BYTES = 4096
 

@@ -5,7 +5,7 @@
                                            [--embedder hashing|stub] [--kill-after SECONDS]
 
 Makes its own database on the server (LEASEWORK_DSN / --dsn, default 127.0.0.1:5432), writes a
-file of --mb megabytes of prose-like text, adds it with app.add_file, and polls one worker with
+file of --mb megabytes of prose-like text, adds it with docs.add_file, and polls one worker with
 only the ingest stage until the run is done. Peak RSS is the process's high-water mark: it
 should stay flat as --mb grows (two streaming passes, one batch of chunks in memory).
 
@@ -46,8 +46,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from leasework import App, Config, db
-from leasework.ingest.embed import HashingEmbedder
-from leasework.stages.ingest import IngestStage
+from leasework.documents import Documents
+from leasework.documents.embed import HashingEmbedder
+from leasework.documents.ingest import IngestStage
 from leasework.workers import lease
 from leasework.workers.worker import Worker
 
@@ -122,7 +123,9 @@ def db_default() -> str:
 
 
 def drain(app: App, cfg: Config, worker_id: str | None = None) -> None:
-    worker = Worker(app, cfg, stages=[IngestStage(app, cfg)], register=False, worker_id=worker_id)
+    docs = app.family(Documents)
+    assert docs is not None
+    worker = Worker(app, cfg, stages=[IngestStage(docs, cfg)], register=False, worker_id=worker_id)
     worker.open()
     worker.running = True
     try:
@@ -150,15 +153,16 @@ def run(
         ingest_max_chunks=max(200_000, int(megabytes * 1200)),
     )
     app = App(cfg)
+    docs = app.use(Documents())
     counter = mp.get_context("fork").Value("q", 0)
     inner = StubEmbedder(dim) if embedder == "stub" else HashingEmbedder(dim)
-    app.embedder(Counting(inner, counter))
+    docs.embedder(Counting(inner, counter))
     source = tmp / "large.txt"
     size = write_text(source, megabytes)
     key = ""
     with psycopg.connect(dsn, autocommit=True) as conn:
         db.migrate(conn)
-        file_id = app.add_file(conn, project="bench", path=source)
+        file_id = docs.add_file(conn, project="bench", path=source)
         key = f"file:{file_id}"
         source.unlink()  # the store holds its copy
         base = peak_rss_mb()

@@ -10,15 +10,17 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import orjson
 
 from . import config as configmod
 from . import db, log
-from .app import App
+from .app import App, Family
 from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
+
+F = TypeVar("F", bound=Family)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 CHECK_TIMEOUT = 5  # seconds for the one connection a long-running command checks the database with
@@ -31,12 +33,24 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog.removeprefix('leasework').strip() or 'usage'}: {message}")
 
 
+def builtin_app(cfg: Config) -> App:
+    """The app the CLI uses when none is given: the built-in families and no task of its own
+    (connections sync with the built-in connectors; documents are ingested)."""
+    from .documents import Documents
+    from .syncs import Syncs
+
+    app = App(cfg)
+    app.use(Syncs())
+    app.use(Documents())
+    return app
+
+
 def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
     """Import MODULE:ATTR (an App instance, or a callable returning one)."""
     if not spec:
         if required:
             raise ConfigError("no app given: pass --app MODULE:ATTR or set LEASEWORK_APP")
-        return App(cfg)
+        return builtin_app(cfg)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"--app {spec!r} must look like MODULE:ATTR, e.g. myproject.jobs:app")
@@ -398,39 +412,55 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
                 return EXIT_OK
 
 
-def cmd_ingest(args: argparse.Namespace, cfg: Config) -> int:
-    from . import files
-
+def _family(cfg: Config, cls: type[F]) -> F:
+    """The app's family of type `cls`: the user's app must use it; without an app, a fresh one
+    of its own (the family's commands need nothing of the user's code)."""
     app = load_app(cfg.app, cfg, required=False)
+    family = app.family(cls)
+    if family is not None:
+        return family
+    if cfg.app:
+        raise ConfigError(
+            f"--app {cfg.app!r} does not use the {cls.name} family: add app.use({cls.__name__}())"
+        )
+    return app.use(cls())
+
+
+def cmd_ingest(args: argparse.Namespace, cfg: Config) -> int:
+    from .documents import Documents, files
+
+    docs = _family(cfg, Documents)
     with db.connect(cfg.dsn) as conn:
         db.check_schema(conn)
-        file_id, run_id = files.add_file(app, conn, project=args.project, path=args.path)
+        file_id, run_id = files.add_file(docs, conn, project=args.project, path=args.path)
     print(f"file {file_id}: ingest run {run_id} queued")
     return EXIT_OK
 
 
 def cmd_upload(args: argparse.Namespace, cfg: Config) -> int:
-    app = load_app(cfg.app, cfg, required=False)
+    from .documents import Documents
+
+    docs = _family(cfg, Documents)
     with db.connect(cfg.dsn) as conn:
         db.check_schema(conn)
-        upload_id = app.add_upload(conn, project=args.project, path=args.path)
+        upload_id = docs.add_upload(conn, project=args.project, path=args.path)
     print(f"upload {upload_id}: queued for expansion")
     return EXIT_OK
 
 
 def cmd_connections(args: argparse.Namespace, cfg: Config) -> int:
-    from .stages import sync
+    from .syncs import Syncs, kinds
 
+    syncs = _family(cfg, Syncs)
     with db.connect(cfg.dsn) as conn:
         db.check_schema(conn)
         if args.action == "add":
-            app = load_app(cfg.app, cfg, required=False)
             config = _parse_payload(args.connection_config)
             if not isinstance(config, dict):
                 raise ConfigError(
                     f"--connector-config must be a JSON object, got {args.connection_config}"
                 )
-            connection_id = app.connect(
+            connection_id = syncs.connect(
                 conn,
                 workspace=args.workspace,
                 provider=args.provider,
@@ -440,23 +470,22 @@ def cmd_connections(args: argparse.Namespace, cfg: Config) -> int:
             )
             print(connection_id)
         elif args.action == "list":
-            rows = sync.list_connections(conn)
+            rows = kinds.list_connections(conn)
             if args.json:
                 plain = [{k: _plain(v) for k, v in r.items()} for r in rows]
                 sys.stdout.write(orjson.dumps(plain, option=orjson.OPT_INDENT_2).decode() + "\n")
             else:
                 sys.stdout.write(_render_connections(rows))
         elif args.action == "sync":
-            print(App(cfg).sync_now(conn, args.connection_id))
+            print(syncs.sync_now(conn, args.connection_id))
         elif args.action == "delete":
-            app = App(cfg)
-            run_id = app.delete_connection(conn, args.connection_id)
-            row = app.get_run(conn, run_id)
+            run_id = syncs.delete_connection(conn, args.connection_id)
+            row = syncs.app.get_run(conn, run_id)
             waiting = row is not None and row["status"] == "waiting"
             note = " (waiting for the running sync to finish)" if waiting else ""
             print(f"{run_id}{note}")
         else:
-            App(cfg).disconnect(conn, args.connection_id)
+            syncs.disconnect(conn, args.connection_id)
             print(f"connection {args.connection_id}: disconnected")
     return EXIT_OK
 

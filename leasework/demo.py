@@ -32,18 +32,22 @@ from psycopg.rows import dict_row
 from . import db, status
 from .app import App
 from .config import Config
+from .documents import Documents
+from .documents.embed import HashingEmbedder
 from .errors import ConfigError
-from .ingest.embed import HashingEmbedder
+from .syncs import Syncs
 from .workers.context import Context
 
 demo_app = App()
+demo_docs = demo_app.use(Documents())
+demo_app.use(Syncs())
 PROCESSES = 4
 DEADLINE = 110.0  # seconds for the whole story; each phase has its own, smaller one
 
 _hashing = HashingEmbedder(256)
 
 
-@demo_app.embedder
+@demo_docs.embedder
 def slow_embedder(texts: Sequence[str]) -> list[list[float]]:
     """The built-in feature hashing, slowed to the pace of a real model so progress shows."""
     time.sleep(0.02 * len(texts))
@@ -325,6 +329,18 @@ class Story:
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
+    @property
+    def syncs(self) -> Syncs:
+        syncs = self.app.family(Syncs)
+        assert syncs is not None
+        return syncs
+
+    @property
+    def docs(self) -> Documents:
+        docs = self.app.family(Documents)
+        assert docs is not None
+        return docs
+
     def one(self, query: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         row = self.conn.execute(query, params).fetchone()
         return None if row is None else row[0]
@@ -357,7 +373,7 @@ class Story:
             [{"id": 1, "name": "Depot"}, {"id": 2, "name": "Bridge"}, {"id": 3, "name": "School"}],
             [("t1", "pour slab"), ("t2", "order steel")],
         )
-        cid = self.app.connect(
+        cid = self.syncs.connect(
             self.conn, workspace="demo", provider="files", config={"path": str(export)}
         )
         first = self.one(
@@ -370,7 +386,7 @@ class Story:
             [("t1", "pour slab"), ("t3", "inspect rebar")],
         )
         print("   files changed: project 2 and task t2 removed, project 3 renamed, t3 added")
-        second = self.app.sync_now(self.conn, cid)
+        second = self.syncs.sync_now(self.conn, cid)
         wait_until(
             "the second sync runs", lambda: self.finished(second), timeout=20, proc=self.proc
         )
@@ -391,7 +407,7 @@ class Story:
         ).fetchone() or (0, 0)
         print(f"   records: {live} live, {gone} tombstoned (deleted upstream, kept for retention)")
         self.expect((live, gone) == (4, 2), f"records {live} live / {gone} gone, expected 4 / 2")
-        purge = self.app.delete_connection(self.conn, cid)
+        purge = self.syncs.delete_connection(self.conn, cid)
         wait_until("the purge runs", lambda: self.finished(purge), timeout=20, proc=self.proc)
         row = self.run(purge)
         print(f"   connection deleted: purge run #{purge} {row['status']}")
@@ -501,7 +517,7 @@ class Story:
     def documents(self) -> None:
         print(f"\n3. A ZIP of {len(TOPICS)} documents, expanded and indexed (live progress)")
         archive = sample_zip(self.work / "tower-b-specs.zip")
-        upload = self.app.add_upload(self.conn, project="tower-b", path=archive)
+        upload = self.docs.add_upload(self.conn, project="tower-b", path=archive)
         print(f"   upload #{upload}: {archive.name}, {archive.stat().st_size // 1024} KiB")
 
         def all_ready() -> bool:

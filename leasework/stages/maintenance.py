@@ -3,7 +3,8 @@
 Every poll reads the markers once (one query); a handler whose period has passed is claimed
 with one conditional upsert that only one worker can win per period, then runs one bounded
 batch. A handler that hit its bound leaves a backlog flag, so the next poll (anywhere)
-continues without waiting a whole period. Adding a handler is one `Handler` in `HANDLERS`.
+continues without waiting a whole period. Adding one is a `Pruner` in `PRUNERS` (or in a
+family's `pruners()`).
 """
 
 from __future__ import annotations
@@ -11,31 +12,28 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from .. import log
+from ..config import Config
 from ..queries import load
 from ..workers import lease
 from ..workers.stage import Site
-
-if TYPE_CHECKING:
-    from ..app import App
-    from ..config import Config
 
 Q = load("leasework.stages", "maintenance.sql")
 Conn = psycopg.Connection[Any]
 
 
 @dataclass(frozen=True)
-class Handler:
-    """`run(conn, app, limit)` deletes at most `limit` rows and returns how many it did."""
+class Pruner:
+    """`run(conn, config, limit)` deletes at most `limit` rows and returns how many it did."""
 
     name: str
     period: Callable[[Config], float]
-    run: Callable[[Conn, App, int], int]
+    run: Callable[[Conn, Config, int], int]
 
 
 def due(last_run_at: datetime | None, backlog: bool, period: float, now: datetime) -> bool:
@@ -45,8 +43,7 @@ def due(last_run_at: datetime | None, backlog: bool, period: float, now: datetim
     return now - last_run_at >= timedelta(seconds=period)
 
 
-def prune_runs(conn: Conn, app: App, limit: int) -> int:
-    cfg = app.config
+def prune_runs(conn: Conn, cfg: Config, limit: int) -> int:
     retention = {
         "succeeded": cfg.retention_succeeded,
         "partial": cfg.retention_partial,
@@ -57,42 +54,14 @@ def prune_runs(conn: Conn, app: App, limit: int) -> int:
     return len(conn.execute(Q["prune_runs"], params).fetchall())
 
 
-def prune_workers(conn: Conn, app: App, limit: int) -> int:
-    params = {"retention": app.config.retention_workers, "limit": limit}
+def prune_workers(conn: Conn, cfg: Config, limit: int) -> int:
+    params = {"retention": cfg.retention_workers, "limit": limit}
     return len(conn.execute(Q["prune_workers"], params).fetchall())
 
 
-def prune_uploads(conn: Conn, app: App, limit: int) -> int:
-    """Finished uploads past retention: the archive's bytes, then the row (the files expanded
-    from it stay; their upload_id becomes NULL)."""
-    rows = conn.execute(
-        Q["old_uploads"], {"retention": app.config.retention_uploads, "limit": limit}
-    ).fetchall()
-    if not rows:
-        return 0
-    store = app.file_store()
-    for _, key in rows:
-        store.delete(key)
-    return len(conn.execute(Q["delete_uploads"], {"ids": [r[0] for r in rows]}).fetchall())
-
-
-def prune_tombstones(conn: Conn, app: App, limit: int) -> int:
-    """Records tombstoned (gone upstream) longer ago than the retention."""
-    params = {"retention": app.config.retention_tombstones, "limit": limit}
-    return len(conn.execute(Q["prune_tombstones"], params).fetchall())
-
-
-def reconcile_files(conn: Conn, app: App, limit: int) -> int:
-    """Files stuck `indexing` after their ingest run ended without its handler."""
-    return len(conn.execute(Q["reconcile_files"], {"limit": limit}).fetchall())
-
-
-HANDLERS: tuple[Handler, ...] = (
-    Handler("prune_runs", lambda c: c.prune_interval, prune_runs),
-    Handler("prune_uploads", lambda c: c.prune_interval, prune_uploads),
-    Handler("prune_workers", lambda c: c.workers_prune_interval, prune_workers),
-    Handler("prune_tombstones", lambda c: c.prune_interval, prune_tombstones),
-    Handler("reconcile_files", lambda c: c.reconcile_interval, reconcile_files),
+PRUNERS: tuple[Pruner, ...] = (
+    Pruner("prune_runs", lambda c: c.prune_interval, prune_runs),
+    Pruner("prune_workers", lambda c: c.workers_prune_interval, prune_workers),
 )
 
 
@@ -102,15 +71,14 @@ class MaintenanceStage:
 
     def __init__(
         self,
-        app: App,
         config: Config,
         *,
-        handlers: Sequence[Handler] = HANDLERS,
+        handlers: Sequence[Pruner] = PRUNERS,
+        extra: Sequence[Pruner] = (),
         limit: int | None = None,
     ) -> None:
-        self.app = app
         self.config = config
-        self.handlers = tuple(handlers)
+        self.handlers = (*handlers, *extra)
         self.limit = limit if limit is not None else config.maintenance_limit
 
     def step(self, site: Site) -> int:
@@ -132,11 +100,11 @@ class MaintenanceStage:
                 done += self._run(conn, h)
         return done
 
-    def _run(self, conn: Conn, h: Handler) -> int:
+    def _run(self, conn: Conn, h: Pruner) -> int:
         """One bounded batch; a failure is logged and recorded on the marker, and the other
         handlers still run. It is tried again next period."""
         try:
-            n = h.run(conn, self.app, self.limit)
+            n = h.run(conn, self.config, self.limit)
         except Exception as exc:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()

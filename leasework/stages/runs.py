@@ -5,20 +5,18 @@ same statement as the next claim (lease.sql, finish_and_claim)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..tasks import Registry
 from ..workers import lease
 from ..workers.lease import Claim
 from ..workers.stage import Site
-
-if TYPE_CHECKING:
-    from ..app import App
 
 
 class RunsStage:
     name = "runs"
 
-    def __init__(self, app: App, *, limit: int = 10, settle_limit: int = 100) -> None:
+    def __init__(self, app: Registry, *, limit: int = 10, settle_limit: int = 100) -> None:
         self.app = app
         self.limit = limit
         self.settle_limit = settle_limit

@@ -1,29 +1,7 @@
--- The schedule stage: enqueue due connections and due periodic tasks (stages/schedule.py).
+-- The schedule stage: enqueue due periodic tasks (stages/schedule.py; a family's own schedule,
+-- e.g. connection syncs, lives with the family).
 -- The no-backlog rule lives here: next_run_at is always set from now, never from its old
 -- value, so six hours down on a 15-minute schedule gives one run, not twenty-four.
-
--- name: advance_due_connections
--- Lock a bounded batch of due active connections (SKIP LOCKED: several workers polling at once
--- each take different rows, and a row already taken is not due any more once they commit) and
--- move each one's next_run_at to now + its interval. The caller enqueues their syncs in the same
--- transaction; a connection whose sync is still active gets that run back (one per key).
--- FOR NO KEY UPDATE rather than FOR UPDATE: it still excludes a second scheduler, but does not
--- skip a connection merely because a sync's record inserts hold the FK's KEY SHARE lock on it.
-WITH due AS MATERIALIZED (
-    SELECT id
-      FROM leasework.connections
-     WHERE status = 'active'
-       AND next_run_at <= leasework.now()
-     ORDER BY next_run_at, id
-     LIMIT %(limit)s
-       FOR NO KEY UPDATE SKIP LOCKED
-)
-UPDATE leasework.connections c
-   SET next_run_at = CASE WHEN c.sync_interval_seconds IS NULL THEN NULL
-                          ELSE leasework.now() + make_interval(secs => c.sync_interval_seconds) END
-  FROM due
- WHERE c.id = due.id
-RETURNING c.id, c.workspace, c.provider
 
 -- name: schedules_now
 SELECT leasework.now()

@@ -27,14 +27,13 @@ from .. import log
 from ..db import DatabaseUnavailable
 from ..errors import ConfigError, SchemaMissing, is_transient
 from ..workers.context import describe_error
+from ..workers.worker import Application, Worker
 from .liveness import MIN_BEAT_GAP, Beat, encode_beat, encode_error, write_nowait
 from .policy import ChildExit
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..config import Config
     from ..workers.context import Context
-    from ..workers.worker import Worker
 
 PR_SET_PDEATHSIG = 1
 # After a fast stop (QUIT, or the parent died) the child gets this long to give its run back
@@ -163,7 +162,7 @@ def _close_fds(fds: Iterable[int]) -> None:
 
 
 def child_main(
-    app: App,
+    app: Application,
     config: Config,
     *,
     worker_id: str,
@@ -187,19 +186,19 @@ def child_main(
 
 
 def _run(
-    app: App,
+    app: Application,
     config: Config,
     worker_id: str,
     beat_fd: int,
     parent_pid: int,
     inherited_fds: Iterable[int],
 ) -> ChildExit:
-    from ..workers.worker import Worker
-
     set_parent_death_signal(signal.SIGQUIT)
     _close_fds(inherited_fds)
     beacon = Beacon(beat_fd, parent_pid, config.max_jobs_per_child)
-    worker = Worker(app, config, worker_id=worker_id, on_beat=beacon, register=False, deadman=config.deadman)
+    worker = Worker(
+        app, config, worker_id=worker_id, on_beat=beacon, register=False, deadman=config.deadman
+    )
     _install_signals(worker)
     # The parent blocked every signal around fork(); anything that arrived since is delivered
     # now, to the handlers above.

@@ -29,6 +29,7 @@ from .. import log
 from ..db import DatabaseUnavailable
 from ..errors import is_transient
 from ..workers.lease import RunRef
+from ..workers.worker import Application
 from . import policy
 from .child import child_main
 from .ledger import Killed, Ledger, Row
@@ -36,7 +37,6 @@ from .liveness import Beat, LineBuffer, decode
 from .policy import Candidate, ExitMeaning, Liveness, Verdict
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..config import Config
 
 HANDLED = (
@@ -114,7 +114,7 @@ class Child:
 class Supervisor:
     def __init__(
         self,
-        app: App,
+        app: Application,
         config: Config,
         *,
         reload: Callable[[], Config] | None = None,

@@ -34,11 +34,14 @@ INTERRUPT_SIGNAL = signal.SIGUSR2
 
 
 class Application(Protocol):
-    """What a worker needs of the app it serves: its settings and its stage list."""
+    """What a worker (and the supervisor that forks it) needs of the app it serves: its
+    settings, its stage list, and itself under other settings."""
 
     config: Config
 
     def stages(self, config: Config) -> list[Stage]: ...
+
+    def with_config(self, config: Config) -> Application: ...
 
 
 def new_worker_id() -> str:

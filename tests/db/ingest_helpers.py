@@ -12,8 +12,9 @@ from typing import Any
 import psycopg
 
 from leasework import App, Config
-from leasework.ingest.embed import HashingEmbedder
-from leasework.stages.ingest import IngestStage
+from leasework.documents import Documents
+from leasework.documents.embed import HashingEmbedder
+from leasework.documents.ingest import IngestStage
 from leasework.workers.worker import Worker
 
 from ..conftest import get_run
@@ -46,8 +47,9 @@ class Env:
         self.tmp = tmp_path
         self.settings = {"file_store": str(tmp_path / "store"), **settings}
         self.app = App(Config(**self.settings))
+        self.docs = self.app.use(Documents())
         self.embedder = CountingEmbedder()
-        self.app.embedder(self.embedder)
+        self.docs.embedder(self.embedder)
         self._make_worker = make_worker
 
     def worker(self, **overrides: Any) -> Worker:
@@ -59,7 +61,7 @@ class Env:
         return path
 
     def add(self, conn: Conn, name: str, text: str | bytes, project: str = "p") -> tuple[int, int]:
-        file_id = self.app.add_file(conn, project=project, path=self.write(name, text))
+        file_id = self.docs.add_file(conn, project=project, path=self.write(name, text))
         return file_id, run_of(conn, file_id)
 
 
@@ -146,7 +148,7 @@ def replaced_mid_run_is_never_ready_with_stale_chunks(conn: Conn, env: Env) -> N
         seen.append((f["status"], f["sha256"]))
         if call == 1:  # the first batch of the old content is being embedded
             path = env.write("replaced-v2.txt", new)
-            assert env.app.replace_file(conn, file_id, path) == run_id  # joins the running run
+            assert env.docs.replace_file(conn, file_id, path) == run_id  # joins the running run
 
     env.embedder.hook = replace
     try:

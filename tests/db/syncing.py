@@ -12,7 +12,9 @@ from typing import Any
 
 import psycopg
 
-from leasework.stages.sync import connection_key
+from leasework import App
+from leasework.syncs import Syncs
+from leasework.syncs.kinds import connection_key
 from leasework.workers.worker import Worker
 
 
@@ -97,3 +99,17 @@ def poll_until(workers: list[Worker], done: Callable[[], bool], *, timeout: floa
 def rows(n: int, prefix: str = "r", start: int = 1) -> Iterator[dict[str, Any]]:
     for i in range(start, start + n):
         yield {"id": f"{prefix}{i}", "n": i}
+
+
+def sync_app() -> App:
+    """An app that uses the connection-sync family."""
+    app = App()
+    app.use(Syncs())
+    return app
+
+
+def syncs(app: App) -> Syncs:
+    """The sync family's API of an app that uses it."""
+    family = app.family(Syncs)
+    assert family is not None, "the app does not use Syncs"
+    return family

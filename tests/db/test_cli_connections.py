@@ -10,9 +10,9 @@ import orjson
 import psycopg
 import pytest
 
-from leasework import App, cli
+from leasework import cli
 
-from .syncing import connection_row, live, write_jsonl
+from .syncing import connection_row, live, sync_app, syncs, write_jsonl
 
 Conn = psycopg.Connection[Any]
 
@@ -86,8 +86,8 @@ def test_connections_bad_input_exits_2(
 def test_disconnect_and_schedules(
     conn: Conn, dsn: str, tmp_path: Path, make_worker: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    app = App()
-    cid = app.connect(
+    app = sync_app()
+    cid = syncs(app).connect(
         conn, workspace="ws", provider="files", config={"path": str(tmp_path)}, sync=False
     )
     code, out, _ = run(capsys, dsn, "connections", "disconnect", str(cid))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from leasework.stages.expand import ExpandStage
-from leasework.stages.ingest import IngestStage
+from leasework.documents.expand import ExpandStage
+from leasework.documents.ingest import IngestStage
 
 from .ingest_helpers import Env, document
 
@@ -58,7 +58,7 @@ def test_archive_is_expanded_and_every_member_indexed(conn, env):
             ("emptydir/", b""),
         ]
     )
-    upload_id = env.app.add_upload(conn, project="site", path=env.write("docs.zip", data))
+    upload_id = env.docs.add_upload(conn, project="site", path=env.write("docs.zip", data))
     w = env.worker()
     only(w, ExpandStage).poll()
     up = upload_row(conn, upload_id)
@@ -91,7 +91,7 @@ def test_archive_is_expanded_and_every_member_indexed(conn, env):
 
 
 def test_stuck_upload_is_reclaimed_only_after_the_timeout(conn, env):
-    upload_id = env.app.add_upload(
+    upload_id = env.docs.add_upload(
         conn, project="p", path=env.write("a.zip", make_zip([("a.txt", b"hello")]))
     )
     # A worker claimed it and died: processing for 5 minutes is not stuck yet...
@@ -121,7 +121,7 @@ def test_stuck_upload_is_reclaimed_only_after_the_timeout(conn, env):
 
 
 def test_upload_stuck_on_its_last_attempt_fails(conn, env):
-    upload_id = env.app.add_upload(
+    upload_id = env.docs.add_upload(
         conn, project="p", path=env.write("a.zip", make_zip([("a.txt", b"hello")]))
     )
     conn.execute(
@@ -186,7 +186,7 @@ def test_hostile_archive_fails_clearly_and_writes_nothing(conn, env, case):
     build, message = HOSTILE[case]
     caps = {"too_many": {"archive_max_members": 5}, "too_big": {"archive_max_bytes": 10_000}}
     before = all_files(env.tmp)
-    upload_id = env.app.add_upload(conn, project="p", path=env.write(f"{case}.zip", build()))
+    upload_id = env.docs.add_upload(conn, project="p", path=env.write(f"{case}.zip", build()))
     archive_files = store_files(env)
     only(env.worker(**caps.get(case, {})), ExpandStage).poll()
     up = upload_row(conn, upload_id)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from leasework import files
-from leasework.files import INGEST_KIND
-from leasework.stages.ingest import Q as INGEST_Q
+from leasework.documents import files
+from leasework.documents.files import INGEST_KIND
+from leasework.documents.ingest import Q as INGEST_Q
 from leasework.workers import lease
 
 from ..conftest import expire_lease, get_run
@@ -95,7 +95,7 @@ def test_file_that_shrank_between_attempts_loses_its_tail(conn, env):
     assert len(chunks_of(conn, file_id)) == 30
 
     short = document(40, seed=3)
-    assert env.app.replace_file(conn, file_id, env.write("short.txt", short)) == run_id
+    assert env.docs.replace_file(conn, file_id, env.write("short.txt", short)) == run_id
     env.embedder.hook = None
     ingest_only(env.worker()).poll()
     run = get_run(conn, run_id)
@@ -108,7 +108,7 @@ def test_file_that_shrank_between_attempts_loses_its_tail(conn, env):
     assert got == chunks_of(conn, clean_id)
 
     # And after a finished index, a shorter replacement deletes the chunks past the new tail.
-    env.app.replace_file(conn, file_id, env.write("tiny.txt", "just a few words"))
+    env.docs.replace_file(conn, file_id, env.write("tiny.txt", "just a few words"))
     ingest_only(env.worker()).poll()
     assert [c[3] for c in chunks_of(conn, file_id)] == ["just a few words"]
 
@@ -121,7 +121,7 @@ def test_scope_change_mid_run_is_not_marked_ready_under_the_old_scope(conn, env)
     def move(call: int) -> None:
         statuses.append(file_row(conn, file_id)["status"])
         if call == 2:
-            env.app.move_file(conn, file_id, "new")
+            env.docs.move_file(conn, file_id, "new")
 
     env.embedder.hook = move
     ingest_only(env.worker()).poll()

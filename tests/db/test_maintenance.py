@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from leasework import App
+from leasework.documents import Documents
 from leasework.stages.maintenance import MaintenanceStage
+from leasework.syncs import Syncs
 
 HANDLERS = (
     "prune_runs",
@@ -20,6 +22,8 @@ HANDLERS = (
 @pytest.fixture
 def workers(make_worker, tmp_path):
     app = App()
+    app.use(Syncs())
+    app.use(Documents())
 
     def make(n: int = 3, **overrides):
         out = []
@@ -119,7 +123,8 @@ def test_pruning_is_bounded_and_continues_a_backlog(conn, workers):
 
 def test_old_uploads_and_their_archives_are_pruned(conn, workers, tmp_path):
     ws = workers(1)
-    app = ws[0].app
+    app = ws[0].app.family(Documents)
+    assert app is not None
     src = tmp_path / "a.zip"
     src.write_bytes(b"PK")
     old = app.add_upload(conn, project="p", path=src)

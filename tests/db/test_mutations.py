@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from leasework.documents import ingest
 from leasework.queries import compact, parse
-from leasework.stages import ingest
 from leasework.workers import lease
 
 from ..conftest import truncate_all
@@ -45,7 +45,7 @@ Check = Callable[[Conn], None]
 # {name: statement} that the code runs it from (what a mutation replaces).
 SOURCES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "lease": ("leasework.workers", "lease.sql", lease.Q),
-    "ingest": ("leasework.stages", "ingest.sql", ingest.Q),
+    "ingest": ("leasework.documents", "ingest.sql", ingest.Q),
 }
 
 

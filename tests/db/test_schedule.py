@@ -12,9 +12,10 @@ import psycopg
 import pytest
 
 from leasework import App, ConfigError
-from leasework.stages.schedule import ScheduleSpec, list_schedules, next_fire
+from leasework.stages.schedule import list_schedules
+from leasework.tasks import ScheduleSpec, next_fire
 
-from .syncing import runs_of, write_jsonl
+from .syncing import runs_of, sync_app, syncs, write_jsonl
 
 Conn = psycopg.Connection[Any]
 
@@ -53,8 +54,8 @@ def runs_of_kind(conn: Conn, kind: str) -> list[tuple[int, str]]:
 
 def test_six_hours_down_gives_one_run(conn: Conn, make_worker: Any, tmp_path: Path) -> None:
     write_jsonl(tmp_path, "t", [{"id": 1}])
-    app = App()
-    cid = app.connect(
+    app = sync_app()
+    cid = syncs(app).connect(
         conn,
         workspace="ws",
         provider="files",
@@ -83,8 +84,8 @@ def test_six_hours_down_gives_one_run(conn: Conn, make_worker: Any, tmp_path: Pa
 def test_due_connection_with_an_active_run_gets_no_second_run(
     conn: Conn, make_worker: Any, tmp_path: Path
 ) -> None:
-    app = App()
-    cid = app.connect(
+    app = sync_app()
+    cid = syncs(app).connect(
         conn, workspace="ws", provider="files", config={"path": str(tmp_path)}, every=60
     )
     # Its first sync is still queued (delayed): the due schedule is skipped, not doubled.
@@ -108,14 +109,14 @@ def test_due_connection_with_an_active_run_gets_no_second_run(
 def test_manual_and_inactive_connections_are_not_scheduled(
     conn: Conn, make_worker: Any, tmp_path: Path
 ) -> None:
-    app = App()
-    manual = app.connect(
+    app = sync_app()
+    manual = syncs(app).connect(
         conn, workspace="ws", provider="files", config={"path": str(tmp_path)}, sync=False
     )
-    off = app.connect(
+    off = syncs(app).connect(
         conn, workspace="ws", provider="files", config={"path": str(tmp_path)}, every=60, sync=False
     )
-    app.disconnect(conn, off)
+    syncs(app).disconnect(conn, off)
     assert conn.execute(
         "SELECT next_run_at FROM leasework.connections WHERE id = %s", (manual,)
     ).fetchone() == (None,)
@@ -132,7 +133,7 @@ def test_manual_and_inactive_connections_are_not_scheduled(
 
 
 def periodic_app(**schedule: Any) -> tuple[App, list[dict[str, Any]]]:
-    app = App()
+    app = sync_app()
     calls: list[dict[str, Any]] = []
 
     @app.task("tick", **schedule)
@@ -232,7 +233,7 @@ def test_restart_keeps_next_run_and_a_changed_spec_starts_over(
 
 
 def test_schedule_spec_validation() -> None:
-    app = App()
+    app = sync_app()
     with pytest.raises(ConfigError, match="exactly one"):
         app.task("a", every=5, cron="* * * * *")
     with pytest.raises(ConfigError, match="cron"):

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from leasework import Aborted, App, ConfigError, Retry
-from leasework.connectors import Connection, Table, TableError
+from leasework.syncs.connectors import Connection, Table, TableError
 from leasework.workers.context import Context
 
 from ..conftest import expire_lease, get_run, make_due
@@ -25,6 +25,8 @@ from .syncing import (
     records,
     rows,
     runs_of,
+    sync_app,
+    syncs,
     tombstoned,
     write_csv,
     write_jsonl,
@@ -34,7 +36,7 @@ Conn = psycopg.Connection[Any]
 
 
 def files_app() -> App:
-    return App()
+    return sync_app()
 
 
 def only_run(conn: Conn, connection_id: int, kind: str = "sync") -> dict[str, Any]:
@@ -56,7 +58,7 @@ def test_sync_publishes_tombstones_and_revives(
     )
     write_csv(tmp_path, "tasks", ["id", "title"], [["t1", "dig"], ["t2", "pour"]])
     app = files_app()
-    cid = app.connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
+    cid = syncs(app).connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
     first = only_run(conn, cid)
     assert first["status"] == "queued"
     assert (first["tenant"], first["group"], first["key"]) == ("ws", "files", f"connection:{cid}")
@@ -89,7 +91,7 @@ def test_sync_publishes_tombstones_and_revives(
     # Upstream changes: project 2 disappears, project 3 changes, task t2 disappears.
     write_jsonl(tmp_path, "projects", [{"id": 1, "name": "a"}, {"id": 3, "name": "c2"}])
     write_csv(tmp_path, "tasks", ["id", "title"], [["t1", "dig"]])
-    second = app.sync_now(conn, cid)
+    second = syncs(app).sync_now(conn, cid)
     assert second != first["id"]
     worker.poll()
     run = get_run(conn, second)
@@ -105,7 +107,7 @@ def test_sync_publishes_tombstones_and_revives(
         "projects",
         [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c2"}],
     )
-    third = app.sync_now(conn, cid)
+    third = syncs(app).sync_now(conn, cid)
     worker.poll()
     assert get_run(conn, third)["status"] == "succeeded"
     assert tombstoned(conn, cid) == {("tasks", "t2")}
@@ -122,14 +124,14 @@ def test_a_removed_file_tombstones_its_table_and_a_failed_table_is_kept(
     write_jsonl(tmp_path, "tasks", [{"id": "t1"}])
     write_jsonl(tmp_path, "people", [{"id": "p1"}])
     app = files_app()
-    cid = app.connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
+    cid = syncs(app).connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
     worker = make_worker(app)
     worker.poll()
     assert len(live(conn, cid)) == 4
 
     (tmp_path / "tasks.jsonl").unlink()
     (tmp_path / "people.jsonl").write_text("not json\n", encoding="utf-8")
-    run_id = app.sync_now(conn, cid)
+    run_id = syncs(app).sync_now(conn, cid)
     worker.poll()
     run = get_run(conn, run_id)
     assert run["status"] == "partial", run  # people failed, not retryable
@@ -142,13 +144,13 @@ def test_a_removed_file_tombstones_its_table_and_a_failed_table_is_kept(
 def test_connect_refuses_bad_input(conn: Conn) -> None:
     app = files_app()
     with pytest.raises(ConfigError, match="unknown provider"):
-        app.connect(conn, workspace="ws", provider="nope")
+        syncs(app).connect(conn, workspace="ws", provider="nope")
     with pytest.raises(ConfigError, match="path"):
-        app.connect(conn, workspace="ws", provider="files", config={})
+        syncs(app).connect(conn, workspace="ws", provider="files", config={})
     with pytest.raises(ConfigError, match="every"):
-        app.connect(conn, workspace="ws", provider="files", config={"path": "/x"}, every=0)
+        syncs(app).connect(conn, workspace="ws", provider="files", config={"path": "/x"}, every=0)
     with pytest.raises(ConfigError, match="no connection"):
-        app.sync_now(conn, 12345)
+        syncs(app).sync_now(conn, 12345)
     assert conn.execute("SELECT count(*) FROM leasework.connections").fetchone() == (0,)
 
 
@@ -156,8 +158,8 @@ def test_connect_refuses_bad_input(conn: Conn) -> None:
 
 
 def stub_app(extract: Any, provider: str = "stub") -> App:
-    app = App()
-    app.connector(provider)(extract)
+    app = sync_app()
+    syncs(app).connector(provider)(extract)
     return app
 
 
@@ -167,7 +169,7 @@ def test_failed_extraction_is_retried_in_place(conn: Conn, make_worker: Any) -> 
         yield  # pragma: no cover
 
     app = stub_app(extract)
-    cid = app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
     run_id = only_run(conn, cid)["id"]
     make_worker(app).poll()
     run = get_run(conn, run_id)
@@ -193,7 +195,7 @@ def test_retry_after_wins_and_published_tables_are_kept(conn: Conn, make_worker:
         raise Retry(after=90, message="429 Too Many Requests")
 
     app = stub_app(extract)
-    cid = app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
     run_id = only_run(conn, cid)["id"]
     make_worker(app).poll()
     run = get_run(conn, run_id)
@@ -212,14 +214,14 @@ def test_delete_while_sync_running_purge_waits_then_drains(conn: Conn, make_work
 
     def extract(ctx: Context, connection: Connection) -> Iterator[Table]:
         yield Table("items", rows(5))
-        purge_id = app.delete_connection(conn, connection.id)
+        purge_id = syncs(app).delete_connection(conn, connection.id)
         seen["purge"] = purge_id
         seen["purge_status"] = get_run(conn, purge_id)["status"]
         seen["connection_status"] = connection_row(conn, connection.id)["status"]  # type: ignore[index]
         yield Table("more", rows(1, prefix="m"))  # the sync drains: it still publishes
 
     app = stub_app(extract)
-    cid = app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
     sync_id = only_run(conn, cid)["id"]
     worker = make_worker(app, sync_batch=2)
     worker.poll()
@@ -229,9 +231,9 @@ def test_delete_while_sync_running_purge_waits_then_drains(conn: Conn, make_work
     assert len(live(conn, cid)) == 6
     assert get_run(conn, seen["purge"])["status"] in ("waiting", "queued")
     # A second delete returns the pending purge; a sync_now is refused.
-    assert app.delete_connection(conn, cid) == seen["purge"]
+    assert syncs(app).delete_connection(conn, cid) == seen["purge"]
     with pytest.raises(ConfigError, match="deleting"):
-        app.sync_now(conn, cid)
+        syncs(app).sync_now(conn, cid)
 
     worker.poll()  # settle promotes the purge; the claim executes it
     purge = get_run(conn, seen["purge"])
@@ -251,11 +253,11 @@ def test_delete_idle_connection_purges_at_once(
 ) -> None:
     write_jsonl(tmp_path, "t", rows(3))
     app = files_app()
-    cid = app.connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
+    cid = syncs(app).connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
     worker = make_worker(app)
     worker.poll()
     assert len(live(conn, cid)) == 3
-    purge_id = app.delete_connection(conn, cid)
+    purge_id = syncs(app).delete_connection(conn, cid)
     assert get_run(conn, purge_id)["status"] == "queued"
     worker.poll()
     assert get_run(conn, purge_id)["status"] == "succeeded"
@@ -264,9 +266,9 @@ def test_delete_idle_connection_purges_at_once(
 
 def test_delete_cancels_a_queued_sync(conn: Conn, make_worker: Any, tmp_path: Path) -> None:
     app = files_app()
-    cid = app.connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
+    cid = syncs(app).connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
     sync_id = only_run(conn, cid)["id"]
-    purge_id = app.delete_connection(conn, cid)
+    purge_id = syncs(app).delete_connection(conn, cid)
     assert get_run(conn, sync_id)["status"] == "cancelled"
     assert get_run(conn, purge_id)["status"] == "queued"  # nothing to drain behind
     make_worker(app).poll()
@@ -280,7 +282,7 @@ def test_delete_cancels_a_queued_sync(conn: Conn, make_worker: Any, tmp_path: Pa
 def test_sync_requeued_after_delete_ends_cancelled(conn: Conn, make_worker: Any, how: str) -> None:
     def extract(ctx: Context, connection: Connection) -> Iterator[Table]:
         yield Table("ok", rows(2))
-        app.delete_connection(conn, connection.id)
+        syncs(app).delete_connection(conn, connection.id)
         if how == "exception":
             raise RuntimeError("upstream 503")
         if how == "retry_after":
@@ -288,7 +290,7 @@ def test_sync_requeued_after_delete_ends_cancelled(conn: Conn, make_worker: Any,
         yield Table("flaky", error=TableError("503 on /flaky", retryable=True))
 
     app = stub_app(extract)
-    cid = app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
     sync_id = only_run(conn, cid)["id"]
     worker = make_worker(app)
     worker.poll()
@@ -311,13 +313,13 @@ def test_sync_of_a_disconnected_connection_ends_cancelled(conn: Conn, make_worke
         yield Table("t", rows(1))
 
     app = stub_app(extract)
-    cid = app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
     sync_id = only_run(conn, cid)["id"]
     worker = make_worker(app)
     worker.poll()
     assert get_run(conn, sync_id)["status"] == "queued"
     # Disconnected while the retry waits: cancelled now (the claim-time check would too).
-    assert app.disconnect(conn, cid) == "disconnected"
+    assert syncs(app).disconnect(conn, cid) == "disconnected"
     assert get_run(conn, sync_id)["status"] == "cancelled"
     # A sync enqueued behind the API's back is cancelled when claimed, without calling upstream.
     stray = app.enqueue(
@@ -327,9 +329,9 @@ def test_sync_of_a_disconnected_connection_ends_cancelled(conn: Conn, make_worke
     assert get_run(conn, stray)["status"] == "cancelled"
     assert calls == [1]
     with pytest.raises(ConfigError, match="disconnected"):
-        app.sync_now(conn, cid)
-    assert app.reconnect(conn, cid) == "active"
-    app.sync_now(conn, cid)
+        syncs(app).sync_now(conn, cid)
+    assert syncs(app).reconnect(conn, cid) == "active"
+    syncs(app).sync_now(conn, cid)
     worker.poll()
     assert len(live(conn, cid)) == 1
 
@@ -343,7 +345,7 @@ def test_non_retryable_table_failure_seals_partial(
     write_jsonl(tmp_path, "good", rows(3))
     write_jsonl(tmp_path, "broken", rows(2, prefix="b"))
     app = files_app()
-    cid = app.connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
+    cid = syncs(app).connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
     worker = make_worker(app)
     worker.poll()
     assert len(live(conn, cid)) == 5
@@ -351,7 +353,7 @@ def test_non_retryable_table_failure_seals_partial(
     # `broken` becomes unreadable (not JSON) and `good` loses a row.
     (tmp_path / "broken.jsonl").write_text('{"id": "b1"}\nnot json\n', encoding="utf-8")
     write_jsonl(tmp_path, "good", rows(2))
-    run_id = app.sync_now(conn, cid)
+    run_id = syncs(app).sync_now(conn, cid)
     worker.poll()
     run = get_run(conn, run_id)
     assert run["status"] == "partial", run
@@ -372,7 +374,7 @@ def test_retryable_table_failure_retries_then_seals_partial(conn: Conn, make_wor
         yield Table("flaky", error=TableError("endpoint briefly unavailable", retryable=True))
 
     app = stub_app(extract)
-    cid = app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
     run_id = only_run(conn, cid)["id"]
     worker = make_worker(app)
     worker.poll()
@@ -407,7 +409,7 @@ def test_stale_worker_publish_writes_nothing(conn: Conn, make_worker: Any) -> No
             yield Table("t", [{"id": "x", "by": "B"}])
 
     app = stub_app(extract)
-    cid = app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
     run_id = only_run(conn, cid)["id"]
     worker_a = make_worker(app)
     worker_b = make_worker(app)
@@ -427,7 +429,7 @@ def test_stale_worker_publish_writes_nothing(conn: Conn, make_worker: Any) -> No
 
 def test_racing_sync_now_gives_one_run(conn: Conn, dsn: str, tmp_path: Path) -> None:
     app = files_app()
-    cid = app.connect(
+    cid = syncs(app).connect(
         conn, workspace="ws", provider="files", config={"path": str(tmp_path)}, sync=False
     )
     barrier = threading.Barrier(3)
@@ -437,7 +439,7 @@ def test_racing_sync_now_gives_one_run(conn: Conn, dsn: str, tmp_path: Path) -> 
     def racer() -> None:
         with psycopg.connect(dsn, autocommit=True) as c:
             barrier.wait(timeout=10)
-            run_id = app.sync_now(c, cid)
+            run_id = syncs(app).sync_now(c, cid)
             with lock:
                 ids.append(run_id)
 
@@ -491,12 +493,12 @@ def test_limiter_same_provider_never_overlaps_different_providers_do(
 
         return extract
 
-    app = App()
-    app.connector("alpha")(extractor("alpha", "beta"))
-    app.connector("beta")(extractor("beta", "alpha"))
-    a1 = app.connect(conn, workspace="ws", provider="alpha")
-    a2 = app.connect(conn, workspace="ws", provider="alpha")
-    b1 = app.connect(conn, workspace="ws", provider="beta")
+    app = sync_app()
+    syncs(app).connector("alpha")(extractor("alpha", "beta"))
+    syncs(app).connector("beta")(extractor("beta", "alpha"))
+    a1 = syncs(app).connect(conn, workspace="ws", provider="alpha")
+    a2 = syncs(app).connect(conn, workspace="ws", provider="alpha")
+    b1 = syncs(app).connect(conn, workspace="ws", provider="beta")
     workers = [make_worker(app) for _ in range(3)]
 
     def done() -> bool:
@@ -534,19 +536,19 @@ def test_purge_never_overlaps_another_run_of_its_workspace(
             time.sleep(0.01)
         yield Table("t", rows(2))
 
-    app = App()
-    app.connector("alpha")(extract)
-    app.connector("beta")(extract)
+    app = sync_app()
+    syncs(app).connector("alpha")(extract)
+    syncs(app).connector("beta")(extract)
     write_jsonl(tmp_path, "t", rows(4))
-    victim = app.connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
+    victim = syncs(app).connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
     workers = [make_worker(app) for _ in range(3)]
     workers[0].poll()  # the victim's first sync
     assert len(live(conn, victim)) == 4
     # Two syncs of other providers, then the purge, then one more sync behind it.
-    s1 = app.connect(conn, workspace="ws", provider="alpha")
-    s2 = app.connect(conn, workspace="ws", provider="beta")
-    purge_id = app.delete_connection(conn, victim)
-    s3 = app.connect(conn, workspace="ws", provider="alpha")
+    s1 = syncs(app).connect(conn, workspace="ws", provider="alpha")
+    s2 = syncs(app).connect(conn, workspace="ws", provider="beta")
+    purge_id = syncs(app).delete_connection(conn, victim)
+    s3 = syncs(app).connect(conn, workspace="ws", provider="alpha")
 
     def done() -> bool:
         row = conn.execute(
@@ -592,7 +594,7 @@ def test_cancel_trips_the_signal_the_connector_sees(conn: Conn, make_worker: Any
         yield Table("never", rows(1))
 
     app = stub_app(extract)
-    cid = app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
     run_id = only_run(conn, cid)["id"]
     make_worker(app, control_interval=0.05).poll()
     run = get_run(conn, run_id)
@@ -604,11 +606,11 @@ def test_cancel_trips_the_signal_the_connector_sees(conn: Conn, make_worker: Any
 
 def test_status_and_listing_show_connections(conn: Conn, make_worker: Any, tmp_path: Path) -> None:
     from leasework import status
-    from leasework.stages.sync import list_connections
+    from leasework.syncs.kinds import list_connections
 
     write_jsonl(tmp_path, "projects", rows(2))
     app = files_app()
-    cid = app.connect(
+    cid = syncs(app).connect(
         conn, workspace="ws", provider="files", config={"path": str(tmp_path)}, every=900
     )
     make_worker(app).poll()
@@ -647,7 +649,7 @@ def test_timeout_trips_the_signal_and_retries(conn: Conn, make_worker: Any) -> N
 
     app = stub_app(extract)
     worker = make_worker(app, sync_timeout=0.3)
-    cid = worker.app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(worker.app).connect(conn, workspace="ws", provider="stub")
     run_id = only_run(conn, cid)["id"]
     worker.poll()
     run = get_run(conn, run_id)
@@ -669,7 +671,7 @@ def test_lost_lease_trips_the_signal_and_writes_nothing(conn: Conn, make_worker:
         yield Table("never", rows(1))
 
     app = stub_app(extract)
-    cid = app.connect(conn, workspace="ws", provider="stub")
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
     run_id = only_run(conn, cid)["id"]
     make_worker(app, control_interval=0.05).poll()
     assert seen["reason"] == "lost"

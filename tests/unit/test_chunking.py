@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from leasework.filestore import LocalStore, StoreError, check_key
-from leasework.ingest.chunking import chunks, keep_markdown_word
-from leasework.ingest.embed import HashingEmbedder
-from leasework.ingest.extract import PageStats, pages
-from leasework.stages.expand import ArchiveCaps, ArchiveRejected, plan
-from leasework.stages.ingest import Caps, count_chunks, open_chunks
+from leasework.documents.chunking import chunks, keep_markdown_word
+from leasework.documents.embed import HashingEmbedder
+from leasework.documents.expand import ArchiveCaps, ArchiveRejected, plan
+from leasework.documents.extract import PageStats, pages
+from leasework.documents.ingest import Caps, count_chunks, open_chunks
+from leasework.documents.store import LocalStore, StoreError, check_key
 
 alphabet = st.sampled_from(list("abc xyz\n\t\f\x00é漢 .#-"))
 texts = st.text(alphabet=alphabet, max_size=600)
@@ -63,7 +63,7 @@ def test_count_pass_and_embed_pass_agree(tmp_path_factory, text, max_chars, max_
 
 @given(st.binary(max_size=300), st.integers(1, 7))
 def test_text_pages_do_not_depend_on_read_size(data, block):
-    import leasework.ingest.extract as ex
+    import leasework.documents.extract as ex
 
     def read(size: int) -> list[tuple[int, str]]:
         old = ex.READ_BLOCK

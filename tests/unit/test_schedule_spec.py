@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 from hypothesis import given
 from hypothesis import strategies as st
 
-from leasework.stages.schedule import ScheduleSpec, first_fire, next_fire
+from leasework.tasks import ScheduleSpec, first_fire, next_fire
 
 moments = st.datetimes(
     min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from .errors import ConfigError
-from .filestore import FileStore, new_key
-from .queries import load
+from ..errors import ConfigError
+from ..queries import load
+from .store import FileStore, new_key
 
 if TYPE_CHECKING:
-    from .app import App
+    from . import Documents
 
-Q = load("leasework", "files.sql")
+Q = load("leasework.documents", "files.sql")
 Conn = psycopg.Connection[Any]
 
 INGEST_KIND = "ingest"
@@ -53,17 +53,22 @@ def _put(store: FileStore, prefix: str, source: Path) -> tuple[str, int, str]:
     return stored.key, stored.size, stored.sha256
 
 
-def enqueue_ingest(app: App, conn: Conn, file_id: int) -> int:
-    return app.enqueue(conn, INGEST_KIND, {"file_id": file_id}, key=file_key(file_id))
+def enqueue_ingest(docs: Documents, conn: Conn, file_id: int) -> int:
+    return docs.enqueue(conn, INGEST_KIND, {"file_id": file_id}, key=file_key(file_id))
 
 
 def add_file(
-    app: App, conn: Conn, *, project: str, path: str | os.PathLike[str], name: str | None = None
+    docs: Documents,
+    conn: Conn,
+    *,
+    project: str,
+    path: str | os.PathLike[str],
+    name: str | None = None,
 ) -> tuple[int, int]:
     """Store a document and enqueue its ingest run. Returns (file id, run id)."""
     project = _project(project)
     source = _source(path)
-    key, size, sha = _put(app.file_store(), "files", source)
+    key, size, sha = _put(docs.file_store(), "files", source)
     with conn.transaction():
         row = conn.execute(
             Q["insert_file"],
@@ -77,17 +82,22 @@ def add_file(
         ).fetchone()
         assert row is not None
         file_id = int(row[0])
-        run_id = enqueue_ingest(app, conn, file_id)
+        run_id = enqueue_ingest(docs, conn, file_id)
     return file_id, run_id
 
 
 def add_upload(
-    app: App, conn: Conn, *, project: str, path: str | os.PathLike[str], name: str | None = None
+    docs: Documents,
+    conn: Conn,
+    *,
+    project: str,
+    path: str | os.PathLike[str],
+    name: str | None = None,
 ) -> int:
     """Store a ZIP archive for the expand stage. Returns the upload id."""
     project = _project(project)
     source = _source(path)
-    key, size, _ = _put(app.file_store(), "uploads", source)
+    key, size, _ = _put(docs.file_store(), "uploads", source)
     with conn.transaction():
         row = conn.execute(
             Q["insert_upload"],
@@ -98,11 +108,11 @@ def add_upload(
     return int(row[0])
 
 
-def replace_file(app: App, conn: Conn, file_id: int, path: str | os.PathLike[str]) -> int:
+def replace_file(docs: Documents, conn: Conn, file_id: int, path: str | os.PathLike[str]) -> int:
     """New bytes for a file; enqueues (or joins) its ingest run, which starts over because the
     content changed. Returns the run id."""
     source = _source(path)
-    store = app.file_store()
+    store = docs.file_store()
     key, size, sha = _put(store, "files", source)
     with conn.transaction():
         row = conn.execute(
@@ -111,7 +121,7 @@ def replace_file(app: App, conn: Conn, file_id: int, path: str | os.PathLike[str
         ).fetchone()
         if row is None:
             raise ConfigError(f"no file with id {file_id}")
-        run_id = enqueue_ingest(app, conn, file_id)
+        run_id = enqueue_ingest(docs, conn, file_id)
     # Only once committed (not inside a caller's open transaction, which could still roll
     # back): a run still reading the old bytes fails its attempt and is retried on the new ones.
     if row[0] != key and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:

@@ -23,17 +23,17 @@ from psycopg.types.json import Jsonb
 
 from .. import log
 from ..errors import LeaseworkError
-from ..files import enqueue_ingest
-from ..filestore import FileStore, StoreError, safe_name
-from ..ingest.extract import kind_of
 from ..queries import load
 from ..workers.stage import Site
+from .extract import kind_of
+from .files import enqueue_ingest
+from .store import FileStore, StoreError, safe_name
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..config import Config
+    from . import Documents
 
-Q = load("leasework.stages", "expand.sql")
+Q = load("leasework.documents", "expand.sql")
 Conn = psycopg.Connection[Any]
 
 # Below this many uncompressed bytes a member's compression ratio is not held against it: small
@@ -141,8 +141,8 @@ class ExpandStage:
     name = "expand"
     wakes = frozenset({"upload"})  # files.add_upload NOTIFYs it
 
-    def __init__(self, app: App, config: Config, *, limit: int | None = None) -> None:
-        self.app = app
+    def __init__(self, docs: Documents, config: Config, *, limit: int | None = None) -> None:
+        self.docs = docs
         self.config = config
         self.limit = limit if limit is not None else config.expand_limit
         self.caps = ArchiveCaps.from_config(config)
@@ -169,7 +169,7 @@ class ExpandStage:
 
     def expand(self, conn: Conn, upload: dict[str, Any]) -> str | None:
         """Expand one claimed upload. Returns its new status, or None if it was no longer ours."""
-        store = self.app.file_store()
+        store = self.docs.file_store()
         uid, since = upload["id"], upload["processing_since"]
         written: list[str] = []
         try:
@@ -249,7 +249,7 @@ class ExpandStage:
                     },
                 ).fetchone()
                 if row is not None:
-                    enqueue_ingest(self.app, conn, int(row[0]))
+                    enqueue_ingest(self.docs, conn, int(row[0]))
                     created += 1
             result = {"members": len(members), "files_created": created, "skipped": skipped}
             status = self._finish(conn, uid, since, "done", result=result)

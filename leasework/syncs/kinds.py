@@ -1,4 +1,4 @@
-"""Connection syncs and purges: the built-in `sync` and `purge` kinds the `runs` stage executes,
+"""Connection syncs and purges: the `sync` and `purge` kinds the `runs` stage executes,
 and the API that makes, syncs, disconnects and deletes connections.
 
 A sync calls the provider's connector under the run's context and publishes each table in
@@ -17,15 +17,16 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from .. import log
-from ..connectors import Connection, Connector, Row, Table, TableError
 from ..errors import Aborted, ConfigError, LeaseLost, LeaseworkError, Partial
 from ..queries import load
+from ..tasks import Task
+from .connectors import Connection, Connector, Row, Table, TableError
 
 if TYPE_CHECKING:
-    from ..app import App, Task
     from ..workers.context import Context
+    from . import Syncs
 
-Q = load("leasework.stages", "sync.sql")
+Q = load("leasework.syncs", "syncs.sql")
 Conn = psycopg.Connection[Any]
 
 SYNC_KIND = "sync"
@@ -102,16 +103,16 @@ def _check_name(what: str, value: object) -> str:
     return value
 
 
-def connector_for(app: App, provider: str) -> Connector:
+def connector_for(syncs: Syncs, provider: str) -> Connector:
     try:
-        return app.connectors[provider]
+        return syncs.connectors[provider]
     except KeyError:
-        known = ", ".join(sorted(app.connectors)) or "none registered"
+        known = ", ".join(sorted(syncs.connectors)) or "none registered"
         raise ConfigError(f"unknown provider {provider!r}; known providers: {known}") from None
 
 
 def connect(
-    app: App,
+    syncs: Syncs,
     conn: Conn,
     *,
     workspace: str,
@@ -126,7 +127,7 @@ def connect(
     _check_name("provider", provider)
     interval = _check_every(every)
     cfg = dict(config or {})
-    connector = connector_for(app, provider)
+    connector = connector_for(syncs, provider)
     if connector.check_config is not None:
         connector.check_config(cfg)
     with conn.transaction():
@@ -142,12 +143,14 @@ def connect(
         assert row is not None
         connection_id = int(row[0])
         if sync:
-            enqueue_sync(app, conn, connection_id, workspace, provider)
+            enqueue_sync(syncs, conn, connection_id, workspace, provider)
     return connection_id
 
 
-def enqueue_sync(app: App, conn: Conn, connection_id: int, workspace: str, provider: str) -> int:
-    return app.enqueue(
+def enqueue_sync(
+    syncs: Syncs, conn: Conn, connection_id: int, workspace: str, provider: str
+) -> int:
+    return syncs.enqueue(
         conn,
         SYNC_KIND,
         {"connection_id": connection_id},
@@ -157,7 +160,7 @@ def enqueue_sync(app: App, conn: Conn, connection_id: int, workspace: str, provi
     )
 
 
-def sync_now(app: App, conn: Conn, connection_id: int) -> int:
+def sync_now(syncs: Syncs, conn: Conn, connection_id: int) -> int:
     """Enqueue a sync now. A connection with a sync already queued or running gets that run's
     id back (the one-active-run-per-key index): racing calls give one run."""
     connection = get_connection(conn, _check_id(connection_id))
@@ -165,10 +168,10 @@ def sync_now(app: App, conn: Conn, connection_id: int) -> int:
         raise ConfigError(f"no connection with id {connection_id}")
     if connection.status != "active":
         raise ConfigError(f"connection {connection_id} is {connection.status}, not active")
-    return enqueue_sync(app, conn, connection.id, connection.workspace, connection.provider)
+    return enqueue_sync(syncs, conn, connection.id, connection.workspace, connection.provider)
 
 
-def disconnect(app: App, conn: Conn, connection_id: int) -> str:
+def disconnect(syncs: Syncs, conn: Conn, connection_id: int) -> str:
     """Stop syncing: `disconnected`, no schedule, a queued sync cancelled. A running sync
     finishes its attempt but is not retried (its requeue ends it `cancelled`)."""
     with conn.transaction():
@@ -185,7 +188,7 @@ def disconnect(app: App, conn: Conn, connection_id: int) -> str:
     return "disconnected"
 
 
-def reconnect(app: App, conn: Conn, connection_id: int) -> str:
+def reconnect(syncs: Syncs, conn: Conn, connection_id: int) -> str:
     """Make a disconnected connection active again (its schedule resumes)."""
     with conn.transaction():
         connection = get_connection(conn, _check_id(connection_id), lock=True)
@@ -198,7 +201,7 @@ def reconnect(app: App, conn: Conn, connection_id: int) -> str:
     return "active"
 
 
-def delete_connection(app: App, conn: Conn, connection_id: int) -> int:
+def delete_connection(syncs: Syncs, conn: Conn, connection_id: int) -> int:
     """Mark the connection `deleting` and enqueue its purge; returns the purge run's id.
 
     The purge is exclusive: while a sync of this connection is running it waits (status
@@ -217,7 +220,7 @@ def delete_connection(app: App, conn: Conn, connection_id: int) -> int:
         else:
             conn.execute(Q["set_connection_status"], {"id": connection.id, "status": "deleting"})
         conn.execute(Q["cancel_queued_syncs"], {"key": key, "why": "connection deleted"})
-        return app.enqueue(
+        return syncs.enqueue(
             conn,
             PURGE_KIND,
             {"connection_id": connection.id},
@@ -252,28 +255,32 @@ def _external_id(row: Row) -> str:
 class ConnectionKinds:
     """The `sync` and `purge` handlers of one App (its connectors and config)."""
 
-    def __init__(self, app: App) -> None:
-        self.app = app
+    def __init__(self, syncs: Syncs) -> None:
+        self.syncs = syncs
 
     def tasks(self) -> list[Task]:
-        from ..app import Task
-
-        timeout = self.app.config.sync_timeout
+        timeout = self.syncs.config.sync_timeout
         return [
-            Task(SYNC_KIND, self.sync, timeout=timeout),
-            Task(PURGE_KIND, self.purge, max_attempts=PURGE_MAX_ATTEMPTS, timeout=timeout),
+            Task(SYNC_KIND, self.sync, timeout=timeout, family="syncs"),
+            Task(
+                PURGE_KIND,
+                self.purge,
+                max_attempts=PURGE_MAX_ATTEMPTS,
+                timeout=timeout,
+                family="syncs",
+            ),
         ]
 
     @property
     def batch(self) -> int:
-        return self.app.config.sync_batch
+        return self.syncs.config.sync_batch
 
     # -- sync -------------------------------------------------------------------------------
 
     def sync(self, ctx: Context, payload: Any) -> dict[str, Any]:
         connection_id = _payload_id(payload)
         connection = self._active_or_cancel(ctx, connection_id)
-        connector = connector_for(self.app, connection.provider)
+        connector = connector_for(self.syncs, connection.provider)
         previous = ctx.result if isinstance(ctx.result, dict) else {}
         result: dict[str, Any] = {
             "connection_id": connection_id,

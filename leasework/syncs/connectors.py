@@ -69,13 +69,6 @@ class Connector:
     complete: bool = False
 
 
-def builtin_connectors() -> dict[str, Connector]:
-    """The connectors every App starts with."""
-    from .files import files_connector
-
-    return {files_connector.provider: files_connector}
-
-
 __all__ = [
     "CheckConfig",
     "Connection",
@@ -84,5 +77,4 @@ __all__ = [
     "Row",
     "Table",
     "TableError",
-    "builtin_connectors",
 ]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..errors import ConfigError, LeaseworkError
-from . import Connection, Connector, Row, Table, TableError
+from .connectors import Connection, Connector, Row, Table, TableError
 
 if TYPE_CHECKING:
     from ..workers.context import Context

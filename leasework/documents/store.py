@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
 
-from .errors import LeaseworkError
+from ..errors import LeaseworkError
 
 _COPY_BLOCK = 1 << 20
 _SAFE = re.compile(r"[^A-Za-z0-9._ +@=-]+")

@@ -11,7 +11,7 @@
    and only then mark it `ready`; if either changed, start over under the new scope.
 
 Never writes lease columns itself: the claim, checkpoint and outcome go through the lease module
-and `Worker.execute`.
+and the executor (workers/executor.py).
 """
 
 from __future__ import annotations
@@ -27,22 +27,23 @@ from psycopg.rows import dict_row
 
 from .. import log
 from ..errors import Aborted, LeaseLost, LeaseworkError
-from ..files import INGEST_KIND
-from ..filestore import FileStore
-from ..ingest import chunking, extract
-from ..ingest.chunking import Chunk
-from ..ingest.embed import Embedder, embed_batch
 from ..queries import load
+from ..tasks import Task
 from ..workers import lease
 from ..workers.context import Context
 from ..workers.lease import Claim
 from ..workers.stage import Site
+from . import chunking, extract
+from .chunking import Chunk
+from .embed import Embedder, embed_batch
+from .files import INGEST_KIND
+from .store import FileStore
 
 if TYPE_CHECKING:
-    from ..app import App, Task
     from ..config import Config
+    from . import Documents
 
-Q = load("leasework.stages", "ingest.sql")
+Q = load("leasework.documents", "ingest.sql")
 Conn = psycopg.Connection[Any]
 
 CHECK_EVERY = 256  # chunks between ctx.check() calls in the passes that do not write
@@ -51,9 +52,7 @@ MAX_RESTARTS = 3  # scope or content changes seen at the end of one attempt befo
 
 def ingest_task() -> Task:
     """The built-in `ingest` kind, executed by this stage (never by the runs stage)."""
-    from ..app import Task
-
-    return Task(INGEST_KIND, _runs_stage_guard, stage="ingest")
+    return Task(INGEST_KIND, _runs_stage_guard, stage="ingest", family="documents")
 
 
 def _runs_stage_guard(ctx: Context, payload: Any) -> Any:
@@ -313,8 +312,8 @@ class IngestStage:
     name = "ingest"
     wakes = frozenset({INGEST_KIND})
 
-    def __init__(self, app: App, config: Config, *, limit: int | None = None) -> None:
-        self.app = app
+    def __init__(self, docs: Documents, config: Config, *, limit: int | None = None) -> None:
+        self.docs = docs
         self.config = config
         self.limit = limit if limit is not None else config.ingest_limit
         self.caps = Caps.from_config(config)
@@ -322,7 +321,7 @@ class IngestStage:
 
     def indexer(self) -> Indexer:
         if self._indexer is None:
-            self._indexer = Indexer(self.app.file_store(), self.app.get_embedder(), self.caps)
+            self._indexer = Indexer(self.docs.file_store(), self.docs.get_embedder(), self.caps)
         return self._indexer
 
     def step(self, site: Site) -> int:

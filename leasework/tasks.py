@@ -1,0 +1,210 @@
+"""What a task is, when a periodic one fires, what the stages may ask of the registry that holds
+them, and the checks every enqueue makes of what it is given. The app, the stages and the
+families build on this module; it imports none of them."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import orjson
+import psycopg
+from cronsim import CronSim, CronSimError
+
+from .config import Config
+from .errors import ConfigError, PayloadError
+from .workers.context import Context
+
+Handler = Callable[[Context, Any], Any]
+
+# A run's attempt is aborted (and retried while attempts remain) after this long unless its task
+# says otherwise: a deadlocked handler would otherwise hold its lease for ever, the keeper
+# renewing it. `@app.task(timeout=None)` turns it off for a task.
+DEFAULT_TIMEOUT = 3600.0
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,200}$")
+_MAX_LABEL = 200
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str
+    fn: Callable[[Context, Any], Any]
+    max_attempts: int | None = None
+    lease: float | None = None
+    timeout: float | None = None
+    # The stage that claims and executes this kind: "runs" for user tasks, syncs and purges;
+    # families with a stage of their own (e.g. "ingest") name it here.
+    stage: str = "runs"
+    # Short tasks may opt into claiming up to `batch` runs per statement (runs stage, one at a
+    # time inline, each under its own lease) and finishing the successes in one statement.
+    batch: int = 1
+    # The family that registered it (None: the user's own task); App.with_config re-installs
+    # families rather than copying their tasks.
+    family: str | None = None
+
+
+def check_kind(kind: object) -> str:
+    if not isinstance(kind, str) or not _NAME_RE.match(kind):
+        raise ConfigError(
+            f"kind {kind!r} is not valid: use 1-200 characters from letters, digits and _ . : / @ + -"
+        )
+    return kind
+
+
+def check_label(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > _MAX_LABEL:
+        raise ConfigError(
+            f"{name} must be a non-empty string of at most {_MAX_LABEL} characters, got {value!r}"
+        )
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in value):
+        raise ConfigError(f"{name} {value!r} contains control characters")
+    return value
+
+
+def check_seconds(name: str, value: object, *, allow_zero: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(
+            f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}"
+        )
+    return float(value)
+
+
+def check_attempts(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise ConfigError(f"max_attempts must be an integer from 1 to 1000, got {value!r}")
+    return value
+
+
+def encode_payload(payload: Any, max_bytes: int) -> bytes:
+    """JSON via orjson (never pickle), capped at `max_bytes`."""
+    try:
+        data = orjson.dumps(payload)
+    except (orjson.JSONEncodeError, TypeError) as exc:
+        raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
+    if len(data) > max_bytes:
+        raise PayloadError(f"payload is {len(data)} bytes, over the cap of {max_bytes} bytes")
+    if b"\\u0000" in data:
+        raise PayloadError(
+            "payload contains a NUL character (\\u0000), which Postgres jsonb cannot store"
+        )
+    return data
+
+
+def check_priority(priority: object) -> int:
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -(2**31) <= priority < 2**31
+    ):
+        raise ConfigError(f"priority must be a 32-bit integer (lower runs first), got {priority!r}")
+    return priority
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """When a periodic task fires: every `every` seconds, or on `cron` in time zone `tz`."""
+
+    kind: str
+    every: float | None = None
+    cron: str | None = None
+    tz: str = "UTC"
+
+    @classmethod
+    def make(
+        cls, kind: str, *, every: float | None = None, cron: str | None = None, tz: str = "UTC"
+    ) -> ScheduleSpec:
+        """Validate and build; ConfigError names what is wrong."""
+        if (every is None) == (cron is None):
+            raise ConfigError(f"task {kind!r}: give exactly one of every= and cron=")
+        if every is not None and (
+            isinstance(every, bool)
+            or not isinstance(every, int | float)
+            or not math.isfinite(every)
+            or every <= 0
+        ):
+            raise ConfigError(
+                f"task {kind!r}: every must be a positive number of seconds, got {every!r}"
+            )
+        zone = _zone(kind, tz)
+        if cron is not None:
+            if not isinstance(cron, str):
+                raise ConfigError(f"task {kind!r}: cron must be a string, got {cron!r}")
+            try:
+                next(CronSim(cron, datetime.now(zone)))
+            except (CronSimError, StopIteration) as exc:
+                raise ConfigError(f"task {kind!r}: cron {cron!r} is not valid: {exc}") from None
+        return cls(kind, None if every is None else float(every), cron, tz)
+
+    @property
+    def name(self) -> str:
+        """The schedule's row name; one schedule per task kind."""
+        return self.kind
+
+    @property
+    def key(self) -> str:
+        """The run key of its runs: one active run per schedule."""
+        return f"schedule:{self.kind}"
+
+    def describe(self) -> str:
+        return f"every {self.every:g}s" if self.every is not None else f"cron {self.cron} {self.tz}"
+
+
+def _zone(kind: str, tz: object) -> ZoneInfo:
+    if not isinstance(tz, str) or not tz:
+        raise ConfigError(f"task {kind!r}: tz must be an IANA time zone name, got {tz!r}")
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(
+            f"task {kind!r}: unknown time zone {tz!r} (use an IANA name such as Europe/Berlin)"
+        ) from None
+
+
+def next_fire(spec: ScheduleSpec, now: datetime) -> datetime:
+    """The next time after `now` (an aware datetime) the schedule fires, in UTC. Always computed
+    from now, never from the previous fire time: that is the no-backlog rule."""
+    if spec.every is not None:
+        return (now + timedelta(seconds=spec.every)).astimezone(UTC)
+    assert spec.cron is not None
+    local = now.astimezone(ZoneInfo(spec.tz))
+    return next(CronSim(spec.cron, local)).astimezone(UTC)
+
+
+def first_fire(spec: ScheduleSpec, now: datetime) -> datetime:
+    """A new `every` schedule fires at once; a new cron schedule at its next match."""
+    return now.astimezone(UTC) if spec.every is not None else next_fire(spec, now)
+
+
+class Registry(Protocol):
+    """What the engine's stages need of the app: its task kinds, schedules and enqueue."""
+
+    config: Config
+    tasks: dict[str, Task]
+    schedules: dict[str, ScheduleSpec]
+
+    def kinds(self, stage: str | None = None) -> list[str]: ...
+
+    def handler(self, kind: str) -> Handler: ...
+
+    def enqueue(
+        self,
+        conn: psycopg.Connection[Any],
+        kind: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+    ) -> int: ...

@@ -35,10 +35,10 @@ CREATE TABLE IF NOT EXISTS leasework.tenants (
 -- The rules on one numeric column of leasework.runs are domains, checked where a value is written
 -- (an enqueue, a claim, a checkpoint) and only there. As table CHECKs they were evaluated on every
 -- update of a run, and Postgres rebuilds a CHECK's expression from the catalog for every statement
--- that updates the table: the seven CHECKs the table had cost about 35 us per UPDATE, a fifth of a
--- claim's server time (bench/README.md, fourth round). The rules that relate two columns stay
--- table CHECKs, and so does the status rule (see beside it). (Migration 0005; a client sees the
--- base type.)
+-- that updates the table, a cost that follows the expressions' size and that every claim and
+-- finish paid (figures: bench/README.md, "Fourth round", 4). The rules that relate two columns
+-- stay table CHECKs, and so does the status rule (see beside it). (Migration 0005; a client sees
+-- the base type.)
 DO $$
 BEGIN
     IF to_regtype('leasework.attempt_count') IS NULL THEN
@@ -88,7 +88,8 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     cancel_requested_at timestamptz,
     processed_units     leasework.units NOT NULL DEFAULT 0,
     total_units         leasework.units,
-    -- One entry per attempt: {attempt, owner, worker, started_at, ended_at, outcome, error}.
+    -- One entry per ended attempt: {attempt, owner, worker, started_at, ended_at, outcome, error},
+    -- built by leasework.history_entry() (below).
     history             jsonb NOT NULL DEFAULT '[]'::jsonb,
     -- Not a domain, unlike the columns below: code of the release before migration 0005 binds one
     -- untyped parameter both to `status` and to a text argument (finish_run's history entry),
@@ -104,23 +105,35 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
         (status IN ('succeeded', 'partial', 'failed', 'cancelled')) = (finished_at IS NOT NULL))
 );
 
--- Storage of the queue table, chosen deliberately and measured (bench/bloat.py: 1,000,000 jobs,
--- 4,000 jobs/s offered, retention 60 s, autovacuum on; bench/README.md "Bloat"). Every job writes
--- one row and two new versions of it (claim, finish). None of these updates can be HOT: status,
--- a predicate of the claim's partial indexes, changes each time. So a fillfactor below 100 buys no
--- HOT chain, only room that the next non-HOT version fills anyway: 90 measured 295 MiB at the peak
--- against 282 MiB at 100 (Postgres' default), hence 100. Bloat is bounded by pruning and by
--- autovacuum's cadence: at any busy rate the dead tuples pass every threshold within seconds, so
--- a vacuum starts on each autovacuum_naptime (a server setting, 60 s by default) whatever the
--- table's own thresholds; 1,000 + 2 % instead of 50 + 20 % and a cost limit of 1,000 measured no
--- smaller (4 vacuums against 5, the same plateau), so the vacuum settings are Postgres' defaults
--- (which also cap the dead tuples of a quiet queue at 20 % of the table). The one setting kept:
--- analyze at 2 % of the rows changed, so the planner's view of the status mix follows the queue
--- (the workers' generic plans are built from it); analyzing samples at most 30,000 rows.
+-- Storage of the queue table, chosen deliberately and measured with bench/bloat.py (figures:
+-- bench/README.md, "Bloat"). Every job writes one row and two new versions of it (claim, finish).
+-- None of these updates can be HOT: status, a predicate of the claim's partial indexes, changes
+-- each time. So a fillfactor below 100 buys no HOT chain, only room that the next non-HOT version
+-- fills anyway (90 measured larger than 100, Postgres' default), hence 100. Bloat is bounded by
+-- pruning and by autovacuum's cadence: at any busy rate the dead tuples pass every threshold
+-- within seconds, so a vacuum starts on each autovacuum_naptime (a server setting) whatever the
+-- table's own thresholds; lower thresholds and a higher cost limit measured no smaller, so the
+-- vacuum settings are Postgres' defaults (which also cap the dead tuples of a quiet queue at a
+-- fifth of the table). The one setting kept: analyze at 2 % of the rows changed, so the planner's
+-- view of the status mix follows the queue (the workers' generic plans are built from it).
 ALTER TABLE leasework.runs
     SET (autovacuum_analyze_scale_factor = 0.02, fillfactor = 100),
     RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
            autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_cost_limit);
+
+-- One entry of runs.history, the record of one ended attempt; every statement of
+-- leasework/workers/lease.sql that ends an attempt appends one with it. STABLE, not IMMUTABLE,
+-- because jsonb_build_object is (a timestamptz is rendered in the session's TimeZone); a
+-- LANGUAGE sql function that is STABLE, not STRICT, has no SET clause and uses each argument
+-- once is inlined by the planner, so it costs nothing over writing the expression out.
+CREATE OR REPLACE FUNCTION leasework.history_entry(
+    attempt integer, owner uuid, worker text, started_at timestamptz, ended_at timestamptz,
+    outcome text, error text) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT jsonb_build_object('attempt', attempt, 'owner', owner, 'worker', worker,
+                              'started_at', started_at, 'ended_at', ended_at,
+                              'outcome', outcome, 'error', error);
+$$;
 
 -- At most one active (queued or running) run per key: racing enqueues give one run.
 -- Serves: enqueue_run (ON CONFLICT), promote in settle_runs.

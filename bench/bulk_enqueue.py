@@ -20,23 +20,13 @@ from common import (
     drop_database,
     med,
     print_table,
+    raw_table,
     record,
     results_arg,
     spread,
 )
 
 from leasework import App, db
-
-RAW_SCHEMA = """
-DROP TABLE IF EXISTS bench_raw_jobs;
-CREATE TABLE bench_raw_jobs (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    status text NOT NULL DEFAULT 'queued',
-    payload jsonb NOT NULL DEFAULT '{}',
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX ON bench_raw_jobs (id) WHERE status = 'queued';
-"""
 
 bench_app = App()
 
@@ -75,7 +65,7 @@ def timed(
 ) -> float:
     items = payloads(n)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(RAW_SCHEMA)
+        raw_table(conn)
         conn.execute("TRUNCATE leasework.runs, leasework.tenants")
         conn.execute("CHECKPOINT")
         start = time.perf_counter()

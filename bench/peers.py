@@ -35,10 +35,15 @@ import psycopg
 import uvloop  # type: ignore[import-not-found]
 from common import (
     DEFAULT_DSN,
+    RAW_LEFT,
     bench_database,
     drop_database,
     med,
     print_table,
+    raw_batch_worker,
+    raw_setup,
+    raw_table,
+    raw_worker,
     record,
     results_arg,
     spread,
@@ -52,9 +57,6 @@ from throughput import (
     batch_app,
     lw_setup,
     lw_worker,
-    raw_batch_worker,
-    raw_setup,
-    raw_worker,
     timed,
 )
 
@@ -180,10 +182,10 @@ def checked(dsn: str, table: str, jobs: int, elapsed: float, empty: str) -> floa
 
 
 def bulk_raw(dsn: str, jobs: int) -> float:
-    """The ceiling: bulk_enqueue.py's raw COPY into its minimal table, one transaction."""
+    """The ceiling: bulk_enqueue.py's raw COPY into the raw queue's table, one transaction."""
     items: list[dict[str, Any]] = [{} for _ in range(jobs)]
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(bulk_enqueue.RAW_SCHEMA)
+        raw_table(conn)
         conn.execute("CHECKPOINT")
         start = time.perf_counter()
         bulk_enqueue.raw_copy(conn, items)
@@ -300,7 +302,7 @@ def remaining(dsn: str) -> dict[str, int]:
     """Jobs left unfinished per system: every figure must be for a drained queue."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         counts = {
-            "raw": "SELECT count(*) FROM bench_raw_jobs WHERE status <> 'done'",
+            "raw": RAW_LEFT,
             "leasework": "SELECT count(*) FROM leasework.runs WHERE status <> 'succeeded'",
             "pgqueuer": "SELECT count(*) FROM pgqueuer",
             "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",

@@ -24,6 +24,8 @@ from common import (
     drop_database,
     med,
     print_table,
+    raw_drain,
+    raw_table,
     record,
     results_arg,
     spread,
@@ -32,25 +34,6 @@ from common import (
 from leasework import App, Config, db
 from leasework.workers.worker import Worker
 
-RAW_SCHEMA = """
-DROP TABLE IF EXISTS bench_raw_jobs;
-CREATE TABLE bench_raw_jobs (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    status text NOT NULL DEFAULT 'queued',
-    created_at timestamptz NOT NULL DEFAULT now(),
-    started_at timestamptz,
-    lease_owner uuid
-);
-CREATE INDEX ON bench_raw_jobs (id) WHERE status = 'queued';
-"""
-RAW_CLAIM = """
-UPDATE bench_raw_jobs SET status = 'running', lease_owner = gen_random_uuid(), started_at = now()
- WHERE id = (SELECT id FROM bench_raw_jobs WHERE status = 'queued'
-              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING id, lease_owner
-"""
-RAW_DONE = "UPDATE bench_raw_jobs SET status = 'done' WHERE id = %s AND lease_owner = %s"
-
 
 def raw_listener(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -58,8 +41,7 @@ def raw_listener(dsn: str) -> None:
         while True:
             for _ in conn.notifies(timeout=2.0, stop_after=1):
                 break
-            while (row := conn.execute(RAW_CLAIM, prepare=True).fetchone()) is not None:
-                conn.execute(RAW_DONE, (row[0], row[1]), prepare=True)
+            raw_drain(conn)
 
 
 bench_app = App()
@@ -83,7 +65,7 @@ def percentiles(ms: list[float]) -> tuple[float, float]:
 def measure(dsn: str, system: str, samples: int, gap: float) -> tuple[float, float]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         if system == "raw":
-            conn.execute(RAW_SCHEMA)
+            raw_table(conn)
         else:
             db.migrate(conn)
             conn.execute("TRUNCATE leasework.runs, leasework.tenants, leasework.workers")

@@ -24,6 +24,9 @@ from common import (
     drop_database,
     med,
     print_table,
+    raw_batch_worker,
+    raw_setup,
+    raw_worker,
     record,
     results_arg,
     spread,
@@ -31,70 +34,6 @@ from common import (
 
 from leasework import App, Config, db
 from leasework.workers.worker import Worker
-
-RAW_SCHEMA = """
-DROP TABLE IF EXISTS bench_raw_jobs;
-CREATE TABLE bench_raw_jobs (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    status text NOT NULL DEFAULT 'queued',
-    payload jsonb NOT NULL DEFAULT '{}',
-    lease_owner uuid,
-    lease_expires_at timestamptz
-);
-CREATE INDEX ON bench_raw_jobs (id) WHERE status = 'queued';
-"""
-
-RAW_CLAIM = """
-UPDATE bench_raw_jobs SET status = 'running', lease_owner = gen_random_uuid(),
-       lease_expires_at = now() + interval '120 seconds'
- WHERE id = (SELECT id FROM bench_raw_jobs WHERE status = 'queued'
-              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING id, lease_owner, payload
-"""
-RAW_DONE = "UPDATE bench_raw_jobs SET status = 'done' WHERE id = %s AND lease_owner = %s"
-
-
-def raw_worker(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while True:
-            row = conn.execute(RAW_CLAIM, prepare=True).fetchone()
-            if row is None:
-                return
-            conn.execute(RAW_DONE, (row[0], row[1]), prepare=True)
-
-
-# The raw batched loop: claim N in one statement, complete them in one (owner-scoped per row).
-RAW_CLAIM_MANY = """
-UPDATE bench_raw_jobs SET status = 'running', lease_owner = gen_random_uuid(),
-       lease_expires_at = now() + interval '120 seconds'
- WHERE id = ANY(ARRAY(SELECT id FROM bench_raw_jobs WHERE status = 'queued'
-                       ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED))
-RETURNING id, lease_owner, payload
-"""
-RAW_DONE_MANY = """
-UPDATE bench_raw_jobs j SET status = 'done'
-  FROM unnest(%s::bigint[], %s::uuid[]) AS d(id, owner)
- WHERE j.id = d.id AND j.lease_owner = d.owner
-"""
-
-
-def raw_batch_worker(batch: int, dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while True:
-            rows = conn.execute(RAW_CLAIM_MANY, (batch,), prepare=True).fetchall()
-            if not rows:
-                return
-            conn.execute(RAW_DONE_MANY, ([r[0] for r in rows], [r[1] for r in rows]), prepare=True)
-
-
-def raw_setup(dsn: str, jobs: int, tenants: int) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(RAW_SCHEMA)
-        conn.execute(
-            "INSERT INTO bench_raw_jobs (payload) SELECT '{}' FROM generate_series(1, %s)", (jobs,)
-        )
-        conn.execute("VACUUM ANALYZE bench_raw_jobs")
-
 
 bench_app = App()
 

@@ -7,7 +7,8 @@
 -- statement that moves a run out of `running` clears it; runs_running_has_lease checks it), so
 -- the owner implies the status. A `status = 'running'` test made their generic plans walk the
 -- partial index of running runs (runs_running_by_expiry: every running run and every dead entry)
--- instead of the primary key: 0.4 ms per finish with 3,000 runs running (bench/README.md).
+-- instead of the primary key, a cost that grows with the runs running (figures: bench/README.md,
+-- "Fourth round", 2).
 
 -- name: claim_runs
 -- Claim up to %(limit)s runs of %(kinds)s in one statement: queued and due, or running with an
@@ -128,10 +129,9 @@ UPDATE leasework.runs r
        -- release already did).
        history = CASE
            WHEN r.status = 'running' AND coalesce((r.history -> -1 ->> 'attempt')::int, 0) < r.attempts
-           THEN r.history || jsonb_build_array(jsonb_build_object(
-                'attempt', r.attempts, 'owner', r.lease_owner, 'worker', r.lease_worker,
-                'started_at', r.started_at, 'ended_at', r.lease_expires_at,
-                'outcome', 'expired', 'error', 'lease expired'))
+           THEN r.history || jsonb_build_array(leasework.history_entry(
+                r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
+                'expired', 'lease expired'))
            ELSE r.history
        END
  WHERE r.id = ANY(ARRAY(SELECT id FROM chosen))
@@ -169,10 +169,9 @@ WITH expired AS MATERIALIZED (
            lease_worker = NULL,
            history = CASE
                WHEN coalesce((r.history -> -1 ->> 'attempt')::int, 0) < r.attempts
-               THEN r.history || jsonb_build_array(jsonb_build_object(
-                    'attempt', r.attempts, 'owner', r.lease_owner, 'worker', r.lease_worker,
-                    'started_at', r.started_at, 'ended_at', r.lease_expires_at,
-                    'outcome', 'expired', 'error', 'lease expired'))
+               THEN r.history || jsonb_build_array(leasework.history_entry(
+                    r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
+                    'expired', 'lease expired'))
                ELSE r.history
            END
       FROM expired
@@ -257,10 +256,9 @@ UPDATE leasework.runs
        lease_owner = NULL,
        lease_expires_at = NULL,
        lease_worker = NULL,
-       history = history || jsonb_build_array(jsonb_build_object(
-           'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
-           'started_at', started_at, 'ended_at', leasework.now(),
-           'outcome', %(status)s::text, 'error', %(error)s::text))
+       history = history || jsonb_build_array(leasework.history_entry(
+           attempts, lease_owner, lease_worker, started_at, leasework.now(),
+           %(status)s::text, %(error)s::text))
  WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING status
 
@@ -297,10 +295,9 @@ UPDATE leasework.runs r
        lease_owner = NULL,
        lease_expires_at = NULL,
        lease_worker = NULL,
-       history = r.history || jsonb_build_array(jsonb_build_object(
-           'attempt', r.attempts, 'owner', r.lease_owner, 'worker', r.lease_worker,
-           'started_at', r.started_at, 'ended_at', leasework.now(),
-           'outcome', 'succeeded', 'error', NULL))
+       history = r.history || jsonb_build_array(leasework.history_entry(
+           r.attempts, r.lease_owner, r.lease_worker, r.started_at, leasework.now(),
+           'succeeded', NULL))
   FROM unnest(%(ids)s::bigint[], %(owners)s::uuid[], %(results)s::jsonb[]) AS d(id, owner, result)
  WHERE r.id = ANY(%(ids)s::bigint[])
    AND r.id = d.id AND r.lease_owner = d.owner
@@ -330,10 +327,9 @@ UPDATE leasework.runs
        lease_owner = NULL,
        lease_expires_at = NULL,
        lease_worker = NULL,
-       history = history || jsonb_build_array(jsonb_build_object(
-           'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
-           'started_at', started_at, 'ended_at', leasework.now(),
-           'outcome', %(outcome)s::text, 'error', %(error)s::text))
+       history = history || jsonb_build_array(leasework.history_entry(
+           attempts, lease_owner, lease_worker, started_at, leasework.now(),
+           %(outcome)s::text, %(error)s::text))
  WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING status, queued_at
 
@@ -348,10 +344,9 @@ UPDATE leasework.runs
        lease_owner = NULL,
        lease_expires_at = NULL,
        lease_worker = NULL,
-       history = history || jsonb_build_array(jsonb_build_object(
-           'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
-           'started_at', started_at, 'ended_at', leasework.now(),
-           'outcome', 'released', 'error', %(reason)s::text))
+       history = history || jsonb_build_array(leasework.history_entry(
+           attempts, lease_owner, lease_worker, started_at, leasework.now(),
+           'released', %(reason)s::text))
  WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING status
 
@@ -360,10 +355,9 @@ RETURNING status
 -- them instead of waiting out the lease. The attempt stays charged and is recorded as a crash.
 UPDATE leasework.runs
    SET lease_expires_at = leasework.now() - interval '1 millisecond',
-       history = history || jsonb_build_array(jsonb_build_object(
-           'attempt', attempts, 'owner', lease_owner, 'worker', lease_worker,
-           'started_at', started_at, 'ended_at', leasework.now(),
-           'outcome', 'crashed', 'error', %(reason)s::text))
+       history = history || jsonb_build_array(leasework.history_entry(
+           attempts, lease_owner, lease_worker, started_at, leasework.now(),
+           'crashed', %(reason)s::text))
  WHERE lease_worker = %(worker)s AND status = 'running'
 RETURNING id
 

@@ -251,7 +251,7 @@ SETTLE_MUTATIONS = [
         id="expire-worker-leases-leaves-the-lease",
     ),
     pytest.param(
-        Mutation("expire_worker_leases", "'outcome', 'crashed'", "'outcome', 'expired'"),
+        Mutation("expire_worker_leases", "'crashed', %(reason)s", "'expired', %(reason)s"),
         expire_worker_leases_expires_only_the_dead_workers_leases,
         "crash is not recorded",
         id="expire-worker-leases-records-no-crash",

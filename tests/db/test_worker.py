@@ -542,42 +542,6 @@ def test_one_failing_stage_never_skips_the_ones_after_it(dsn: str, conn: Conn) -
         worker.close()
 
 
-def test_poll_claims_at_most_its_limit_and_only_its_kinds(
-    conn: Conn, make_worker: MakeWorker
-) -> None:
-    app = App()
-    app.task("job")(lambda ctx, payload: None)
-    ids = [app.enqueue(conn, "job") for _ in range(5)]
-    conn.execute(
-        "INSERT INTO leasework.runs (kind) VALUES ('somebody_elses_kind')"
-    )  # a kind this app does not serve
-    worker = make_worker(app, runs_limit=2)
-    assert worker.poll() == 2
-    assert [get_run(conn, i)["status"] for i in ids] == ["succeeded"] * 2 + ["queued"] * 3
-    assert worker.poll() == 2 and worker.poll() == 1 and worker.poll() == 0
-    other = conn.execute(
-        "SELECT status FROM leasework.runs WHERE kind = 'somebody_elses_kind'"
-    ).fetchone()
-    assert other == ("queued",)
-
-
-def test_poll_settles_expired_runs(conn: Conn, make_worker: MakeWorker) -> None:
-    """Cancel beats reclaim and expiry on the last attempt both happen from the poll."""
-    app = App()
-    app.task("job")(lambda ctx, payload: None)
-    cancelled = app.enqueue(conn, "job")
-    last = app.enqueue(conn, "job", max_attempts=1)
-    claims = lease.claim_runs(conn, ["job"], worker="dead", lease=30.0, limit=2)
-    assert len(claims) == 2
-    app.cancel(conn, cancelled)
-    expire_lease(conn, cancelled)
-    expire_lease(conn, last)
-    make_worker(app).poll()
-    assert get_run(conn, cancelled)["status"] == "cancelled"
-    assert get_run(conn, last)["status"] == "failed"
-    assert get_run(conn, last)["error"] == "lease expired"
-
-
 # -- NOTIFY -----------------------------------------------------------------------------------
 
 
@@ -697,6 +661,7 @@ def test_notifies_received_during_a_long_job_are_drained_by_its_control_queries(
         with psycopg.connect(dsn, autocommit=True) as other:
             for _ in range(200):
                 other.execute("SELECT pg_notify('leasework', 'long')")
+
         # A checkpoint runs on the control connection and reads the NOTIFYs that came meanwhile;
         # the worker moves them out of psycopg's queue at once, into one wake-up entry.
         def moved() -> bool:

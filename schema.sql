@@ -352,6 +352,25 @@ REVOKE EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, bool
     double precision, integer, double precision, double precision) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.cancel(bigint) FROM PUBLIC;
 
+-- A timestamp written as text inside a run's history (started_at, ended_at) as a timestamptz, or
+-- NULL when it is not one, or not finite: the readers (status, the dashboard, /metrics) cast
+-- through this so that no history entry, however written, turns a page into an error.
+CREATE OR REPLACE FUNCTION leasework.try_instant(value text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    result timestamptz;
+BEGIN
+    IF value IS NULL OR value !~ '^[0-9]{4}-' THEN
+        RETURN NULL;
+    END IF;
+    result := value::timestamptz;
+    RETURN CASE WHEN isfinite(result) THEN result END;
+EXCEPTION WHEN data_exception THEN
+    RETURN NULL;
+END
+$$;
+
 -- Finished runs by age, for pruning. Serves: maintenance pruning.
 CREATE INDEX IF NOT EXISTS runs_finished_at
     ON leasework.runs (finished_at) WHERE finished_at IS NOT NULL;

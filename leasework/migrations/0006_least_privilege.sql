@@ -202,6 +202,25 @@ BEGIN
 END
 $$;
 
+-- A timestamp written as text inside a run's history (started_at, ended_at) as a timestamptz, or
+-- NULL when it is not one, or not finite: the readers (status, the dashboard, /metrics) cast
+-- through this so that no history entry, however written, turns a page into an error.
+CREATE OR REPLACE FUNCTION leasework.try_instant(value text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    result timestamptz;
+BEGIN
+    IF value IS NULL OR value !~ '^[0-9]{4}-' THEN
+        RETURN NULL;
+    END IF;
+    result := value::timestamptz;
+    RETURN CASE WHEN isfinite(result) THEN result END;
+EXCEPTION WHEN data_exception THEN
+    RETURN NULL;
+END
+$$;
+
 -- Only the roles deploy/roles.sql names may call these (functions are executable by PUBLIC by
 -- default; a SECURITY DEFINER one must not be).
 REVOKE EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean, integer,

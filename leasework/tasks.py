@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import orjson
 import psycopg
 from cronsim import CronSim, CronSimError
 
 from .config import Config
-from .errors import ConfigError, PayloadError
+from .encoding import check_json
+from .errors import ConfigError
 from .workers.context import Context
 
 Handler = Callable[[Context, Any], Any]
@@ -138,18 +138,9 @@ def check_attempts(value: object) -> int | None:
 
 
 def encode_payload(payload: Any, max_bytes: int) -> bytes:
-    """JSON via orjson (never pickle), capped at `max_bytes`."""
-    try:
-        data = orjson.dumps(payload)
-    except (orjson.JSONEncodeError, TypeError) as exc:
-        raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
-    if len(data) > max_bytes:
-        raise PayloadError(f"payload is {len(data)} bytes, over the cap of {max_bytes} bytes")
-    if b"\\u0000" in data:
-        raise PayloadError(
-            "payload contains a NUL character (\\u0000), which Postgres jsonb cannot store"
-        )
-    return data
+    """JSON via orjson (never pickle), capped at `max_bytes`, stored exactly as given or refused
+    (leasework.encoding.check_json)."""
+    return check_json("payload", payload, max_bytes)
 
 
 def check_priority(priority: object) -> int:

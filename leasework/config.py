@@ -542,21 +542,14 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"config file {where} not found") from None
     except OSError as exc:
         raise ConfigError(f"config file {where} cannot be read: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a device",
+                 stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket"}  # fmt: skip
+        what = next((text for test, text in kinds.items() if test(mode)), "not a regular file")
+        raise ConfigError(f"config file {where} is {what}: give a regular TOML file")
     with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = (
-                "a directory"
-                if stat.S_ISDIR(mode)
-                else "a FIFO"
-                if stat.S_ISFIFO(mode)
-                else "a device"
-                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "a socket"
-                if stat.S_ISSOCK(mode)
-                else "not a regular file"
-            )
-            raise ConfigError(f"config file {where} is {what}: give a regular TOML file")
         try:
             data = fh.read(CONFIG_MAX_BYTES + 1)
         except OSError as exc:
@@ -583,7 +576,8 @@ def misspelt(env: Mapping[str, str]) -> list[str]:
             continue
         close = difflib.get_close_matches(rest, sorted(names | _OTHER_VARS), n=1, cutoff=0.75)
         hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""
-        out.append(f"{_short(var)} is not a leasework setting and is ignored{hint}")
+        shown = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in var[:80])
+        out.append(f"{shown} is not a leasework setting and is ignored{hint}")
     return out
 
 

@@ -4,7 +4,10 @@ dropped afterwards."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,3 +48,48 @@ def login(conn: psycopg.Connection[Any], dsn: str) -> Iterator[Callable[[str | N
         )
         conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+APP_MODULE = """
+from leasework import App
+
+app = App()
+
+
+@app.task("echo")
+def echo(ctx, payload):
+    return payload
+
+
+@app.task("hostile", max_attempts=1)
+def hostile(ctx, payload):
+    raise RuntimeError("\\x1b]0;PWNED\\x07\\x1b[2J\\r\\nforged line")
+"""
+
+
+@pytest.fixture
+def cli(tmp_path: Path, dsn: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """cli(*args, dsn=True, env={}) runs `python -m leasework ...` in tmp_path (its app module:
+    secapp:app) with no LEASEWORK_* or PG* variable but those given."""
+    (tmp_path / "secapp.py").write_text(APP_MODULE, encoding="utf-8")
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LEASEWORK_", "PG")) and k != "DATABASE_URL"
+    }
+
+    def run(
+        *args: str, with_dsn: bool = True, env: dict[str, str] | None = None, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "leasework", *args]
+        extra = {"LEASEWORK_DSN": dsn} if with_dsn else {}
+        return subprocess.run(
+            argv,
+            cwd=tmp_path,
+            env={**base, **extra, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run

@@ -223,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="a further Host header to accept on loopback, e.g. behind a local proxy",
     )
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="file holding the token every request must carry (else LEASEWORK_DASHBOARD_TOKEN); "
+        "required beyond loopback",
+    )
 
     p = sub.add_parser("config", help="print the settings in effect, or the reference")
     _common(p)
@@ -580,7 +586,27 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
             db.check_schema(conn)
     except db.DatabaseUnavailable as exc:
         log.event("dashboard_database_unavailable", logging.WARNING, error=str(exc))
-    dash = Dashboard(cfg, host=args.host, port=args.port, allow_hosts=args.allow_host)
+    token = os.environ.get("LEASEWORK_DASHBOARD_TOKEN") or None
+    if args.token_file:
+        try:
+            with open(args.token_file, "rb") as fh:
+                token = fh.read(4097).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"dashboard: --token-file {args.token_file}: {exc}") from None
+    if token is not None and not 16 <= len(token) <= 4096:
+        raise ConfigError("dashboard: the token must be 16-4096 characters long")
+    from .dashboard.server import is_loopback
+
+    if not is_loopback(args.host):
+        print(
+            f"leasework: warning: the dashboard listens on {terminal_safe(args.host)}, beyond "
+            "loopback: every request must carry the token; put TLS in front of it, or the token "
+            "and every page cross the network in clear",
+            file=sys.stderr,
+        )
+    dash = Dashboard(
+        cfg, host=args.host, port=args.port, allow_hosts=args.allow_host, token=token
+    )
     signal.signal(signal.SIGTERM, lambda signum, frame: dash.shutdown())
     print(f"leasework dashboard on {dash.url} (read-only; Ctrl-C stops it)", flush=True)
     try:

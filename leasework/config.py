@@ -524,6 +524,7 @@ _OTHER_VARS = frozenset(
         "CHAOS_FAST_EXAMPLES",
         "CHROMIUM",
         "BENCH_RESULTS",
+        "DASHBOARD_TOKEN",
     }
 )
 

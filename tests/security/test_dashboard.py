@@ -67,7 +67,7 @@ def test_a_dashboard_bound_on_a_mapped_address_refuses_a_foreign_host(dsn: str) 
 
 
 def test_beyond_loopback_a_token_is_required(dsn: str, cli: Any) -> None:
-    with pytest.raises(ConfigError, match="beyond loopback.*token"):
+    with pytest.raises(ConfigError, match=r"beyond loopback.*token"):
         running_dashboard(fast_config(dsn), host="0.0.0.0").__enter__()
     result = cli("dashboard", "--host", "0.0.0.0", "--port", "0", timeout=20)
     assert result.returncode == 2

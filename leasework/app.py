@@ -19,9 +19,12 @@ from .stages.runs import RunsStage
 from .stages.schedule import ScheduleStage
 from .tasks import (
     DEFAULT_TIMEOUT,
+    MAX_TIMEOUT,
+    TASK_LEASE_RANGE,
     ScheduleSpec,
     Task,
     check_attempts,
+    check_bool,
     check_kind,
     check_label,
     check_priority,
@@ -103,8 +106,10 @@ class App:
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1000:
             raise ConfigError(f"batch must be an integer from 1 to 1000, got {batch!r}")
         check_attempts(max_attempts)
-        check_seconds("lease", lease, allow_zero=False)
-        check_seconds("timeout", timeout, allow_zero=False)
+        check_seconds(
+            "lease", lease, allow_zero=False, minimum=TASK_LEASE_RANGE[0], maximum=TASK_LEASE_RANGE[1]
+        )
+        check_seconds("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
         spec = None
         if every is not None or cron is not None:
             spec = ScheduleSpec.make(kind, every=every, cron=cron, tz=tz)
@@ -211,7 +216,7 @@ class App:
             "key": check_label("key", key),
             "tenant": check_label("tenant", tenant),
             "group": check_label("group", group),
-            "exclusive": bool(exclusive),
+            "exclusive": check_bool("exclusive", exclusive),
             "priority": check_priority(priority),
             "payload": Jsonb(payload if payload is not None else {}, dumps=self._dumps),
             "max_attempts": check_attempts(max_attempts)
@@ -228,26 +233,11 @@ class App:
         return encode_payload(obj, self.config.payload_max_bytes)
 
     def _insert(self, conn: Conn, params: dict[str, Any]) -> int:
-        for _ in range(10):
-            row = conn.execute(Q["enqueue_run"], params).fetchone()
-            if row is not None:
-                return int(row[0])
-            if params["key"] is None:
-                raise LeaseworkError("enqueue inserted nothing")  # cannot happen without a key
-            if params["exclusive"]:
-                row = conn.execute(Q["enqueue_waiting_run"], params).fetchone()
-                if row is not None:
-                    return int(row[0])
-                statuses = ["waiting"]
-            else:
-                statuses = ["queued", "running"]
-            row = conn.execute(
-                Q["find_run_by_key"], {"key": params["key"], "statuses": statuses}
-            ).fetchone()
-            if row is not None:
-                return int(row[0])
-            # The run that held the key finished between our two statements: try again.
-        raise LeaseworkError(f"could not enqueue for key {params['key']!r}: it kept changing")
+        """One call of leasework.enqueue (schema.sql), which also resolves a busy key."""
+        row = conn.execute(Q["enqueue_run"], params).fetchone()
+        if row is None or row[0] is None:
+            raise LeaseworkError("enqueue inserted nothing")  # leasework.enqueue always returns
+        return int(row[0])
 
     def enqueue_many(
         self,
@@ -273,6 +263,11 @@ class App:
         task = self.tasks[kind]
         encoded = [self._dumps(p if p is not None else {}) for p in payloads]
         if keys is not None:
+            if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+                raise ConfigError(
+                    f"keys must be a list of strings (or None), one per payload, got "
+                    f"{type(keys).__name__}"
+                )
             if len(keys) != len(encoded):
                 raise ConfigError(f"enqueue_many got {len(encoded)} payloads but {len(keys)} keys")
             checked_keys = [check_label("key", k) for k in keys]
@@ -332,13 +327,10 @@ class App:
         """Cancel a run. Queued or waiting: `cancelled` now. Running: the cancel is requested
         and its worker stops at its next control check; returns `running`. Finished: its final
         status, unchanged."""
-        if isinstance(run_id, bool) or not isinstance(run_id, int) or run_id < 1:
-            raise ConfigError(f"run id must be a positive integer, got {run_id!r}")
+        if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id < 2**63:
+            raise ConfigError(f"run id must be a positive 64-bit integer, got {run_id!r}")
         row = conn.execute(Q["cancel_run"], {"id": run_id}).fetchone()
-        if row is not None:
-            return str(row[0])
-        row = conn.execute(Q["run_status"], {"id": run_id}).fetchone()
-        if row is None:
+        if row is None or row[0] is None:
             raise ConfigError(f"no run with id {run_id}")
         return str(row[0])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import sys
@@ -19,6 +20,7 @@ from . import db, log
 from .app import App, Family
 from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
+from .status import terminal_safe
 
 F = TypeVar("F", bound=Family)
 
@@ -80,6 +82,17 @@ def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
     return obj.with_config(cfg)
 
 
+def _run_id(text: str) -> int:
+    """A run or connection id: a positive 64-bit integer (argparse reports the refusal)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a positive integer") from None
+    if not 1 <= value < 2**63:
+        raise argparse.ArgumentTypeError("must be a positive integer below 2**63")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dsn", help="database (else LEASEWORK_DSN, DATABASE_URL, libpq defaults)")
     p.add_argument("--config", help="TOML config file (else LEASEWORK_CONFIG)")
@@ -134,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cancel", help="cancel a run: queued now, running at its next check")
     _common(p)
-    p.add_argument("run_id", type=int)
+    p.add_argument("run_id", type=_run_id, metavar="RUN_ID")
 
     p = sub.add_parser("status", help="workers, runs by status, running runs with progress")
     _common(p)
@@ -193,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         c = csub.add_parser(action, help=text)
         _common(c)
-        c.add_argument("connection_id", type=int, metavar="ID")
+        c.add_argument("connection_id", type=_run_id, metavar="ID")
 
     p = sub.add_parser("schedules", help="periodic tasks with their next run")
     _common(p)
@@ -209,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME",
         help="a further Host header to accept on loopback, e.g. behind a local proxy",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="file holding the token every request must carry (else LEASEWORK_DASHBOARD_TOKEN); "
+        "required beyond loopback",
     )
 
     p = sub.add_parser("config", help="print the settings in effect, or the reference")
@@ -333,13 +352,22 @@ def cmd_supervise(args: argparse.Namespace, cfg: Config) -> int:
     return code
 
 
-def _parse_payload(text: str | None) -> Any:
+def _parse_payload(text: str | None, flag: str = "--payload") -> Any:
+    """JSON from the command line, kept exact: integers stay integers (a 64-bit one is stored as
+    is, a larger one is refused by the enqueue rather than rounded to a float), and NaN or
+    Infinity, which JSON does not have, are refused."""
     if text is None:
         return {}
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON: use null, a finite number or a string")
+
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise ConfigError(f"--payload is not valid JSON: {exc}") from None
+        return json.loads(text, parse_constant=refuse)
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise ConfigError(f"{flag} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{flag} is nested too deeply") from None
 
 
 def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
@@ -382,8 +410,10 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
 
     from . import status
 
-    if args.watch is not None and not args.watch > 0:
-        raise ConfigError(f"status: --watch must be a positive number of seconds, got {args.watch}")
+    if args.watch is not None and not 0 < args.watch <= 86400:
+        raise ConfigError(
+            f"status: --watch must be a number of seconds above 0 and at most 86400, got {args.watch}"
+        )
     tty = sys.stdout.isatty()
     snapshot: dict[str, Any] | None = None
     with db.connect(cfg.dsn) as conn:
@@ -455,7 +485,7 @@ def cmd_connections(args: argparse.Namespace, cfg: Config) -> int:
     with db.connect(cfg.dsn) as conn:
         db.check_schema(conn)
         if args.action == "add":
-            config = _parse_payload(args.connection_config)
+            config = _parse_payload(args.connection_config, "--connector-config")
             if not isinstance(config, dict):
                 raise ConfigError(
                     f"--connector-config must be a JSON object, got {args.connection_config}"
@@ -507,7 +537,7 @@ def _render_connections(rows: list[dict[str, Any]]) -> str:
             f"{r['status']:<12} {every:>7}  {nxt:<19} {r['live_records']:>6} "
             f"{r['tombstoned_records']:>6}"
         )
-    return "\n".join(out) + "\n"
+    return "\n".join(terminal_safe(line) for line in out) + "\n"
 
 
 def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
@@ -539,7 +569,7 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
                 " removed from the code, or its workers are down)"
             )
         out.append(line)
-    sys.stdout.write("\n".join(out) + "\n")
+    sys.stdout.write("\n".join(terminal_safe(line) for line in out) + "\n")
     return EXIT_OK
 
 
@@ -556,7 +586,27 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
             db.check_schema(conn)
     except db.DatabaseUnavailable as exc:
         log.event("dashboard_database_unavailable", logging.WARNING, error=str(exc))
-    dash = Dashboard(cfg, host=args.host, port=args.port, allow_hosts=args.allow_host)
+    token = os.environ.get("LEASEWORK_DASHBOARD_TOKEN") or None
+    if args.token_file:
+        try:
+            with open(args.token_file, "rb") as fh:
+                token = fh.read(4097).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"dashboard: --token-file {args.token_file}: {exc}") from None
+    if token is not None and not 16 <= len(token) <= 4096:
+        raise ConfigError("dashboard: the token must be 16-4096 characters long")
+    from .dashboard.server import is_loopback
+
+    if not is_loopback(args.host):
+        print(
+            f"leasework: warning: the dashboard listens on {terminal_safe(args.host)}, beyond "
+            "loopback: every request must carry the token; put TLS in front of it, or the token "
+            "and every page cross the network in clear",
+            file=sys.stderr,
+        )
+    dash = Dashboard(
+        cfg, host=args.host, port=args.port, allow_hosts=args.allow_host, token=token
+    )
     signal.signal(signal.SIGTERM, lambda signum, frame: dash.shutdown())
     print(f"leasework dashboard on {dash.url} (read-only; Ctrl-C stops it)", flush=True)
     try:
@@ -576,7 +626,12 @@ def cmd_config(args: argparse.Namespace, cfg: Config) -> int:
         value = getattr(cfg, name)
         text = "unset" if value is None else configmod.toml_value(value)
         if name == "dsn" and value:
-            text = configmod.toml_value(log.redact_dsn(value))
+            try:
+                db.check_dsn(value)
+            except ConfigError:  # what libpq cannot parse cannot be redacted reliably: hide it
+                text = '"(malformed, not shown: any command that connects says why)"'
+            else:
+                text = configmod.toml_value(log.redact_dsn(value))
         print(f"{name} = {text}")
     return EXIT_OK
 
@@ -604,11 +659,16 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
 }
 
 
+MAX_ERROR_CHARS = 400  # an error line quotes at most this much (the input can be megabytes)
+
+
 def one_line(message: str) -> str:
-    """An error message as one printable, password-free line: control characters (which a
-    terminal or `splitlines` would break on) are shown escaped."""
-    text = log.redact_dsn(message.strip())
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    """An error message as one printable, password-free line of bounded length: control
+    characters (which a terminal or `splitlines` would break on) are shown escaped."""
+    text = terminal_safe(log.redact_dsn(message.strip()))
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 1] + "…"
+    return text
 
 
 def _fail(message: str, code: int) -> int:
@@ -619,6 +679,13 @@ def _fail(message: str, code: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if getattr(args, "dsn", None) and log.has_password(args.dsn):
+            print(
+                "leasework: warning: --dsn carries a password, which any user of this host can "
+                "read in `ps` and /proc (of this process and every worker it starts): put it in "
+                "LEASEWORK_DSN, a service file (PGSERVICEFILE) or ~/.pgpass instead",
+                file=sys.stderr,
+            )
         cfg = _config(args)
         log.setup(cfg.log_level, cfg.log_format)
         return _RUNNERS[args.command](args, cfg)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from .errors import ConfigError, LeaseworkError, SchemaMissing
@@ -39,6 +40,7 @@ def connect(
 ) -> psycopg.Connection[Any]:
     """One connection; raises LeaseworkError with a one-line, password-free message on failure.
     `libpq` adds connection parameters (they override the DSN's)."""
+    check_dsn(dsn)
     try:
         return psycopg.connect(
             dsn or "",
@@ -48,12 +50,43 @@ def connect(
             **libpq,
         )
     except psycopg.ProgrammingError as exc:  # a malformed DSN
-        raise ConfigError(f"dsn is not a valid connection string: {redact_dsn(str(exc))}") from None
+        raise malformed(exc) from None
     except psycopg.OperationalError as exc:
-        first = first_line(exc)
+        first = _unquote_secrets(first_line(exc))
         if is_refusal(str(exc)):
             raise ConfigError(f"the database refused the connection: {first}") from None
         raise DatabaseUnavailable(f"cannot connect to the database: {first}") from exc
+
+
+def malformed(exc: BaseException | str) -> ConfigError:
+    """libpq's complaint about a DSN, without the parts of it that it quotes (a password, or a
+    piece of one, is often what it quotes)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreadable"
+    reason = re.sub(r'"[^"]*"?|\'[^\']*\'?', '"…"', redact_dsn(text))
+    return ConfigError(
+        f"the DSN is malformed ({reason}): in a URL, percent-encode @ : / % and spaces in the "
+        "password (%40 %3A %2F %25 %20); in key=value form, put the password in single quotes"
+    )
+
+
+def check_dsn(dsn: str | None) -> None:
+    """Refuse a DSN libpq cannot parse, or whose host holds an `@` (an unencoded `@` in a URL's
+    password: libpq would take the rest of the password for a host name and print it), with a
+    message that quotes none of it."""
+    if not dsn:
+        return
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise malformed(exc) from None
+    if any("@" in str(params.get(k) or "") for k in ("host", "hostaddr", "port", "dbname")):
+        raise malformed("more than one @ before the host")
+
+
+def _unquote_secrets(message: str) -> str:
+    """A connection error as printable: a quoted name holding an `@` (part of a password) is
+    hidden."""
+    return re.sub(r"([\'\"])[^\'\"]*@[^\'\"]*\1", r"\1…\1", message)
 
 
 # Server answers that no retry can fix: wrong credentials, an unknown role or database, a
@@ -92,6 +125,7 @@ HANG_GUARD: dict[str, Any] = {
 
 def make_pool(dsn: str | None, size: int, name: str) -> ConnectionPool[Any]:
     """A worker's pool for job work: `size` connections, autocommit, opened after fork."""
+    check_dsn(dsn)
     pool: ConnectionPool[Any] = ConnectionPool(
         dsn or "",
         min_size=1,

@@ -16,14 +16,42 @@ import orjson
 
 logger = logging.getLogger("leasework")
 
-_PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_PASSWORD_URL = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
+# A password in key=value form: its whole value as libpq reads it, quoted (spaces and escaped
+# quotes inside) or not (backslash-escaped characters, `Top\ Secret`, included).
+_PASSWORD_KV = re.compile(
+    r"(password\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\])+)", re.IGNORECASE | re.DOTALL
+)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def redact_dsn(text: str) -> str:
-    """Hide passwords in a DSN or in any message that may quote one."""
+    """Hide passwords in a DSN or in any message that may quote one, however malformed: a URL's
+    whole userinfo after the user name (up to the last `@` on its line, so a password holding an
+    unencoded `@`, `:` or a space goes whole) and a key=value password's whole value."""
     text = _PASSWORD_KV.sub(r"\1***", text)
-    return _PASSWORD_URL.sub(r"\1***\3", text)
+    out: list[str] = []
+    pos = 0
+    for m in _SCHEME.finditer(text):
+        start = m.end()
+        if start < pos:
+            continue
+        end = text.find("\n", start)
+        end = len(text) if end == -1 else end
+        at = text.rfind("@", start, end)
+        if at == -1:
+            continue
+        userinfo = text[start:at]
+        if ":" not in userinfo:
+            continue
+        out.append(text[pos:start] + userinfo.split(":", 1)[0] + ":***")
+        pos = at
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def has_password(dsn: str) -> bool:
+    """True if a DSN (well formed or not) carries a password."""
+    return redact_dsn(dsn) != dsn
 
 
 def first_line(exc: BaseException) -> str:

@@ -2,57 +2,20 @@
 -- None of them writes lease columns.
 
 -- name: enqueue_run
--- Insert a queued run unless its key already has an active one (the partial unique index makes
--- racing enqueues give one run). The tenant row the claim locks is made in the same statement.
--- NOTIFY wakes idle workers at commit.
-WITH tenant AS (
-    INSERT INTO leasework.tenants (name)
-    SELECT %(tenant)s::text WHERE %(tenant)s::text IS NOT NULL
-    ON CONFLICT (name) DO NOTHING
-), run AS (
-    INSERT INTO leasework.runs (kind, key, tenant, "group", exclusive, priority, status, payload,
-                                max_attempts, lease_seconds, timeout_seconds, queued_at)
-    VALUES (%(kind)s, %(key)s, %(tenant)s, %(group)s, %(exclusive)s, %(priority)s, 'queued',
-            %(payload)s, %(max_attempts)s, %(lease)s, %(timeout)s,
-            leasework.now() + make_interval(secs => %(delay)s))
-    ON CONFLICT (key) WHERE status IN ('queued', 'running') AND key IS NOT NULL DO NOTHING
-    RETURNING id
-)
-SELECT run.id, pg_notify('leasework', %(kind)s) IS NULL AS notified FROM run
-
--- name: enqueue_waiting_run
--- An exclusive run whose key is busy waits; expire_and_promote promotes it once the key is idle. At
--- most one waiting run per key (unique index): a second one returns the first.
-WITH tenant AS (
-    INSERT INTO leasework.tenants (name)
-    SELECT %(tenant)s::text WHERE %(tenant)s::text IS NOT NULL
-    ON CONFLICT (name) DO NOTHING
-)
-INSERT INTO leasework.runs (kind, key, tenant, "group", exclusive, priority, status, payload,
-                            max_attempts, lease_seconds, timeout_seconds, queued_at)
-VALUES (%(kind)s, %(key)s, %(tenant)s, %(group)s, %(exclusive)s, %(priority)s, 'waiting',
-        %(payload)s, %(max_attempts)s, %(lease)s, %(timeout)s,
-        leasework.now() + make_interval(secs => %(delay)s))
-ON CONFLICT (key) WHERE status = 'waiting' AND key IS NOT NULL DO NOTHING
-RETURNING id
-
--- name: find_run_by_key
-SELECT id
-  FROM leasework.runs
- WHERE key = %(key)s AND status = ANY(%(statuses)s)
- ORDER BY id DESC
- LIMIT 1
+-- leasework.enqueue (schema.sql) checks its arguments, makes the tenant row, inserts the run
+-- unless its key already has an active one (or a waiting one, for an exclusive run), and
+-- returns the run's id either way; NOTIFY wakes idle workers at commit. A function, so that the
+-- enqueue role needs no privilege on the tables.
+SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, %(key)s::text, %(tenant)s::text,
+                         %(group)s::text, %(exclusive)s::boolean, %(priority)s::integer,
+                         %(delay)s::float8, %(max_attempts)s::integer, %(lease)s::float8,
+                         %(timeout)s::float8)
 
 -- name: cancel_run
--- A queued or waiting run is cancelled at once; a running one gets cancel_requested_at, which
--- its worker's control query sees (and which stops any reclaim).
-UPDATE leasework.runs
-   SET status = CASE WHEN status IN ('waiting', 'queued') THEN 'cancelled' ELSE status END,
-       finished_at = CASE WHEN status IN ('waiting', 'queued') THEN leasework.now() ELSE finished_at END,
-       error = CASE WHEN status IN ('waiting', 'queued') THEN 'cancelled before it started' ELSE error END,
-       cancel_requested_at = coalesce(cancel_requested_at, leasework.now())
- WHERE id = %(id)s AND status IN ('waiting', 'queued', 'running')
-RETURNING status
+-- leasework.cancel (schema.sql): a queued or waiting run is cancelled at once; a running one
+-- gets cancel_requested_at, which its worker's control query sees (and which stops any reclaim).
+-- Returns the status afterwards, NULL when there is no such run.
+SELECT leasework.cancel(%(id)s::bigint)
 
 -- name: run_status
 SELECT status FROM leasework.runs WHERE id = %(id)s

@@ -4,15 +4,46 @@ as text (80 columns) or returned as JSON-ready data. Never writes."""
 from __future__ import annotations
 
 import textwrap
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
 
 from .queries import load
 
 Q = load("leasework", "status.sql")
+
+
+class _BoundedTimestamptzLoader(TimestamptzLoader):
+    """Reads a timestamptz Python cannot hold (infinity, past year 9999, before year 1) as the
+    nearest datetime instead of raising: a reader shows any row (psycopg's documented recipe)."""
+
+    def load(self, data: Any) -> datetime:
+        if bytes(data).startswith(b"-"):  # -infinity
+            return datetime.min.replace(tzinfo=UTC)
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            early = bytes(data).endswith(b"BC")
+            return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
+
+
+def tolerant(cur: psycopg.Cursor[Any]) -> psycopg.Cursor[Any]:
+    """`cur`, reading every timestamptz whatever its value (see _BoundedTimestamptzLoader)."""
+    cur.adapters.register_loader("timestamptz", _BoundedTimestamptzLoader)
+    return cur
+
+
+def terminal_safe(text: object) -> str:
+    """One line for a terminal: control characters (ESC, BEL, CR, newlines, C1 codes...) shown
+    escaped (`\\x1b`), so no value from the database can move the cursor, retitle the window
+    or forge a line."""
+    value = "" if text is None else str(text)
+    if value.isprintable():
+        return value
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in value)
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +62,7 @@ def collect(
     unknown. Given the `previous` snapshot, the rate is measured between the two; otherwise it
     is the attempt's average, known only for a first attempt (a resumed attempt starts part way).
     """
-    with conn.cursor(row_factory=dict_row) as cur:
+    with tolerant(conn.cursor(row_factory=dict_row)) as cur:
         now_row = cur.execute(Q["status_now"]).fetchone()
         workers = cur.execute(Q["status_workers"], {"stale": heartbeat_interval * 3}).fetchall()
         counts = cur.execute(Q["status_counts"]).fetchall()
@@ -117,9 +148,9 @@ def render(snap: dict[str, Any]) -> str:
     for w in shown:
         state = "alive" if w["alive"] else "gone "
         run = f"run {w['current_run']}" if w["current_run"] else "idle"
-        out.append(
-            f"  {state} {w['host'][:24]:<24} pid {w['pid']:<7} {run:<12} beat {w['heartbeat_age']:.0f}s ago"
-        )
+        age = w["heartbeat_age"]
+        beat = f"beat {age:.0f}s ago" if age is not None else "beat ?"
+        out.append(f"  {state} {w['host'][:24]:<24} pid {w['pid']:<7} {run:<12} {beat}")
     if len(shown) < len(workers):
         out.append(f"  ... and {len(workers) - len(shown)} more")
     out.append("")
@@ -172,7 +203,7 @@ def render(snap: dict[str, Any]) -> str:
             tries = f"{f.get('attempts', '?')}/{f.get('max_attempts', '?')}"
             out.append(f"  #{f['id']:<6} {f['kind'][:14]:<14} {when:<8} {tries:<5} {first}"[:80])
     out.extend(_render_connections(snap.get("connections") or []))
-    return "\n".join(out) + "\n"
+    return "\n".join(terminal_safe(line) for line in out) + "\n"
 
 
 def _render_connections(connections: list[dict[str, Any]]) -> list[str]:

@@ -6,7 +6,8 @@ SELECT extract(epoch FROM leasework.now())::float8 AS taken_at
 -- name: status_workers
 SELECT id, host, pid, started_at, heartbeat_at, stopped_at, current_run,
        stopped_at IS NULL AND heartbeat_at > leasework.now() - make_interval(secs => %(stale)s) AS alive,
-       extract(epoch FROM leasework.now() - heartbeat_at)::float8 AS heartbeat_age
+       CASE WHEN isfinite(heartbeat_at)
+            THEN extract(epoch FROM leasework.now() - heartbeat_at)::float8 END AS heartbeat_age
   FROM leasework.workers
  ORDER BY stopped_at IS NOT NULL, started_at DESC
  LIMIT 50
@@ -33,7 +34,7 @@ SELECT id, kind, key, tenant, attempts, max_attempts, processed_units, total_uni
 -- failed attempt (will_retry), newest failure first. Scans the live runs and the last day's
 -- finished ones only (runs_finished_at), however long the retention.
 SELECT id, kind, key, status, attempts, max_attempts, status = 'queued' AS will_retry,
-       coalesce(finished_at, (history -> -1 ->> 'ended_at')::timestamptz) AS failed_at,
+       coalesce(finished_at, leasework.try_instant(history -> -1 ->> 'ended_at')) AS failed_at,
        left(coalesce(error, ''), 200) AS error
   FROM leasework.runs
  WHERE error IS NOT NULL

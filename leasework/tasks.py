@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import orjson
 import psycopg
 from cronsim import CronSim, CronSimError
 
 from .config import Config
-from .errors import ConfigError, PayloadError
+from .encoding import check_json
+from .errors import ConfigError
 from .workers.context import Context
 
 Handler = Callable[[Context, Any], Any]
@@ -52,7 +52,8 @@ class Task:
 def check_kind(kind: object) -> str:
     if not isinstance(kind, str) or not _NAME_RE.match(kind):
         raise ConfigError(
-            f"kind {kind!r} is not valid: use 1-200 characters from letters, digits and _ . : / @ + -"
+            f"kind {_short(kind)} is not valid: use 1-200 characters from letters, digits and "
+            "_ . : / @ + -"
         )
     return kind
 
@@ -62,46 +63,84 @@ def check_label(name: str, value: object) -> str | None:
         return None
     if not isinstance(value, str) or not value or len(value) > _MAX_LABEL:
         raise ConfigError(
-            f"{name} must be a non-empty string of at most {_MAX_LABEL} characters, got {value!r}"
+            f"{name} must be a non-empty string of at most {_MAX_LABEL} characters, "
+            f"got {_short(value)}"
         )
     if any(ord(ch) < 32 or ch == "\x7f" for ch in value):
-        raise ConfigError(f"{name} {value!r} contains control characters")
+        raise ConfigError(f"{name} {_short(value)} contains control characters")
     return value
 
 
-def check_seconds(name: str, value: object, *, allow_zero: bool) -> float | None:
+# The ranges every enqueue checks (leasework.enqueue in schema.sql checks the same ones): a run
+# due further out than MAX_DELAY holds its key all that time and is more likely a unit mistake
+# (milliseconds for seconds) than a plan; a lease or timeout outside its range breaks the worker
+# that claims the run.
+MAX_DELAY = 365 * 86400.0  # seconds
+TASK_LEASE_RANGE = (1.0, 86400.0)  # seconds, both included
+MAX_TIMEOUT = 30 * 86400.0  # seconds
+MAX_EVERY = 10 * 365 * 86400.0  # seconds between runs of a periodic task
+
+
+def check_seconds(
+    name: str,
+    value: object,
+    *,
+    allow_zero: bool,
+    minimum: float = 0.0,
+    maximum: float = MAX_DELAY,
+) -> float | None:
+    """None, or a finite number of seconds within [minimum, maximum] (above 0 unless
+    allow_zero); anything else (nan, infinity, a bool, a string) is refused naming the range."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok:
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except OverflowError:  # an int too large for a float
+            ok = False
+        else:
+            ok = (
+                math.isfinite(number)
+                and minimum <= number <= maximum
+                and (allow_zero or number > 0)
+            )
+    if not ok:
+        low = f"from {minimum:g}" if allow_zero or minimum > 0 else "above 0"
         raise ConfigError(
-            f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value!r}"
+            f"{name} must be a number of seconds {low} to {maximum:.0f}, got {_short(value)}"
         )
-    return float(value)
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_bool(name: str, value: object) -> bool:
+    """True or False only: "no", 0 or None are not booleans, and a truthy string is no yes."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {_short(value)}")
+    return value
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """A value for an error line: its repr, cut at `limit` characters."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = r.maxlong = limit
+    return r.repr(value)
 
 
 def check_attempts(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
-        raise ConfigError(f"max_attempts must be an integer from 1 to 1000, got {value!r}")
+        raise ConfigError(f"max_attempts must be an integer from 1 to 1000, got {_short(value)}")
     return value
 
 
 def encode_payload(payload: Any, max_bytes: int) -> bytes:
-    """JSON via orjson (never pickle), capped at `max_bytes`."""
-    try:
-        data = orjson.dumps(payload)
-    except (orjson.JSONEncodeError, TypeError) as exc:
-        raise PayloadError(f"payload is not JSON-serializable: {exc}") from None
-    if len(data) > max_bytes:
-        raise PayloadError(f"payload is {len(data)} bytes, over the cap of {max_bytes} bytes")
-    if b"\\u0000" in data:
-        raise PayloadError(
-            "payload contains a NUL character (\\u0000), which Postgres jsonb cannot store"
-        )
-    return data
+    """JSON via orjson (never pickle), capped at `max_bytes`, stored exactly as given or refused
+    (leasework.encoding.check_json)."""
+    return check_json("payload", payload, max_bytes)
 
 
 def check_priority(priority: object) -> int:
@@ -110,7 +149,9 @@ def check_priority(priority: object) -> int:
         or not isinstance(priority, int)
         or not -(2**31) <= priority < 2**31
     ):
-        raise ConfigError(f"priority must be a 32-bit integer (lower runs first), got {priority!r}")
+        raise ConfigError(
+            f"priority must be a 32-bit integer (lower runs first), got {_short(priority)}"
+        )
     return priority
 
 
@@ -130,15 +171,11 @@ class ScheduleSpec:
         """Validate and build; ConfigError names what is wrong."""
         if (every is None) == (cron is None):
             raise ConfigError(f"task {kind!r}: give exactly one of every= and cron=")
-        if every is not None and (
-            isinstance(every, bool)
-            or not isinstance(every, int | float)
-            or not math.isfinite(every)
-            or every <= 0
-        ):
-            raise ConfigError(
-                f"task {kind!r}: every must be a positive number of seconds, got {every!r}"
-            )
+        if every is not None:
+            try:
+                check_seconds("every", every, allow_zero=False, maximum=MAX_EVERY)
+            except ConfigError as exc:
+                raise ConfigError(f"task {kind!r}: {exc}") from None
         zone = _zone(kind, tz)
         if cron is not None:
             if not isinstance(cron, str):

@@ -33,11 +33,12 @@ SELECT kind, extract(epoch FROM leasework.now() - min(queued_at))::float8 AS age
 -- lost attempt (its started_at moved past that attempt's). A lease loss leaves either a second
 -- attempt or a failed/running run, so the WHERE keeps the scan off most rows' history.
 SELECT r.kind, e.entry ->> 'outcome' AS outcome, count(*)::bigint AS losses,
-       count(*) FILTER (WHERE r.started_at > (e.entry ->> 'started_at')::timestamptz)::bigint AS reclaimed
+       count(*) FILTER (WHERE r.started_at > leasework.try_instant(e.entry ->> 'started_at'))::bigint AS reclaimed
   FROM leasework.runs r
- CROSS JOIN LATERAL jsonb_array_elements(r.history) AS e(entry)
+ CROSS JOIN LATERAL jsonb_array_elements(
+         CASE jsonb_typeof(r.history) WHEN 'array' THEN r.history ELSE '[]' END) AS e(entry)
  WHERE (r.attempts > 1 OR r.status IN ('failed', 'running'))
-   AND e.entry ->> 'outcome' IN ('expired', 'crashed')
+   AND jsonb_typeof(e.entry) = 'object' AND e.entry ->> 'outcome' IN ('expired', 'crashed')
  GROUP BY 1, 2
 
 -- name: metrics_claim_latency

@@ -4,6 +4,7 @@ came from the database or a user goes through `esc`; no page carries a script or
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -65,9 +66,13 @@ FAVICON = (
 )
 
 
+_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
 def esc(value: object) -> str:
-    """Text for HTML (element content and quoted attributes alike)."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """Text for HTML (element content and quoted attributes alike); control characters other
+    than tab and newline are shown escaped (`\\x1b`), as in the terminal."""
+    return html.escape("" if value is None else str(value), quote=True).translate(_CONTROL)
 
 
 def when(value: object) -> str:
@@ -130,9 +135,12 @@ def first_line(text: object, limit: int = 160) -> str:
 
 
 def pretty_json(value: Any) -> str:
-    return orjson.dumps(
-        value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str
-    ).decode()
+    try:
+        return orjson.dumps(
+            value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str
+        ).decode()
+    except orjson.JSONEncodeError:  # what orjson cannot write (an integer past 64 bits, deep nesting)
+        return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str) -> str:

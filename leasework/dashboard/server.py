@@ -4,12 +4,15 @@ writes, and every other method is answered 405."""
 
 from __future__ import annotations
 
+import base64
+import hmac
+import ipaddress
 import logging
 import re
 import socket
 import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -34,6 +37,8 @@ SESSION_WAIT = 5.0  # seconds a request waits for a free session before answerin
 STATEMENT_TIMEOUT = "10s"
 RECENT_RUNS = 25
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+MAX_CONNECTIONS = 32  # open connections at once; more are answered 503 and closed
+REQUEST_DEADLINE = 30.0  # seconds from a request's first byte to its answer, however it trickles
 
 _RUN_PATH = re.compile(r"^/runs/([0-9]{1,18})/?$")
 
@@ -65,8 +70,16 @@ class Dashboard:
         host: str = "127.0.0.1",
         port: int = 8080,
         allow_hosts: Iterable[str] = (),
+        token: str | None = None,
     ) -> None:
         self.cfg = cfg
+        self.token = token or None
+        if not is_loopback(host) and self.token is None:
+            raise ConfigError(
+                f"dashboard: --host {host} listens beyond loopback, where anyone who reaches it "
+                "could read every run's payload: give a token requests must carry "
+                "(LEASEWORK_DASHBOARD_TOKEN or --token-file FILE), or listen on 127.0.0.1"
+            )
         self._sessions = threading.BoundedSemaphore(SESSIONS)
         try:
             server = _Server6 if ":" in host else _Server
@@ -171,22 +184,98 @@ class Dashboard:
             self._sessions.release()
 
 
-def _allowed_hosts(host: str, port: int, extra: Iterable[str]) -> frozenset[str] | None:
-    """Host headers accepted when bound to loopback (a guard against DNS rebinding: a page on
-    another site whose name resolves to 127.0.0.1 must not read the dashboard). None: any."""
-    if host not in LOOPBACK and not host.startswith("127."):
+def _address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An IP literal (brackets, an IPv4-mapped IPv6 form, any spelling of it) as one address
+    object; None for a name."""
+    try:
+        ip = ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
         return None
-    names = {*LOOPBACK, host, *extra}
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and any loopback address however written (127.x, ::1,
+    0:0:0:0:0:0:0:1, ::ffff:127.0.0.1)."""
+    if host.lower() == "localhost":
+        return True
+    ip = _address(host)
+    return ip is not None and ip.is_loopback
+
+
+def _allowed_hosts(host: str, port: int, extra: Iterable[str]) -> frozenset[str] | None:
+    """Host names (lower case) and addresses (normalized) accepted in the Host header when bound
+    to loopback: a guard against DNS rebinding (a page on another site whose name resolves to
+    127.0.0.1 must not read the dashboard). None: any (beyond loopback a token is required)."""
+    if not is_loopback(host):
+        return None
     allowed: set[str] = set()
-    for name in names:
-        shown = f"[{name}]" if ":" in name and not name.startswith("[") else name
-        allowed.update({shown.lower(), f"{shown}:{port}".lower()})
+    for name in {*LOOPBACK, host, *extra}:
+        ip = _address(name)
+        allowed.add(str(ip) if ip is not None else name.lower())
     return frozenset(allowed)
+
+
+def host_allowed(header: str, allowed: frozenset[str], port: int) -> bool:
+    """The Host header parsed (name or IP literal, optional port) and compared as an address
+    when it is one, so no spelling of an address slips past and no other name does."""
+    value = header.strip().lower()
+    if not value or any(ch in value for ch in "/@?#\\ "):
+        return False
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        given_port = rest[1:] if rest.startswith(":") else None
+        if rest and given_port is None:
+            return False
+    elif value.count(":") == 1:
+        name, _, given_port = value.partition(":")
+    else:
+        name, given_port = value, None
+    if given_port is not None and given_port != str(port):
+        return False
+    ip = _address(name)
+    return (str(ip) if ip is not None else name.rstrip(".")) in allowed
+
+
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    + b"".join(f"{k}: {v}\r\n".encode() for k, v in SECURITY_HEADERS.items())
+    + b"Connection: close\r\nContent-Length: 29\r\n\r\ntoo many connections: retry\r\n"
+)
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     dashboard: Dashboard
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def server_activate(self) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)  # one per server
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # A connection cap: past it a client gets a short 503 at once, not a thread.
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.settimeout(1.0)
+                request.sendall(BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _Server6(_Server):
@@ -197,7 +286,35 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "leasework-dashboard"
     protocol_version = "HTTP/1.1"
-    timeout = 30  # a slow client cannot hold a thread for ever
+    # The standard library answers a request line it cannot parse as HTTP/0.9 (a bare body, no
+    # status line, no headers): answer it as HTTP/1.0, with the security headers.
+    default_request_version = "HTTP/1.0"
+    timeout = 30  # a read that waits this long ends the connection
+    _deadline: threading.Timer | None = None
+
+    def handle_one_request(self) -> None:
+        # A whole-request deadline: a client trickling a byte at a time gets REQUEST_DEADLINE
+        # from when we start reading, not a fresh `timeout` per read. On expiry the socket is
+        # shut, which ends whatever read or write is blocked on it.
+        timer = threading.Timer(REQUEST_DEADLINE, self._expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            super().handle_one_request()
+        finally:
+            timer.cancel()
+
+    def _expire(self) -> None:
+        self.close_connection = True
+        with suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def end_headers(self) -> None:
+        # Every response carries the security headers, the standard library's own errors
+        # (400, 414, 431, 501...) included.
+        for name, value in SECURITY_HEADERS.items():
+            self.send_header(name, value)
+        super().end_headers()
 
     # -- read-only: GET and HEAD; everything else is refused ---------------------------------
 
@@ -219,18 +336,41 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _refuse
 
+    def _authorized(self, token: str) -> bool:
+        """A bearer token, or HTTP Basic with the token as password (any user name), so that
+        both scripts and browsers can pass it."""
+        given = self.headers.get("Authorization") or ""
+        scheme, _, value = given.partition(" ")
+        secret = ""
+        if scheme.lower() == "bearer":
+            secret = value.strip()
+        elif scheme.lower() == "basic":
+            try:
+                secret = base64.b64decode(value.strip(), validate=True).decode().partition(":")[2]
+            except (ValueError, UnicodeDecodeError):
+                secret = ""
+        return hmac.compare_digest(secret.encode(), token.encode())
+
     def _route(self, *, head: bool) -> None:
         d = self.server.dashboard
-        if d.allowed_hosts is not None:
-            host = (self.headers.get("Host") or "").strip().lower()
-            if host not in d.allowed_hosts:
-                self._send(
-                    HTTPStatus.MISDIRECTED_REQUEST,
-                    b"unexpected Host header (see --allow-host)\n",
-                    "text/plain; charset=utf-8",
-                    head=head,
-                )
-                return
+        if d.token is not None and not self._authorized(d.token):
+            self._send(
+                HTTPStatus.UNAUTHORIZED,
+                b"a token is required (Authorization: Bearer TOKEN, or the password)\n",
+                "text/plain; charset=utf-8",
+                head=head,
+                extra={"WWW-Authenticate": 'Basic realm="leasework", charset="UTF-8"'},
+            )
+            return
+        host = self.headers.get("Host") or ""
+        if d.allowed_hosts is not None and not host_allowed(host, d.allowed_hosts, d.port):
+            self._send(
+                HTTPStatus.MISDIRECTED_REQUEST,
+                b"unexpected Host header (see --allow-host)\n",
+                "text/plain; charset=utf-8",
+                head=head,
+            )
+            return
         path = urlsplit(self.path).path
         try:
             if path == "/":
@@ -295,7 +435,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for name, value in {**SECURITY_HEADERS, **(extra or {})}.items():
+        for name, value in (extra or {}).items():
             self.send_header(name, value)
         self.end_headers()
         if not head:

@@ -68,7 +68,9 @@ class Member:
 def _unsafe_path(name: str) -> str | None:
     if "\x00" in name:
         return "contains a NUL character"
-    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+    # A drive letter followed by a separator is absolute on Windows; `a:notes.txt` is a plain
+    # name (members are stored under keys of their own, never extracted to a path).
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", name):
         return "is an absolute path"
     if ".." in re.split(r"[\\/]", name):
         return "contains '..'"

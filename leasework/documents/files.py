@@ -8,6 +8,8 @@ the store but never a row pointing at missing bytes.
 from __future__ import annotations
 
 import os
+import reprlib
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +17,7 @@ import psycopg
 
 from ..errors import ConfigError
 from ..queries import load
-from .store import FileStore, new_key
+from .store import FileStore, StoreError, new_key
 
 if TYPE_CHECKING:
     from . import Documents
@@ -34,22 +36,57 @@ def file_key(file_id: int) -> str:
 def _project(project: object) -> str:
     if not isinstance(project, str) or not project.strip() or len(project) > 200:
         raise ConfigError(
-            f"project must be a non-empty string of at most 200 characters, got {project!r}"
+            "project must be a non-empty string of at most 200 characters, got "
+            f"{reprlib.repr(project)}"
+        )
+    if any(not ch.isprintable() for ch in project):
+        raise ConfigError(
+            f"project {reprlib.repr(project)} contains control characters: use printable text"
         )
     return project
 
 
-def _source(path: str | os.PathLike[str]) -> Path:
+_KINDS = {
+    stat.S_ISDIR: "is a directory, not a file",
+    stat.S_ISFIFO: "is a FIFO, not a regular file",
+    stat.S_ISCHR: "is a device, not a regular file",
+    stat.S_ISBLK: "is a device, not a regular file",
+    stat.S_ISSOCK: "is a socket, not a regular file",
+}
+
+
+def _source(path: str | os.PathLike[str], max_bytes: int, setting: str) -> Path:
+    """`path` if it is a regular file of at most `max_bytes`, checked before anything is copied;
+    else ConfigError with the real reason."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such file")
+    shown = reprlib.repr(str(p))
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{shown}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot be read: {exc.strerror}") from None
+    for test, why in _KINDS.items():
+        if test(st.st_mode):
+            raise ConfigError(f"{shown} {why}")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{shown} is not a regular file")
+    if st.st_size > max_bytes:
+        raise ConfigError(
+            f"{shown} is {st.st_size} bytes, over {setting} ({max_bytes} bytes): nothing was stored"
+        )
+    if not os.access(p, os.R_OK):
+        raise ConfigError(f"{shown}: cannot be read: permission denied")
     return p
 
 
-def _put(store: FileStore, prefix: str, source: Path) -> tuple[str, int, str]:
+def _put(store: FileStore, prefix: str, source: Path, max_bytes: int) -> tuple[str, int, str]:
     key = new_key(prefix, source.name)
-    with open(source, "rb") as src:
-        stored = store.put(key, src)
+    try:
+        with open(source, "rb") as src:
+            stored = store.put(key, src, max_bytes=max_bytes)  # a file that grew meanwhile
+    except StoreError as exc:
+        raise ConfigError(f"{reprlib.repr(str(source))}: {exc}: nothing was stored") from None
     return stored.key, stored.size, stored.sha256
 
 
@@ -67,8 +104,9 @@ def add_file(
 ) -> tuple[int, int]:
     """Store a document and enqueue its ingest run. Returns (file id, run id)."""
     project = _project(project)
-    source = _source(path)
-    key, size, sha = _put(docs.file_store(), "files", source)
+    cap = docs.config.ingest_max_bytes
+    source = _source(path, cap, "ingest_max_bytes")
+    key, size, sha = _put(docs.file_store(), "files", source, cap)
     with conn.transaction():
         row = conn.execute(
             Q["insert_file"],
@@ -96,8 +134,9 @@ def add_upload(
 ) -> int:
     """Store a ZIP archive for the expand stage. Returns the upload id."""
     project = _project(project)
-    source = _source(path)
-    key, size, _ = _put(docs.file_store(), "uploads", source)
+    cap = docs.config.archive_max_bytes
+    source = _source(path, cap, "archive_max_bytes")
+    key, size, _ = _put(docs.file_store(), "uploads", source, cap)
     with conn.transaction():
         row = conn.execute(
             Q["insert_upload"],
@@ -111,9 +150,10 @@ def add_upload(
 def replace_file(docs: Documents, conn: Conn, file_id: int, path: str | os.PathLike[str]) -> int:
     """New bytes for a file; enqueues (or joins) its ingest run, which starts over because the
     content changed. Returns the run id."""
-    source = _source(path)
+    cap = docs.config.ingest_max_bytes
+    source = _source(path, cap, "ingest_max_bytes")
     store = docs.file_store()
-    key, size, sha = _put(store, "files", source)
+    key, size, sha = _put(store, "files", source, cap)
     with conn.transaction():
         row = conn.execute(
             Q["replace_file_bytes"],

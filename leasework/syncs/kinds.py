@@ -7,7 +7,7 @@ batches and then the connection row. Never writes lease columns (the lease modul
 
 from __future__ import annotations
 
-import math
+import reprlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from .. import log
 from ..errors import Aborted, ConfigError, LeaseLost, LeaseworkError, Partial
 from ..queries import load
-from ..tasks import Task
+from ..tasks import MAX_EVERY, Task, check_seconds
 from .connectors import Connection, Connector, Row, Table, TableError
 
 if TYPE_CHECKING:
@@ -77,22 +77,19 @@ def list_connections(conn: Conn, limit: int = 1000) -> list[dict[str, Any]]:
 
 
 def _check_id(connection_id: object) -> int:
-    if isinstance(connection_id, bool) or not isinstance(connection_id, int) or connection_id < 1:
-        raise ConfigError(f"connection id must be a positive integer, got {connection_id!r}")
+    if (
+        isinstance(connection_id, bool)
+        or not isinstance(connection_id, int)
+        or not 1 <= connection_id < 2**63
+    ):
+        raise ConfigError(
+            f"connection id must be a positive 64-bit integer, got {reprlib.repr(connection_id)}"
+        )
     return connection_id
 
 
 def _check_every(every: object) -> float | None:
-    if every is None:
-        return None
-    if (
-        isinstance(every, bool)
-        or not isinstance(every, int | float)
-        or not math.isfinite(every)
-        or every <= 0
-    ):
-        raise ConfigError(f"every must be a positive number of seconds, got {every!r}")
-    return float(every)
+    return check_seconds("every", every, allow_zero=False, maximum=MAX_EVERY)
 
 
 def _check_name(what: str, value: object) -> str:

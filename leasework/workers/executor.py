@@ -108,7 +108,7 @@ class Executor:
             outcome = self._decide(ctx, returned, raised)
             if outcome.action == "seal" and outcome.status == "succeeded":
                 try:
-                    encoded = lease.encode_result(outcome.result)
+                    encoded = lease.encode_result(outcome.result, self.config.result_max_bytes)
                 except ResultError as exc:
                     outcome = Outcome("requeue", label="failed", error=str(exc), result=ctx.result)
                 else:
@@ -351,7 +351,7 @@ class Executor:
         """`result` encoded for jsonb, or None (keep what the run has) if it cannot be stored,
         which is logged: an outcome is never lost to an unstorable result."""
         try:
-            return lease.encode_result(result)
+            return lease.encode_result(result, self.config.result_max_bytes)
         except ResultError as exc:
             log.event("result_not_stored", level=30, run_id=claim.id, error=str(exc))
             return None

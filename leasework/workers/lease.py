@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
-import orjson
 import psycopg
 
-from ..errors import ResultError
+from ..encoding import check_json
+from ..errors import PayloadError, ResultError
 from ..queries import load
 
 Q = load("leasework.workers", "lease.sql")
@@ -106,17 +106,21 @@ class JsonText(str):
     __slots__ = ()
 
 
-def encode_result(value: Any) -> JsonText | None:
-    """A result as JSON text for a jsonb parameter, encoded as payloads are (orjson, never
-    pickle). None stays None (keep the result gathered so far). Raises ResultError."""
+# The most any result may take, whatever the configuration (result_max_bytes, checked where the
+# executor encodes a handler's result, is at most this).
+RESULT_CEILING = 64 << 20
+
+
+def encode_result(value: Any, max_bytes: int = RESULT_CEILING) -> JsonText | None:
+    """A result as JSON text for a jsonb parameter, encoded and checked as payloads are (orjson,
+    never pickle; nan and infinity refused, integers past 64 bits refused, at most `max_bytes`).
+    None stays None (keep the result gathered so far). Raises ResultError."""
     if value is None or isinstance(value, JsonText):
         return value
     try:
-        data = orjson.dumps(value)
-    except (orjson.JSONEncodeError, TypeError) as exc:
-        raise ResultError(f"result is not JSON-serializable: {exc}") from None
-    if b"\\u0000" in data:
-        raise ResultError("result contains a NUL character (\\u0000), which jsonb cannot store")
+        data = check_json("result", value, max_bytes)
+    except PayloadError as exc:
+        raise ResultError(str(exc)) from None
     return JsonText(data.decode())
 
 

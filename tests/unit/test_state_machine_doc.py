@@ -175,13 +175,13 @@ def test_the_scan_finds_the_known_writers() -> None:
     """Guards the parser itself: a scan that found nothing would pass the first test."""
     assert {
         ("claim_runs", "workers/lease.sql"),
-        ("settle_runs", "workers/lease.sql"),
+        ("expire_and_promote", "workers/lease.sql"),
         ("finish_run", "workers/lease.sql"),
         ("finish_and_claim", "workers/lease.sql"),
         ("finish_runs", "workers/lease.sql"),
         ("requeue_run", "workers/lease.sql"),
         ("release_run", "workers/lease.sql"),
-        ("enqueue_run", "runs.sql"),
+        ("schema", "schema.sql"),  # leasework.enqueue(), which enqueue_run calls
         ("cancel_run", "runs.sql"),
         ("prune_runs", "stages/maintenance.sql"),
         ("_copy_many", "app.py"),

@@ -182,7 +182,6 @@ def test_the_scan_finds_the_known_writers() -> None:
         ("requeue_run", "workers/lease.sql"),
         ("release_run", "workers/lease.sql"),
         ("schema", "schema.sql"),  # leasework.enqueue(), which enqueue_run calls
-        ("cancel_run", "runs.sql"),
         ("prune_runs", "stages/maintenance.sql"),
         ("_copy_many", "app.py"),
     } <= status_writers()

@@ -39,7 +39,9 @@ class Config:
     lease: float = field(default=120.0, metadata=_doc("lease length in seconds (database time)"))
     renew_interval: float | None = field(
         default=None,
-        metadata=_doc("renew the lease after this many seconds; unset: a third of the lease", "lease / 3"),
+        metadata=_doc(
+            "renew the lease after this many seconds; unset: a third of the lease", "lease / 3"
+        ),
     )
     control_interval: float | None = field(
         default=None,
@@ -455,7 +457,7 @@ def load(
             raise ConfigError(f"config file {where} is not valid TOML: {exc}") from None
         for key, value in raw.items():
             if key not in FIELDS:
-                raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(FIELDS)}")
+                raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(key)}")
             values[key] = _coerce(key, value, where)
     for name in FIELDS:
         var = ENV_PREFIX + name.upper()
@@ -470,6 +472,16 @@ def load(
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = _coerce(key, value, f"--{key.replace('_', '-')}")
     return validate(Config(**values))
+
+
+def did_you_mean(key: str) -> str:
+    """`; did you mean `lease`?` for a misspelt key, else where the keys are listed."""
+    import difflib
+
+    close = difflib.get_close_matches(key.lower(), list(FIELDS), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean `{close[0]}`?"
+    return " (`leasework config --reference` lists every key)"
 
 
 def toml_value(value: Any) -> str:

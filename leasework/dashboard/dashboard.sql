@@ -14,7 +14,7 @@ SELECT id, kind, key, tenant, status, attempts, max_attempts, processed_units, t
 
 -- name: metrics_workers
 -- Every worker row (status_workers shows the newest 50 only). Alive: not stopped, and a heartbeat
--- within three intervals.
+-- within two intervals (a dead worker shows gone within two heartbeats).
 SELECT count(*) FILTER (WHERE stopped_at IS NULL
                           AND heartbeat_at > leasework.now() - make_interval(secs => %(stale)s))::bigint AS alive,
        count(*)::bigint AS total

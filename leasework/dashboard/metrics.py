@@ -39,7 +39,7 @@ def families(
             runs.add_metric([kind, status], n)
 
     with conn.cursor(row_factory=dict_row) as cur:
-        w = cur.execute(Q["metrics_workers"], {"stale": heartbeat_interval * 3}).fetchone() or {}
+        w = cur.execute(Q["metrics_workers"], {"stale": heartbeat_interval * 2}).fetchone() or {}
         oldest = cur.execute(Q["metrics_oldest_queued"]).fetchall()
         losses = cur.execute(Q["metrics_lease_losses"]).fetchall()
         lat = cur.execute(

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from .. import db, log, status
+from .. import __version__, db, log, status
 from ..config import Config
 from ..errors import ConfigError, LeaseworkError, SchemaMissing
 from ..queries import load
@@ -131,9 +131,14 @@ class Dashboard:
         try:
             with self.session() as conn:
                 snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
-                fams = metrics.families(conn, snap, heartbeat_interval=self.cfg.heartbeat_interval)
+                fams = metrics.families(
+                    conn,
+                    snap,
+                    heartbeat_interval=self.cfg.heartbeat_interval,
+                    version=__version__,
+                )
         except Unavailable:
-            fams = metrics.database_down()
+            fams = metrics.database_down(__version__)
         return metrics.exposition(fams)
 
     def health(self) -> None:

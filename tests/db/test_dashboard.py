@@ -333,3 +333,20 @@ def test_cli_refuses_a_missing_schema_and_a_bad_port(server_dsn: str) -> None:
         timeout=30,
     )
     assert run.returncode == 2 and "--port" in run.stderr
+
+
+def test_runs_schedules_and_connections_pages(dash: Dashboard, conn: Conn) -> None:
+    from leasework import App
+
+    app = App()
+    app.task("mail")(lambda ctx, payload: None)
+    ids = [app.enqueue(conn, "mail", tenant="acme") for _ in range(3)]
+    page = request(f"{dash.url}runs?tenant=acme&status=queued")
+    assert page.status == 200
+    assert all(f'href="/runs/{i}"' in page.text for i in ids)
+    assert "acme" in page.text and 'form class="filters" method="get"' in page.text
+    assert "no runs match" in request(f"{dash.url}runs?kind=other").text
+    assert request(f"{dash.url}runs?before=abc").status == 400
+    assert request(f"{dash.url}runs?status=bogus").status == 400
+    assert request(f"{dash.url}schedules").status == 200
+    assert request(f"{dash.url}connections").status == 200

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .app import App, Task
+from . import operations
+from .app import App, Enqueued, Task
 from .config import Config
 from .errors import (
     Aborted,
@@ -26,6 +27,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "Context",
+    "Enqueued",
     "LeaseLost",
     "LeaseworkError",
     "Partial",
@@ -36,4 +38,5 @@ __all__ = [
     "UnknownKind",
     "Worker",
     "__version__",
+    "operations",
 ]

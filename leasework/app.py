@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.types.json import Jsonb
 
+from . import operations
 from .config import Config
 from .errors import ConfigError, LeaseworkError, UnknownKind
 from .queries import load
@@ -21,6 +22,7 @@ from .tasks import (
     DEFAULT_TIMEOUT,
     MAX_TIMEOUT,
     TASK_LEASE_RANGE,
+    Enqueued,
     ScheduleSpec,
     Task,
     check_attempts,
@@ -40,7 +42,7 @@ Fam = TypeVar("Fam", bound="Family")
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 
-__all__ = ["DEFAULT_TIMEOUT", "App", "Family", "Task"]
+__all__ = ["DEFAULT_TIMEOUT", "App", "Enqueued", "Family", "Task"]
 
 
 class Family:
@@ -175,9 +177,7 @@ class App:
         config = config or self.config
         families = list(self.families.values())
         stages: list[Stage] = [
-            ScheduleStage(
-                self, limit=config.schedule_limit, due=[f.enqueue_due for f in families]
-            ),
+            ScheduleStage(self, limit=config.schedule_limit, due=[f.enqueue_due for f in families]),
             RunsStage(self, limit=config.runs_limit, settle_limit=config.settle_limit),
         ]
         for family in families:
@@ -207,7 +207,37 @@ class App:
         With a `key`, at most one run per key is active (queued or running): a second enqueue
         returns the existing run's id. An `exclusive` run whose key is busy waits and is
         promoted once the key is idle; a second one returns the waiting run's id.
+        `enqueue_run` takes the same arguments and also says which of the two happened.
         """
+        return self.enqueue_run(
+            conn,
+            kind,
+            payload,
+            key=key,
+            tenant=tenant,
+            group=group,
+            exclusive=exclusive,
+            priority=priority,
+            delay=delay,
+            max_attempts=max_attempts,
+        ).run_id
+
+    def enqueue_run(
+        self,
+        conn: Conn,
+        kind: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        tenant: str | None = None,
+        group: str | None = None,
+        exclusive: bool = False,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+    ) -> Enqueued:
+        """`enqueue`, returning Enqueued(run_id, existing): `existing` is True when the key
+        already had an active (or, for an exclusive run, a waiting) run, whose id it is."""
         if kind not in self.tasks:
             raise UnknownKind(self._unknown(kind))
         task = self.tasks[kind]
@@ -232,12 +262,12 @@ class App:
     def _dumps(self, obj: Any) -> bytes:
         return encode_payload(obj, self.config.payload_max_bytes)
 
-    def _insert(self, conn: Conn, params: dict[str, Any]) -> int:
+    def _insert(self, conn: Conn, params: dict[str, Any]) -> Enqueued:
         """One call of leasework.enqueue (schema.sql), which also resolves a busy key."""
         row = conn.execute(Q["enqueue_run"], params).fetchone()
         if row is None or row[0] is None:
             raise LeaseworkError("enqueue inserted nothing")  # leasework.enqueue always returns
-        return int(row[0])
+        return Enqueued(int(row[0]), existing=bool(row[1]))
 
     def enqueue_many(
         self,
@@ -338,3 +368,57 @@ class App:
         with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
             cur.execute(Q["get_run"], {"id": run_id})
             return cur.fetchone()
+
+    # -- operators: thin wrappers over leasework.operations -------------------------------------
+
+    def list_runs(
+        self,
+        conn: Conn,
+        filters: operations.Filters | None = None,
+        *,
+        limit: int = 50,
+        before: int | None = None,
+    ) -> operations.Page:
+        """Runs newest first, filtered and keyset-paged (operations.list_runs)."""
+        return operations.list_runs(conn, filters, limit=limit, before=before)
+
+    def retry(
+        self,
+        conn: Conn,
+        ids: Iterable[int] | None = None,
+        *,
+        filters: operations.Filters | None = None,
+        attempts: int | None = None,
+        dry_run: bool = False,
+    ) -> operations.Acted:
+        """Failed, cancelled or partial runs back to `queued` with a fresh attempt budget: the
+        kind's max_attempts (task, else config) unless `attempts` says (operations.retry)."""
+        budgets = {k: t.max_attempts for k, t in self.tasks.items() if t.max_attempts}
+        return operations.retry(
+            conn,
+            ids,
+            filters=filters,
+            attempts=attempts,
+            budgets=budgets,
+            default_attempts=self.config.max_attempts,
+            dry_run=dry_run,
+        )
+
+    def delete(
+        self,
+        conn: Conn,
+        ids: Iterable[int] | None = None,
+        *,
+        filters: operations.Filters | None = None,
+        dry_run: bool = False,
+    ) -> operations.Acted:
+        """Delete finished runs (operations.delete)."""
+        return operations.delete(conn, ids, filters=filters, dry_run=dry_run)
+
+    def pause(self, conn: Conn, *kinds: str) -> list[str]:
+        """Pause kinds: claimed by no worker until resumed (operations.pause)."""
+        return operations.pause(conn, kinds, known=self.tasks)
+
+    def resume(self, conn: Conn, *kinds: str) -> list[str]:
+        """Resume paused kinds (operations.resume)."""
+        return operations.resume(conn, kinds)

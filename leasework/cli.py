@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from datetime import UTC
 from typing import Any, NoReturn, TypeVar
 
@@ -21,6 +22,7 @@ from .app import App, Family
 from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .status import terminal_safe
+from .operations import STATUSES
 
 F = TypeVar("F", bound=Family)
 
@@ -35,9 +37,10 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog.removeprefix('leasework').strip() or 'usage'}: {message}")
 
 
-def builtin_app(cfg: Config) -> App:
-    """The app the CLI uses when none is given: the built-in families and no task of its own
-    (connections sync with the built-in connectors; documents are ingested)."""
+def builtin_app(cfg: Config | None = None) -> App:
+    """The app the CLI's own commands use when none is given: the built-in families and no task
+    of its own (connections sync with the built-in connectors; documents are ingested). Workers
+    for it: `leasework supervise --app leasework.cli:builtin_app`."""
     from .documents import Documents
     from .syncs import Syncs
 
@@ -51,7 +54,10 @@ def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
     """Import MODULE:ATTR (an App instance, or a callable returning one)."""
     if not spec:
         if required:
-            raise ConfigError("no app given: pass --app MODULE:ATTR or set LEASEWORK_APP")
+            raise ConfigError(
+                "no app given: pass --app MODULE:ATTR or set LEASEWORK_APP (the built-in "
+                "connections and documents alone: --app leasework.cli:builtin_app)"
+            )
         return builtin_app(cfg)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -93,23 +99,58 @@ def _run_id(text: str) -> int:
     return value
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dsn", help="database (else LEASEWORK_DSN, DATABASE_URL, libpq defaults)")
-    p.add_argument("--config", help="TOML config file (else LEASEWORK_CONFIG)")
+def _common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """--dsn, --config and --log-format, accepted before the command (`top`) and after it; given
+    after, they win (SUPPRESS: an option not given after the command leaves the earlier one)."""
+    default = None if top else argparse.SUPPRESS
+    p.add_argument(
+        "--dsn",
+        default=default,
+        help="database (else LEASEWORK_DSN, DATABASE_URL, libpq defaults)",
+    )
+    p.add_argument("--config", default=default, help="TOML config file (else LEASEWORK_CONFIG)")
     p.add_argument(
         "--log-format",
+        default=default,
         choices=("auto", "json", "text"),
         help="log lines on stderr: JSON, text, or auto (text on a terminal; else config)",
     )
 
 
-def _with_app(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--app", help="MODULE:ATTR of your App (else LEASEWORK_APP)")
+def _with_app(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    p.add_argument(
+        "--app",
+        default=None if top else argparse.SUPPRESS,
+        help="MODULE:ATTR of your App (else LEASEWORK_APP)",
+    )
+
+
+def _filters(p: argparse.ArgumentParser, *, statuses: str) -> None:
+    p.add_argument(
+        "--status", metavar="STATUS[,STATUS]", help=f"only runs in these statuses ({statuses})"
+    )
+    p.add_argument("--kind", help="only runs of this kind")
+    p.add_argument("--key", help="only runs with this key")
+    p.add_argument("--tenant", help="only runs of this tenant")
+    p.add_argument(
+        "--since",
+        metavar="AGE|TIME",
+        help="only runs created since: an age (30m, 2h, 7d) or a time (2026-05-01T12:00, UTC)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = _Parser(prog="leasework", description="Leased background jobs in Postgres.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument(
+        "--version", action="version", version=f"leasework {__version__}", help="print the version"
+    )
+    _common(parser, top=True)
+    _with_app(parser, top=True)
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
+    )
 
     p = sub.add_parser("migrate", help="apply the pending schema migrations")
     _common(p)
@@ -135,19 +176,84 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("enqueue", help="enqueue a run and print its id")
     _common(p)
     _with_app(p)
-    p.add_argument("kind")
+    p.add_argument("kind", help="the task kind to run")
     p.add_argument("--payload", default=None, help="JSON payload (default {})")
-    p.add_argument("--key")
-    p.add_argument("--tenant")
-    p.add_argument("--group")
-    p.add_argument("--exclusive", action="store_true")
+    p.add_argument(
+        "--key",
+        help="at most one active run per key: while one is queued or running, its id is returned",
+    )
+    p.add_argument(
+        "--tenant", help="rate limiter: with --group or --exclusive, limits this tenant's runs"
+    )
+    p.add_argument(
+        "--group", help="runs of one tenant sharing a group never run at once (needs --tenant)"
+    )
+    p.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="runs alone in its tenant; with a busy --key, waits for the key's run to end",
+    )
     p.add_argument("--priority", type=int, default=0, help="lower runs first (default 0)")
-    p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS")
-    p.add_argument("--max-attempts", type=int, default=None)
+    p.add_argument(
+        "--delay", type=float, default=0.0, metavar="SECONDS", help="due this many seconds from now"
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="attempts before it ends failed (default: the task's, else config max_attempts)",
+    )
 
     p = sub.add_parser("cancel", help="cancel a run: queued now, running at its next check")
     _common(p)
-    p.add_argument("run_id", type=_run_id, metavar="RUN_ID")
+    p.add_argument("run_id", type=_run_id, metavar="RUN_ID", help="the run to cancel")
+
+    p = sub.add_parser("runs", help="list runs, newest first, with filters and paging")
+    _common(p)
+    _filters(p, statuses=", ".join(STATUSES))
+    p.add_argument("--limit", type=int, default=50, help="runs per page, 1-1000 (default 50)")
+    p.add_argument(
+        "--before", type=int, metavar="ID", help="the next page: runs older than this id"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("show", help="one run: payload, result, error, history, lease, worker")
+    _common(p)
+    p.add_argument("run_id", type=_run_id, metavar="RUN_ID", help="the run to show")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser(
+        "retry", help="failed, cancelled or partial runs back to queued with fresh attempts"
+    )
+    _common(p)
+    _with_app(p)
+    p.add_argument("run_ids", type=_run_id, nargs="*", metavar="RUN_ID", help="the runs to retry")
+    _filters(p, statuses="failed, cancelled, partial; default all three")
+    p.add_argument(
+        "--attempts",
+        type=int,
+        metavar="N",
+        help="attempts it gets (default: the task's max_attempts, else config max_attempts)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="change nothing; print how many")
+
+    p = sub.add_parser(
+        "delete", help="delete finished runs (succeeded, partial, failed, cancelled)"
+    )
+    _common(p)
+    p.add_argument("run_ids", type=_run_id, nargs="*", metavar="RUN_ID", help="the runs to delete")
+    _filters(p, statuses="succeeded, partial, failed, cancelled; default all four")
+    p.add_argument("--dry-run", action="store_true", help="delete nothing; print how many")
+
+    p = sub.add_parser("pause", help="pause kinds: no worker claims their runs until resumed")
+    _common(p)
+    _with_app(p)
+    p.add_argument("kinds", nargs="+", metavar="KIND", help="a kind to pause")
+
+    p = sub.add_parser("resume", help="resume paused kinds")
+    _common(p)
+    p.add_argument("kinds", nargs="+", metavar="KIND", help="a paused kind to resume")
 
     p = sub.add_parser("status", help="workers, runs by status, running runs with progress")
     _common(p)
@@ -165,13 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="store a document and enqueue its indexing")
     _common(p)
     _with_app(p)
-    p.add_argument("path", metavar="PATH")
+    p.add_argument("path", metavar="PATH", help="a text, Markdown or PDF file")
     p.add_argument("--project", required=True, help="the scope its chunks belong to")
 
     p = sub.add_parser("upload", help="store a ZIP of documents to expand and index")
     _common(p)
     _with_app(p)
-    p.add_argument("path", metavar="ZIP")
+    p.add_argument("path", metavar="ZIP", help="a ZIP archive of documents")
     p.add_argument("--project", required=True, help="the scope its files belong to")
 
     p = sub.add_parser("connections", help="connections kept synced: add, list, sync, delete")
@@ -206,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         c = csub.add_parser(action, help=text)
         _common(c)
-        c.add_argument("connection_id", type=_run_id, metavar="ID")
+        c.add_argument("connection_id", type=_run_id, metavar="ID", help="the connection's id")
 
     p = sub.add_parser("schedules", help="periodic tasks with their next run")
     _common(p)
@@ -303,13 +409,13 @@ only the supervisor gives:
 def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     from .workers.worker import Worker
 
-    app = load_app(cfg.app, cfg, required=False)
     # One direct connection before the worker opens its pool, which would retry a database that
     # does not exist, refused credentials or a closed port for its whole 30 s start-up wait,
     # logging each try. This way they are one line within CHECK_TIMEOUT, as for the other
     # commands: exit 2 for a refusal or a missing schema, 1 for a server that cannot be reached.
     with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT) as conn:
         db.check_schema(conn)
+    app = load_app(cfg.app, cfg)  # as supervise: a worker of no app would poll for nothing
     worker = Worker(app, cfg, deadman=cfg.deadman)
     log.event(
         "worker_standalone",
@@ -376,7 +482,7 @@ def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
     with db.connect(cfg.dsn) as conn:
         db.check_schema(conn)
         with conn.transaction():
-            run_id = app.enqueue(
+            done = app.enqueue_run(
                 conn,
                 args.kind,
                 payload,
@@ -388,7 +494,13 @@ def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
                 delay=args.delay,
                 max_attempts=args.max_attempts,
             )
-    print(run_id)
+    print(done.run_id)
+    if done.existing:
+        print(
+            f"leasework: key {args.key!r} already has an active run: returned run "
+            f"{done.run_id}, enqueued nothing",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -402,6 +514,237 @@ def cmd_cancel(args: argparse.Namespace, cfg: Config) -> int:
         print(f"run {args.run_id}: cancelled")
     else:
         print(f"run {args.run_id}: already finished ({status})")
+    return EXIT_OK
+
+
+def _filters_from(args: argparse.Namespace, conn: Any, allowed: Sequence[str]) -> Any:
+    from . import operations
+
+    since = None
+    if args.since:
+        since = operations.parse_since(args.since, operations.db_now(conn))
+    return operations.Filters(
+        statuses=operations.check_statuses(args.status, allowed),
+        kind=args.kind,
+        key=args.key,
+        tenant=args.tenant,
+        since=since,
+    )
+
+
+def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations
+
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        filters = _filters_from(args, conn, operations.STATUSES)
+        page = operations.list_runs(conn, filters, limit=args.limit, before=args.before)
+    if args.json:
+        doc = {"runs": [_plain_row(r) for r in page.runs], "next_before": page.next_before}
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    sys.stdout.write(render_runs(page.runs))
+    if page.next_before is not None:
+        sys.stdout.write(f"(more: leasework runs ... --before {page.next_before})\n")
+    return EXIT_OK
+
+
+def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: (str(v) if k == "lease_owner" and v is not None else _plain(v)) for k, v in row.items()
+    }
+
+
+def _when(value: Any) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
+
+
+def render_runs(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return "no runs\n"
+    out = [f"{'id':>8}  {'kind':<20} {'status':<10} {'att':>5}  {'created (UTC)':<19}  key / error"]
+    for r in rows:
+        tries = f"{r['attempts']}/{r['max_attempts']}"
+        note = r["key"] or ""
+        if r.get("error"):
+            first = r["error"].splitlines()[0] if r["error"].strip() else ""
+            note = f"{note}  {first}".strip()
+        line = (
+            f"{r['id']:>8}  {r['kind'][:20]:<20} {r['status']:<10} {tries:>5}  "
+            f"{_when(r['created_at']):<19}  {note}"
+        )
+        out.append(line[:160])
+    return "\n".join(out) + "\n"
+
+
+def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations
+
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        run = operations.get_run(conn, args.run_id)
+        now = operations.db_now(conn)
+    if run is None:
+        raise ConfigError(f"no run with id {args.run_id} (it may have been pruned)")
+    if args.json:
+        sys.stdout.write(orjson.dumps(_plain_row(run), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    sys.stdout.write(render_run(run, now))
+    return EXIT_OK
+
+
+def render_run(run: dict[str, Any], now: Any) -> str:
+    from .status import duration
+
+    paused = " (kind paused)" if run.get("kind_paused") else ""
+    fields = [
+        ("run", f"#{run['id']}"),
+        ("kind", f"{run['kind']}{paused}"),
+        (
+            "status",
+            run["status"]
+            + (
+                " (cancel requested)"
+                if run["cancel_requested_at"] and run["status"] == "running"
+                else ""
+            ),
+        ),
+        ("key", run["key"] or "-"),
+        ("tenant", run["tenant"] or "-"),
+        ("group", run["group"] or "-"),
+        ("priority", str(run["priority"])),
+        ("attempts", f"{run['attempts']} of {run['max_attempts']}"),
+        (
+            "progress",
+            f"{run['processed_units']} / {run['total_units'] if run['total_units'] is not None else '?'}",
+        ),
+        ("created", _when(run["created_at"])),
+        ("due", _when(run["queued_at"])),
+        ("started", _when(run["started_at"])),
+        ("finished", _when(run["finished_at"])),
+    ]
+    if run["lease_owner"] is not None:
+        left = (run["lease_expires_at"] - now).total_seconds()
+        fields.append(("worker", run["lease_worker"] or "-"))
+        fields.append(
+            (
+                "lease",
+                f"{run['lease_owner']}, expires in {duration(left)}"
+                if left >= 0
+                else f"{run['lease_owner']}, expired {duration(-left)} ago",
+            )
+        )
+    out = [f"{name + ':':<10} {value}" for name, value in fields]
+
+    def block(title: str, value: Any) -> None:
+        out.append("")
+        out.append(f"{title}:")
+        text = (
+            value
+            if isinstance(value, str)
+            else orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
+        )
+        out.extend("  " + line for line in text.splitlines())
+
+    block("payload", run["payload"])
+    if run["result"] is not None:
+        block("result", run["result"])
+    elif run["status"] in ("succeeded", "partial", "failed", "cancelled"):
+        out.extend(["", "result:   none"])
+    if run["error"]:
+        block("error", run["error"])
+    out.append("")
+    history = run["history"] or []
+    out.append(f"history ({len(history)} attempt{'s' if len(history) != 1 else ''} ended):")
+    for h in history:
+        first = (h.get("error") or "").strip().splitlines()
+        err = f"  {first[0][:100]}" if first else ""
+        out.append(
+            f"  #{h.get('attempt')} {h.get('outcome')!s:<10} {str(h.get('started_at') or '')[:19]} -> "
+            f"{str(h.get('ended_at') or '')[:19]}  {h.get('worker') or '-'}{err}"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _ids_or_filters(args: argparse.Namespace, action: str) -> None:
+    has_filter = any((args.status, args.kind, args.key, args.tenant, args.since))
+    if args.run_ids and has_filter:
+        raise ConfigError(f"{action}: give run ids or filters, not both")
+    if not args.run_ids and not has_filter:
+        raise ConfigError(
+            f"{action}: name run ids, or filters (--kind, --status, --key, --tenant, --since)"
+        )
+
+
+def cmd_retry(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations
+
+    _ids_or_filters(args, "retry")
+    app = load_app(cfg.app, cfg, required=False)
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        filters = None if args.run_ids else _filters_from(args, conn, operations.RETRYABLE)
+        acted = app.retry(
+            conn,
+            args.run_ids or None,
+            filters=filters,
+            attempts=args.attempts,
+            dry_run=args.dry_run,
+        )
+    if acted.dry_run:
+        print(f"would retry {acted.count} run(s)")
+    else:
+        print(
+            f"retried {acted.count} run(s): " + _id_list(acted.ids)
+            if acted.ids
+            else "retried 0 runs"
+        )
+    return EXIT_OK
+
+
+def _id_list(ids: Sequence[int]) -> str:
+    shown = " ".join(str(i) for i in ids[:20])
+    return shown + (f" ... (+{len(ids) - 20})" if len(ids) > 20 else "")
+
+
+def cmd_delete(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations
+
+    _ids_or_filters(args, "delete")
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        filters = None if args.run_ids else _filters_from(args, conn, operations.TERMINAL)
+        acted = operations.delete(conn, args.run_ids or None, filters=filters, dry_run=args.dry_run)
+    if acted.dry_run:
+        print(f"would delete {acted.count} run(s)")
+    else:
+        print(f"deleted {acted.count} run(s)" + (": " + _id_list(acted.ids) if acted.ids else ""))
+    return EXIT_OK
+
+
+def cmd_pause(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations
+
+    known: list[str] = []
+    if cfg.app:
+        known = load_app(cfg.app, cfg).kinds()
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        newly = operations.pause(conn, args.kinds, known=known)
+    for kind in args.kinds:
+        state = "paused" if kind in newly else "already paused"
+        print(f"{kind}: {state}; no worker claims its runs until `leasework resume {kind}`")
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations
+
+    with db.connect(cfg.dsn) as conn:
+        db.check_schema(conn)
+        resumed = operations.resume(conn, args.kinds)
+    for kind in resumed:
+        print(f"{kind}: resumed")
     return EXIT_OK
 
 
@@ -648,6 +991,12 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "supervise": cmd_supervise,
     "enqueue": cmd_enqueue,
     "cancel": cmd_cancel,
+    "runs": cmd_runs,
+    "show": cmd_show,
+    "retry": cmd_retry,
+    "delete": cmd_delete,
+    "pause": cmd_pause,
+    "resume": cmd_resume,
     "status": cmd_status,
     "ingest": cmd_ingest,
     "upload": cmd_upload,
@@ -677,8 +1026,24 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv:  # a bare `leasework`: the usage and the commands, not one error line
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     try:
-        args = build_parser().parse_args(argv)
+        return _main(parser, argv)
+    except BrokenPipeError:
+        # `leasework status --watch | head`: the reader left. Quietly, and without Python's own
+        # complaint when it flushes stdout at exit.
+        with suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    try:
+        args = parser.parse_args(argv)
         if getattr(args, "dsn", None) and log.has_password(args.dsn):
             print(
                 "leasework: warning: --dsn carries a password, which any user of this host can "
@@ -695,6 +1060,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), EXIT_ERROR)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # a one-line report, not a traceback, for anything unexpected
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return _fail(f"{type(exc).__name__}: {first}", EXIT_ERROR)

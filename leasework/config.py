@@ -601,11 +601,7 @@ def load(
         raw = read_file(path)
         for key, value in raw.items():
             if key not in FIELDS:
-                close = difflib.get_close_matches(key, list(FIELDS), n=1, cutoff=0.75)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(
-                    f"{where}: unknown key {_short(key)}{hint}; valid keys: {', '.join(FIELDS)}"
-                )
+                raise ConfigError(f"{where}: unknown key {_short(key)}{did_you_mean(key)}")
             values[key] = _coerce(key, value, where)
     for message in misspelt(env):
         warn(message)
@@ -622,6 +618,16 @@ def load(
             raise ConfigError(f"unknown setting {_short(key)}")
         values[key] = _coerce(key, value, f"--{key.replace('_', '-')}")
     return validate(Config(**values))
+
+
+def did_you_mean(key: str) -> str:
+    """`; did you mean `lease`?` for a misspelt key, else where the keys are listed."""
+    import difflib
+
+    close = difflib.get_close_matches(key.lower(), list(FIELDS), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean `{close[0]}`?"
+    return " (`leasework config --reference` lists every key)"
 
 
 def toml_value(value: Any) -> str:

@@ -10,11 +10,17 @@ import logging
 import re
 import sys
 import time
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
 
 logger = logging.getLogger("leasework")
+
+# The run whose handler is executing in this thread ({run_id, kind, attempt}), set by the
+# executor around the handler: every record logged meanwhile, the handler's own included, carries
+# it.
+RUN: ContextVar[dict[str, Any] | None] = ContextVar("leasework_run", default=None)
 
 # A password in key=value form: its whole value as libpq reads it, quoted (spaces and escaped
 # quotes inside) or not (backslash-escaped characters, `Top\ Secret`, included).
@@ -61,10 +67,19 @@ def first_line(exc: BaseException) -> str:
     return redact_dsn(text.splitlines()[0] if text else type(exc).__name__)
 
 
-def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The event's structured fields, with any DSN password in a string value hidden."""
-    fields = getattr(record, "fields", None) or {}
-    return {k: redact_dsn(v) if isinstance(v, str) else v for k, v in fields.items()}
+def _event(record: logging.LogRecord) -> tuple[str, dict[str, Any]]:
+    """(event name, fields) of a record. A leasework event is its name and its structured fields;
+    any other record (the application's, a handler's own `logging` call) is the event `log` with
+    its logger's name and its message. Both carry the run in progress (RUN), if any. A DSN's
+    password is hidden in every string value."""
+    fields = getattr(record, "fields", None)
+    if fields is not None:
+        name, out = record.getMessage(), dict(fields)
+    else:
+        name, out = "log", {"logger": record.name, "message": record.getMessage()}
+    for key, value in (RUN.get() or {}).items():
+        out.setdefault(key, value)
+    return name, {k: redact_dsn(v) if isinstance(v, str) else v for k, v in out.items()}
 
 
 class JsonFormatter(logging.Formatter):
@@ -72,12 +87,13 @@ class JsonFormatter(logging.Formatter):
     log shippers): the default when stderr is not a terminal."""
 
     def format(self, record: logging.LogRecord) -> str:
+        name, fields = _event(record)
         doc: dict[str, Any] = {
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
-            "event": record.getMessage(),
+            "event": name,
         }
-        doc.update(_fields(record))
+        doc.update(fields)
         if record.exc_info:
             doc["exc"] = redact_dsn(self.formatException(record.exc_info))
         return orjson.dumps(doc, default=str).decode()
@@ -90,8 +106,11 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
         millis = int(record.msecs)
-        parts = [f"{stamp}.{millis:03d} {record.levelname:<5} {record.getMessage()}"]
-        for key, value in _fields(record).items():
+        name, fields = _event(record)
+        if name == "log":  # a plain record: `logger: message`, then the run's fields
+            name = f"{fields.pop('logger')}: {fields.pop('message')}"
+        parts = [f"{stamp}.{millis:03d} {record.levelname:<5} {name}"]
+        for key, value in fields.items():
             if not isinstance(value, str):
                 text = orjson.dumps(value, default=str).decode()
             elif not value or any(ch.isspace() or ch in '"=' for ch in value):
@@ -122,22 +141,39 @@ def resolve_format(fmt: str, stream: Any = None) -> str:
 
 
 def setup(level: str = "INFO", fmt: str = "auto", stream: Any = None) -> None:
-    """Route leasework's events to stderr (or `stream`), one per line, as JSON or text
-    (idempotent: a second call replaces the format and level)."""
+    """Route log records to stderr (or `stream`), one per line, as JSON or text: leasework's
+    events and, in leasework's own processes, every other record too (the handlers' `logging`
+    calls, with the run they belong to). The handler goes on the root logger, so leasework takes
+    part in the logging configuration like any library: when the application configured logging
+    itself (the root already has a handler that is not ours), leasework adds nothing and its
+    events propagate to the application's handlers. Idempotent: a second call replaces the
+    format and level."""
+    explicit = stream is not None  # told where to write: write there whatever else is set up
     stream = sys.stderr if stream is None else stream
     chosen = resolve_format(fmt, stream)
     formatter: logging.Formatter = TextFormatter() if chosen == "text" else JsonFormatter()
-    for h in logger.handlers:
+    root = logging.getLogger()
+    logger.setLevel(level.upper())
+    logger.propagate = True
+    for h in list(logger.handlers):  # from an older setup() that kept leasework to itself
         if getattr(h, "_leasework", False):
+            logger.removeHandler(h)
+    ours = [h for h in root.handlers if getattr(h, "_leasework", False)]
+    for h in ours:
+        if explicit and getattr(h, "stream", None) is not stream:
+            root.removeHandler(h)
+        else:
             h.setFormatter(formatter)
-            logger.setLevel(level.upper())
-            return
+    if any(h in root.handlers for h in ours):
+        root.setLevel(level.upper())
+        return
+    if root.handlers and not explicit:  # the application's own configuration: join it
+        return
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
     handler._leasework = True  # type: ignore[attr-defined]
-    logger.addHandler(handler)
-    logger.setLevel(level.upper())
-    logger.propagate = False
+    root.addHandler(handler)
+    root.setLevel(level.upper())
 
 
 def event(name: str, level: int = logging.INFO, exc_info: bool = False, **fields: Any) -> None:

@@ -9,7 +9,10 @@
 SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, %(key)s::text, %(tenant)s::text,
                          %(group)s::text, %(exclusive)s::boolean, %(priority)s::integer,
                          %(delay)s::float8, %(max_attempts)s::integer, %(lease)s::float8,
-                         %(timeout)s::float8)
+                         %(timeout)s::float8) AS id,
+       -- Set by leasework.enqueue for this call (transaction-local): true when it returned the
+       -- key's active (or waiting) run instead of inserting one. Evaluated after the call.
+       coalesce(current_setting('leasework.enqueued_existing', true), 'false') = 'true' AS existing
 
 -- name: cancel_run
 -- leasework.cancel (schema.sql): a queued or waiting run is cancelled at once; a running one

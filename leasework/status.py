@@ -64,12 +64,14 @@ def collect(
     """
     with tolerant(conn.cursor(row_factory=dict_row)) as cur:
         now_row = cur.execute(Q["status_now"]).fetchone()
-        workers = cur.execute(Q["status_workers"], {"stale": heartbeat_interval * 3}).fetchall()
+        workers = cur.execute(Q["status_workers"], {"stale": heartbeat_interval * 2}).fetchall()
         counts = cur.execute(Q["status_counts"]).fetchall()
         running = cur.execute(Q["status_running"]).fetchall()
         failures = cur.execute(Q["status_failures"]).fetchall()
         connections = cur.execute(Q["status_connections"]).fetchall()
         documents = cur.execute(Q["status_files"]).fetchall()
+        paused = cur.execute(Q["status_paused"]).fetchall()
+        queued = cur.execute(Q["status_queued_kinds"]).fetchall()
     taken_at = float(now_row["taken_at"]) if now_row else 0.0
     by_status: dict[str, int] = {}
     by_kind: dict[str, dict[str, int]] = {}
@@ -90,7 +92,32 @@ def collect(
         "connections": [_plain(c) for c in connections],
         "files": {r["status"]: r["n"] for r in documents if r["what"] == "files"},
         "uploads": {r["status"]: r["n"] for r in documents if r["what"] == "uploads"},
+        "paused": [_plain(p) for p in paused],
+        "oldest_due": {r["kind"]: r["oldest_due"] for r in queued},
+        "unserved": unserved(workers, queued, {p["kind"] for p in paused}, heartbeat_interval),
     }
+
+
+def unserved(
+    workers: list[dict[str, Any]],
+    queued: list[dict[str, Any]],
+    paused: set[str],
+    heartbeat_interval: float,
+) -> list[dict[str, Any]]:
+    """Queued kinds that no live worker seems to serve: due runs of a kind that is not paused,
+    the oldest due for over two heartbeats, while no worker is alive or some live worker sits
+    idle (a busy fleet is a backlog, not a missing worker). Workers do not record their kinds,
+    so this is the evidence there is: an idle worker leaves only runs it does not serve."""
+    alive = [w for w in workers if w["alive"]]
+    idle = [w for w in alive if w["current_run"] is None]
+    wait = max(30.0, 2 * heartbeat_interval)
+    if alive and not idle:
+        return []
+    return [
+        {"kind": r["kind"], "due": r["due"], "oldest_due": r["oldest_due"], "alive": len(alive)}
+        for r in queued
+        if r["kind"] not in paused and r["oldest_due"] > wait
+    ]
 
 
 def progress_rate(
@@ -180,6 +207,16 @@ def render(snap: dict[str, Any]) -> str:
             + "  ".join(
                 f"{s} {uploads.get(s, 0)}" for s in ("pending", "processing", "done", "failed")
             )
+        )
+    for p in snap.get("paused") or []:
+        out.append(
+            f"  paused: {p['kind']} ({p['queued']} queued; leasework resume {p['kind']})"[:80]
+        )
+    for u in snap.get("unserved") or []:
+        who = f"{u['alive']} live worker(s) idle" if u["alive"] else "no live worker"
+        out.append(
+            f"  warning: {u['kind']}: {u['due']} run(s) due for {duration(u['oldest_due'])}, "
+            f"{who}: no worker serves this kind?"
         )
     if snap["running"]:
         out.append("")

@@ -66,3 +66,19 @@ SELECT c.id, c.workspace, c.provider, c.status, c.sync_interval_seconds, c.next_
 SELECT 'files' AS what, status, count(*)::bigint AS n FROM leasework.files GROUP BY status
 UNION ALL
 SELECT 'uploads', status, count(*)::bigint FROM leasework.uploads GROUP BY status
+
+-- name: status_paused
+SELECT p.kind, p.paused_at,
+       (SELECT count(*) FROM leasework.runs r WHERE r.kind = p.kind AND r.status = 'queued')::bigint AS queued
+  FROM leasework.paused_kinds p
+ ORDER BY p.kind
+
+-- name: status_queued_kinds
+-- Per kind: queued runs that are due, and how long the oldest has been due (a run delayed into
+-- the future is not waiting yet). Walks the queued-only partial indexes.
+SELECT kind, count(*)::bigint AS due,
+       extract(epoch FROM leasework.now() - min(queued_at))::float8 AS oldest_due
+  FROM leasework.runs
+ WHERE status = 'queued' AND queued_at <= leasework.now()
+ GROUP BY kind
+ ORDER BY kind

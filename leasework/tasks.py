@@ -32,6 +32,15 @@ _MAX_LABEL = 200
 
 
 @dataclass(frozen=True)
+class Enqueued:
+    """What `App.enqueue_run` did: the run's id, and whether it is the key's run that was
+    already active (or waiting) rather than a new one."""
+
+    run_id: int
+    existing: bool = False
+
+
+@dataclass(frozen=True)
 class Task:
     kind: str
     fn: Callable[[Context, Any], Any]

@@ -14,7 +14,7 @@ SELECT id, kind, key, tenant, status, attempts, max_attempts, processed_units, t
 
 -- name: metrics_workers
 -- Every worker row (status_workers shows the newest 50 only). Alive: not stopped, and a heartbeat
--- within three intervals.
+-- within two intervals (a dead worker shows gone within two heartbeats).
 SELECT count(*) FILTER (WHERE stopped_at IS NULL
                           AND heartbeat_at > leasework.now() - make_interval(secs => %(stale)s))::bigint AS alive,
        count(*)::bigint AS total
@@ -27,33 +27,47 @@ SELECT kind, extract(epoch FROM leasework.now() - min(queued_at))::float8 AS age
  WHERE status = 'queued' AND queued_at <= leasework.now()
  GROUP BY kind
 
--- name: metrics_lease_losses
--- Attempts that lost their lease (`expired`: the lease ran out; `crashed`: the supervisor saw the
--- worker die), among the runs still in the table. Reclaimed: the run was claimed again after the
--- lost attempt (its started_at moved past that attempt's). A lease loss leaves either a second
--- attempt or a failed/running run, so the WHERE keeps the scan off most rows' history.
-SELECT r.kind, e.entry ->> 'outcome' AS outcome, count(*)::bigint AS losses,
-       count(*) FILTER (WHERE r.started_at > leasework.try_instant(e.entry ->> 'started_at'))::bigint AS reclaimed
-  FROM leasework.runs r
- CROSS JOIN LATERAL jsonb_array_elements(
-         CASE jsonb_typeof(r.history) WHEN 'array' THEN r.history ELSE '[]' END) AS e(entry)
- WHERE (r.attempts > 1 OR r.status IN ('failed', 'running'))
-   AND jsonb_typeof(e.entry) = 'object' AND e.entry ->> 'outcome' IN ('expired', 'crashed')
- GROUP BY 1, 2
-
--- name: metrics_claim_latency
--- Claim latency: from the moment a run was due (queued_at, which a retry moves to its new due
--- time) to its claim (started_at), for runs claimed in the last %(window)s seconds. Running runs
--- and recently finished ones cover every recent claim and both have an index.
--- Returns the count, the sum and cumulative counts per bucket bound, for a Prometheus histogram.
-WITH lat AS MATERIALIZED (
-    SELECT greatest(0, extract(epoch FROM started_at - queued_at))::float8 AS s
+-- name: metrics_counters
+-- Counters that only go up: what the runs in the table count now plus what runs that left it
+-- (pruned, deleted) or were retried handed over to leasework.counters before they did (the
+-- runs_deleted trigger, retry_runs). Per kind: `finished` by outcome, the run-duration histogram
+-- (`duration` per bucket, not cumulative, and `duration_sum`), `lost` leases by outcome (expired:
+-- the lease ran out; crashed: the supervisor saw the worker die) and how many of those were
+-- `reclaimed` (the run was claimed again after the lost attempt). A lost lease leaves a second
+-- attempt or a failed, running or cancelled run, so that WHERE keeps the history scan off most
+-- rows. One scan of the table per scrape, as status_counts makes.
+WITH finished AS MATERIALIZED (
+    SELECT kind, status,
+           CASE WHEN started_at IS NOT NULL
+                THEN greatest(extract(epoch FROM finished_at - started_at), 0)::float8 END AS took
       FROM leasework.runs
-     WHERE (status = 'running' OR finished_at > leasework.now() - make_interval(secs => %(window)s))
-       AND started_at > leasework.now() - make_interval(secs => %(window)s)
+     WHERE finished_at IS NOT NULL
+), lost AS MATERIALIZED (
+    SELECT r.kind, e.entry ->> 'outcome' AS outcome,
+           r.started_at > (e.entry ->> 'started_at')::timestamptz AS reclaimed
+      FROM leasework.runs r
+     CROSS JOIN LATERAL jsonb_array_elements(r.history) AS e(entry)
+     WHERE (r.attempts > 1 OR r.status IN ('failed', 'running', 'cancelled'))
+       AND e.entry ->> 'outcome' IN ('expired', 'crashed')
+), counted AS (
+    SELECT kind, 'finished' AS name, status AS label, count(*)::float8 AS value
+      FROM finished GROUP BY 1, 3
+    UNION ALL
+    SELECT kind, 'duration', leasework.duration_bucket(took), count(*)
+      FROM finished WHERE took IS NOT NULL GROUP BY 1, 3
+    UNION ALL
+    SELECT kind, 'duration_sum', '', sum(took) FROM finished WHERE took IS NOT NULL GROUP BY 1
+    UNION ALL
+    SELECT kind, 'lost', outcome, count(*) FROM lost GROUP BY 1, 3
+    UNION ALL
+    SELECT kind, 'reclaimed', '', count(*) FROM lost WHERE reclaimed GROUP BY 1
+    UNION ALL
+    SELECT kind, name, label, value FROM leasework.counters
 )
-SELECT (SELECT count(*) FROM lat)::bigint AS n,
-       (SELECT coalesce(sum(s), 0) FROM lat)::float8 AS total,
-       ARRAY(SELECT (SELECT count(*) FROM lat WHERE lat.s <= b.le)::bigint
-               FROM unnest(%(buckets)s::float8[]) WITH ORDINALITY AS b(le, i)
-              ORDER BY b.i) AS cumulative
+SELECT kind, name, label, sum(value)::float8 AS value
+  FROM counted
+ GROUP BY 1, 2, 3
+ ORDER BY 1, 2, 3
+
+-- name: metrics_duration_buckets
+SELECT leasework.duration_buckets() AS buckets

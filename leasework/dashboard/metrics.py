@@ -1,6 +1,7 @@
 """`/metrics`: Prometheus text format, computed from the database at each scrape (prometheus-client
-metric families; no counters are kept in memory, so every dashboard process reports the same).
-Only reads."""
+metric families). Counters are durable: the runs in the table plus what runs that left it handed
+over to leasework.counters (schema.sql), so they only go up, survive restarts, and every dashboard
+process (on any host) reports the same figures. Only reads."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from typing import Any
 
 import psycopg
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
@@ -18,9 +24,8 @@ from ..queries import load
 Q = load("leasework.dashboard", "dashboard.sql")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# Claim latency buckets, seconds: a NOTIFY wakes a worker in milliseconds; the idle poll is 2 s.
-LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-LATENCY_WINDOW = 900.0
+STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
+OUTCOMES = ("succeeded", "partial", "failed", "cancelled")
 
 
 def families(
@@ -28,77 +33,105 @@ def families(
     snap: Mapping[str, Any],
     *,
     heartbeat_interval: float,
+    version: str = "",
 ) -> list[Metric]:
     """Every metric family for one scrape. `snap` is `status.collect()`'s snapshot (runs by kind
-    and status); the rest comes from dashboard.sql."""
+    and status, the oldest due run per kind); the rest comes from dashboard.sql."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        w = cur.execute(Q["metrics_workers"], {"stale": heartbeat_interval * 2}).fetchone() or {}
+        counted = cur.execute(Q["metrics_counters"]).fetchall()
+        row = cur.execute(Q["metrics_duration_buckets"]).fetchone()
+    bounds = [float(b) for b in (row or {}).get("buckets") or []]
+    by_kind: Mapping[str, Mapping[str, int]] = snap.get("runs_by_kind") or {}
+    kinds = sorted(set(by_kind) | {str(r["kind"]) for r in counted})
+
     runs = GaugeMetricFamily(
         "leasework_runs", "Runs in the table by kind and status.", labels=["kind", "status"]
     )
-    for kind, per in sorted((snap.get("runs_by_kind") or {}).items()):
-        for status, n in sorted(per.items()):
-            runs.add_metric([kind, status], n)
+    for kind in kinds:
+        per = by_kind.get(kind, {})
+        for status in STATUSES:
+            runs.add_metric([kind, status], per.get(status, 0))
 
-    with conn.cursor(row_factory=dict_row) as cur:
-        w = cur.execute(Q["metrics_workers"], {"stale": heartbeat_interval * 3}).fetchone() or {}
-        oldest = cur.execute(Q["metrics_oldest_queued"]).fetchall()
-        losses = cur.execute(Q["metrics_lease_losses"]).fetchall()
-        lat = cur.execute(
-            Q["metrics_claim_latency"],
-            {"window": LATENCY_WINDOW, "buckets": list(LATENCY_BUCKETS)},
-        ).fetchone() or {"n": 0, "total": 0.0, "cumulative": [0] * len(LATENCY_BUCKETS)}
+    oldest_due: Mapping[str, float] = snap.get("oldest_due") or {}
+    oldest = GaugeMetricFamily(
+        "leasework_oldest_queued_age_seconds",
+        "How long the oldest due queued run has waited (0 when none is waiting).",
+        value=max([0.0, *(max(0.0, a) for a in oldest_due.values())]),
+    )
+    oldest_by_kind = GaugeMetricFamily(
+        "leasework_kind_oldest_queued_age_seconds",
+        "How long the oldest due queued run of each kind has waited (0 when none is waiting).",
+        labels=["kind"],
+    )
+    for kind in kinds:
+        oldest_by_kind.add_metric([kind], max(0.0, float(oldest_due.get(kind, 0.0))))
 
     alive = int(w.get("alive") or 0)
-    workers_alive = GaugeMetricFamily(
-        "leasework_workers_alive", "Worker processes with a recent heartbeat.", value=alive
+    workers = GaugeMetricFamily(
+        "leasework_workers",
+        "Worker rows by state: alive (a heartbeat within two intervals) or gone (stopped or "
+        "silent, kept until maintenance prunes them).",
+        labels=["state"],
     )
-    workers_gone = GaugeMetricFamily(
-        "leasework_workers_gone",
-        "Worker rows that stopped or went silent (kept until maintenance prunes them).",
-        value=int(w.get("total") or 0) - alive,
-    )
-    oldest_age = GaugeMetricFamily(
-        "leasework_oldest_queued_age_seconds",
-        "Age of the oldest due queued run, by kind (absent when none is waiting).",
-        labels=["kind"],
-    )
-    for row in oldest:
-        oldest_age.add_metric([row["kind"]], max(0.0, row["age"]))
-    lost = GaugeMetricFamily(
-        "leasework_lease_losses",
-        "Attempts that lost their lease, among runs still in the table; outcome `expired` (the "
-        "lease ran out) or `crashed` (the supervisor saw the worker die).",
+    workers.add_metric(["alive"], alive)
+    workers.add_metric(["gone"], int(w.get("total") or 0) - alive)
+
+    values: dict[tuple[str, str, str], float] = {
+        (str(r["kind"]), str(r["name"]), str(r["label"])): float(r["value"]) for r in counted
+    }
+    finished = CounterMetricFamily(
+        "leasework_runs_finished",
+        "Runs that finished, by kind and outcome (retried runs count each time they finish).",
         labels=["kind", "outcome"],
     )
-    reclaims = GaugeMetricFamily(
+    lost = CounterMetricFamily(
+        "leasework_lease_losses",
+        "Attempts that lost their lease: expired (the lease ran out) or crashed (the supervisor "
+        "saw the worker die).",
+        labels=["kind", "outcome"],
+    )
+    reclaims = CounterMetricFamily(
         "leasework_reclaims",
-        "Lost attempts whose run was claimed again by a worker, among runs still in the table.",
+        "Lost attempts whose run was claimed again by a worker.",
         labels=["kind"],
     )
-    reclaimed_by_kind: dict[str, int] = {}
-    for row in losses:
-        lost.add_metric([row["kind"], row["outcome"]], row["losses"])
-        reclaimed_by_kind[row["kind"]] = reclaimed_by_kind.get(row["kind"], 0) + row["reclaimed"]
-    for kind, n in sorted(reclaimed_by_kind.items()):
-        reclaims.add_metric([kind], n)
-    latency = HistogramMetricFamily(
-        "leasework_claim_latency_seconds",
-        f"From due (queued_at) to claimed (started_at), for runs claimed in the last "
-        f"{LATENCY_WINDOW:g} s.",
+    duration = HistogramMetricFamily(
+        "leasework_run_duration_seconds",
+        "From the start of a run's last attempt to its end, for finished runs, by kind.",
+        labels=["kind"],
     )
-    cumulative = [int(c) for c in lat["cumulative"]]
-    buckets = [(_le(b), c) for b, c in zip(LATENCY_BUCKETS, cumulative, strict=True)]
-    buckets.append(("+Inf", int(lat["n"])))
-    latency.add_metric([], buckets, float(lat["total"]))
+    for kind in kinds:
+        for outcome in OUTCOMES:
+            finished.add_metric([kind, outcome], values.get((kind, "finished", outcome), 0.0))
+        for outcome in ("expired", "crashed"):
+            lost.add_metric([kind, outcome], values.get((kind, "lost", outcome), 0.0))
+        reclaims.add_metric([kind], values.get((kind, "reclaimed", ""), 0.0))
+        cumulative, buckets = 0.0, []
+        for bound in bounds:
+            cumulative += values.get((kind, "duration", f"{bound:g}"), 0.0)
+            buckets.append((f"{bound:g}", cumulative))
+        cumulative += values.get((kind, "duration", "+Inf"), 0.0)
+        buckets.append(("+Inf", cumulative))
+        duration.add_metric([kind], buckets, values.get((kind, "duration_sum", ""), 0.0))
+
+    info = GaugeMetricFamily(
+        "leasework_build_info", "The leasework version serving these metrics.", labels=["version"]
+    )
+    info.add_metric([version], 1)
     up = GaugeMetricFamily("leasework_database_up", "1 when the database answered.", value=1)
-    return [up, runs, oldest_age, workers_alive, workers_gone, lost, reclaims, latency]
+    return [up, info, runs, oldest, oldest_by_kind, workers, finished, lost, reclaims, duration]
 
 
-def database_down() -> list[Metric]:
-    return [GaugeMetricFamily("leasework_database_up", "1 when the database answered.", value=0)]
-
-
-def _le(bound: float) -> str:
-    return f"{bound:g}"
+def database_down(version: str = "") -> list[Metric]:
+    info = GaugeMetricFamily(
+        "leasework_build_info", "The leasework version serving these metrics.", labels=["version"]
+    )
+    info.add_metric([version], 1)
+    return [
+        GaugeMetricFamily("leasework_database_up", "1 when the database answered.", value=0),
+        info,
+    ]
 
 
 class _Fixed(Collector):

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import orjson
 
@@ -26,6 +27,10 @@ header { display: flex; align-items: baseline; gap: 1.5em; padding: .8em 1.5em;
 header h1 { font-size: 1.15em; margin: 0; }
 header a { color: #fff; text-decoration: none; }
 header .note { color: #aab1c2; font-size: .9em; }
+header nav a { margin-right: 1em; }
+form.filters { display: flex; flex-wrap: wrap; gap: .6em; align-items: end; margin: 0 0 .8em; }
+form.filters label { display: flex; flex-direction: column; font-size: .85em; color: var(--muted); }
+.pager { margin-top: .8em; }
 main { padding: 1em 1.5em 3em; max-width: 1400px; }
 section { background: var(--card); border: 1px solid var(--line); border-radius: 6px;
           padding: .8em 1em; margin: 0 0 1em; }
@@ -174,6 +179,8 @@ def layout(title: str, body: str, *, refresh: int | None) -> str:
         '<link rel="stylesheet" href="/static/dashboard.css">'
         '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml"></head><body>'
         '<header><h1><a href="/">leasework</a></h1>'
+        '<nav><a href="/runs">runs</a> <a href="/schedules">schedules</a> '
+        '<a href="/connections">connections</a></nav>'
         f'<span class="note">{esc(note)}</span></header>'
         f"<main>{body}</main></body></html>\n"
     )
@@ -207,7 +214,9 @@ def overview(
             _card("failed", by_status.get("failed", 0), "failed"),
             _card(
                 "oldest queued",
-                ago(oldest_queued) if oldest_queued is not None else "-",
+                ago(oldest_queued)
+                if oldest_queued is not None
+                else ("none due" if by_status.get("queued") else "-"),
                 "oldest-queued",
             ),
         ]
@@ -368,12 +377,23 @@ def _recent_section(recent: Sequence[Mapping[str, Any]]) -> str:
             progress(r.get("processed_units"), r.get("total_units"))
             if r.get("total_units") or r.get("processed_units")
             else "",
-            esc(when(r.get("finished_at") or r.get("started_at") or r.get("queued_at"))),
+            esc(when(last_change(r))),
         ]
         for r in recent
     ]
     headers = ["run", "kind", "key", "tenant", "status", "attempt", "progress", "last change (UTC)"]
     return f'<section id="recent"><h2>Newest runs</h2>{table(headers, rows, empty="no runs")}</section>'
+
+
+def last_change(r: Mapping[str, Any]) -> object:
+    """When the run last changed: finished, else started, else queued; a run queued for later
+    (a delay, a retry's backoff) changed when it was queued, not at its future due time."""
+    if r.get("finished_at") or r.get("started_at"):
+        return r.get("finished_at") or r.get("started_at")
+    due, created = r.get("queued_at"), r.get("created_at")
+    if isinstance(due, datetime) and isinstance(created, datetime) and due > created:
+        return created
+    return due
 
 
 def run_page(run: Mapping[str, Any], *, now: datetime | None) -> str:
@@ -429,7 +449,9 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None) -> str:
         + (
             f"<pre>{esc(pretty_json(result))}</pre>"
             if result is not None
-            else '<p class="empty">no result yet</p>'
+            else '<p class="empty">'
+            + ("no result yet" if status in LIVE_STATUSES else "no result")
+            + "</p>"
         )
         + "</section>"
     )
@@ -513,3 +535,103 @@ def error_page(code: int, message: str) -> str:
         f'<section><h2>{code}</h2><p class="error">{esc(message)}</p></section>',
         refresh=None,
     )
+
+
+RUN_FILTERS = ("status", "kind", "key", "tenant")
+
+
+def runs_page(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    filters: Mapping[str, str],
+    next_before: int | None,
+    paused: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """The `/runs` page: every run, newest first, filtered by status, kind, key and tenant (a
+    plain GET form: no script) and paged by id (`before`)."""
+    options = "".join(
+        f'<option value="{esc(s)}"{" selected" if filters.get("status") == s else ""}>{esc(s)}</option>'
+        for s in ("", *STATUS_ORDER)
+    )
+    fields = "".join(
+        f'<label>{esc(name)}<input name="{esc(name)}" value="{esc(filters.get(name, ""))}"></label>'
+        for name in ("kind", "key", "tenant")
+    )
+    form = (
+        '<form class="filters" method="get" action="/runs">'
+        f'<label>status<select name="status">{options}</select></label>{fields}'
+        '<button type="submit">filter</button> <a href="/runs">clear</a></form>'
+    )
+    body = [
+        [
+            run_link(r.get("id")),
+            esc(r.get("kind")),
+            esc(r.get("key") or ""),
+            esc(r.get("tenant") or ""),
+            status_badge(r.get("status")),
+            esc(f"{r.get('attempts')}/{r.get('max_attempts')}"),
+            esc(when(r.get("created_at"))),
+            esc(when(last_change(r))),
+            f'<span class="error">{esc(first_line(r.get("error")))}</span>'
+            if r.get("error")
+            else "",
+        ]
+        for r in rows
+    ]
+    headers = [
+        "run",
+        "kind",
+        "key",
+        "tenant",
+        "status",
+        "attempt",
+        "created (UTC)",
+        "last change (UTC)",
+        "error",
+    ]
+    pager = ""
+    if next_before is not None:
+        query = urlencode({**{k: v for k, v in filters.items() if v}, "before": next_before})
+        pager = f'<p class="pager"><a id="next-page" href="/runs?{esc(query)}">older runs &rarr;</a></p>'
+    note = ""
+    if paused:
+        names = ", ".join(esc(p.get("kind")) for p in paused)
+        note = f'<p class="muted" id="paused">paused kinds: {names}</p>'
+    section = (
+        f'<section id="runs"><h2>Runs</h2>{form}{note}'
+        f"{table(headers, body, empty='no runs match')}{pager}</section>"
+    )
+    return layout("runs", section, refresh=None)
+
+
+def schedules_page(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The `/schedules` page: periodic tasks, their next run and their last run."""
+    body = [
+        [
+            esc(r.get("name")),
+            esc(r.get("kind")),
+            esc(
+                f"every {ago(r.get('every_seconds'))}"
+                if r.get("every_seconds") is not None
+                else f"{r.get('cron')} {r.get('timezone')}"
+            ),
+            esc(when(r.get("next_run_at"))),
+            (
+                f"{run_link(r.get('last_run_id'))} {status_badge(r.get('last_run_status'))}"
+                if r.get("last_run_id")
+                else '<span class="muted">never</span>'
+            ),
+        ]
+        for r in rows
+    ]
+    headers = ["name", "kind", "schedule", "next run (UTC)", "last run"]
+    section = f'<section id="schedules"><h2>Schedules</h2>{table(headers, body, empty="no schedules")}</section>'
+    return layout("schedules", section, refresh=None)
+
+
+def connections_page(connections: Sequence[Mapping[str, Any]]) -> str:
+    """The `/connections` page: every connection with its last run and per-table results."""
+    section = _connections_section(connections) or (
+        '<section id="connections"><h2>Connections</h2><p class="empty">no connections</p></section>'
+    )
+    return layout("connections", section, refresh=REFRESH_SECONDS)

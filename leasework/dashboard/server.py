@@ -16,11 +16,11 @@ from contextlib import contextmanager, suppress
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
-from .. import db, log, status
+from .. import __version__, db, log, operations, status
 from ..config import Config
 from ..errors import ConfigError, LeaseworkError, SchemaMissing
 from ..queries import load
@@ -36,6 +36,7 @@ SESSIONS = 4
 SESSION_WAIT = 5.0  # seconds a request waits for a free session before answering 503
 STATEMENT_TIMEOUT = "10s"
 RECENT_RUNS = 25
+RUNS_PAGE = 50
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_CONNECTIONS = 32  # open connections at once; more are answered 503 and closed
 REQUEST_DEADLINE = 30.0  # seconds from a request's first byte to its answer, however it trickles
@@ -46,13 +47,17 @@ _RUN_PATH = re.compile(r"^/runs/([0-9]{1,18})/?$")
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'self'; img-src 'self'; base-uri 'none'; "
-        "form-action 'none'; frame-ancestors 'none'"
+        "form-action 'self'; frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+
+
+class BadRequest(Exception):
+    """A query parameter that makes no sense: 400 with one line."""
 
 
 class Unavailable(Exception):
@@ -132,6 +137,43 @@ class Dashboard:
             snap, recent, oldest_queued=oldest_age, now=now["now"] if now else None
         )
 
+    def runs(self, query: dict[str, str]) -> str:
+        """`/runs?status=&kind=&key=&tenant=&before=`: every run, newest first, filtered, paged."""
+        filters = {k: query[k] for k in pages.RUN_FILTERS if query.get(k)}
+        before = query.get("before") or None
+        if before is not None and not before.isdigit():
+            raise BadRequest(f"before must be a run id, got {before!r}")
+        status_filter = filters.get("status")
+        if status_filter is not None and status_filter not in operations.STATUSES:
+            raise BadRequest(f"status must be one of {', '.join(operations.STATUSES)}")
+        with self.session() as conn:
+            page = operations.list_runs(
+                conn,
+                operations.Filters(
+                    statuses=[status_filter] if status_filter else None,
+                    kind=filters.get("kind"),
+                    key=filters.get("key"),
+                    tenant=filters.get("tenant"),
+                ),
+                limit=RUNS_PAGE,
+                before=int(before) if before else None,
+            )
+            paused = operations.paused(conn)
+        return pages.runs_page(
+            page.runs, filters=filters, next_before=page.next_before, paused=paused
+        )
+
+    def schedules(self) -> str:
+        from ..stages.schedule import list_schedules
+
+        with self.session() as conn:
+            return pages.schedules_page(list_schedules(conn))
+
+    def connections(self) -> str:
+        with self.session() as conn:
+            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+        return pages.connections_page(snap.get("connections") or [])
+
     def run(self, run_id: int) -> str | None:
         with self.session() as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
             row = cur.execute(RUNS["get_run"], {"id": run_id}).fetchone()
@@ -144,9 +186,14 @@ class Dashboard:
         try:
             with self.session() as conn:
                 snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
-                fams = metrics.families(conn, snap, heartbeat_interval=self.cfg.heartbeat_interval)
+                fams = metrics.families(
+                    conn,
+                    snap,
+                    heartbeat_interval=self.cfg.heartbeat_interval,
+                    version=__version__,
+                )
         except Unavailable:
-            fams = metrics.database_down()
+            fams = metrics.database_down(__version__)
         return metrics.exposition(fams)
 
     def health(self) -> None:
@@ -371,10 +418,18 @@ class _Handler(BaseHTTPRequestHandler):
                 head=head,
             )
             return
-        path = urlsplit(self.path).path
+        parts = urlsplit(self.path)
+        path = parts.path
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         try:
             if path == "/":
                 self._html(HTTPStatus.OK, d.overview(), head=head)
+            elif path in ("/runs", "/runs/"):
+                self._html(HTTPStatus.OK, d.runs(query), head=head)
+            elif path == "/schedules":
+                self._html(HTTPStatus.OK, d.schedules(), head=head)
+            elif path == "/connections":
+                self._html(HTTPStatus.OK, d.connections(), head=head)
             elif (m := _RUN_PATH.match(path)) is not None:
                 page = d.run(int(m.group(1)))
                 if page is None:
@@ -396,6 +451,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, pages.FAVICON.encode(), "image/svg+xml", head=head)
             else:
                 self._html(HTTPStatus.NOT_FOUND, pages.error_page(404, "no such page"), head=head)
+        except BadRequest as exc:
+            self._html(HTTPStatus.BAD_REQUEST, pages.error_page(400, str(exc)), head=head)
         except Unavailable as exc:
             message = log.redact_dsn(str(exc))
             if path == "/healthz":

@@ -142,6 +142,8 @@ BEGIN
         RETURNING id INTO run_id;
         IF run_id IS NOT NULL THEN
             PERFORM pg_notify('leasework', enqueue.kind);
+            -- Read back by enqueue_run (runs.sql): a new run, not the key's existing one.
+            PERFORM set_config('leasework.enqueued_existing', 'false', true);
             RETURN run_id;
         END IF;
         IF enqueue.exclusive THEN
@@ -155,6 +157,7 @@ BEGIN
             ON CONFLICT (key) WHERE status = 'waiting' AND key IS NOT NULL DO NOTHING
             RETURNING id INTO run_id;
             IF run_id IS NOT NULL THEN
+                PERFORM set_config('leasework.enqueued_existing', 'false', true);
                 RETURN run_id;
             END IF;
             wanted := ARRAY['waiting'];
@@ -167,6 +170,7 @@ BEGIN
          ORDER BY r.id DESC
          LIMIT 1;
         IF run_id IS NOT NULL THEN
+            PERFORM set_config('leasework.enqueued_existing', 'true', true);
             RETURN run_id;
         END IF;
         -- The run that held the key finished between the two statements: try again.

@@ -76,6 +76,7 @@ class Child:
     beat: Beat | None = None
     error: str | None = None
     row_at: float | None = None  # when the parent last wrote this child's workers row
+    row_run: int | None = None  # the current run that row shows
     watchdog_at: float | None = None  # when the watchdog sent QUIT
     killed: bool = False
     cancel_seen: tuple[int, float] | None = None  # (run id, when) the parent saw its cancel
@@ -517,16 +518,27 @@ class Supervisor:
         """One workers row per child, refreshed every heartbeat_interval, but only for children
         heard from since the last write: a silent child's heartbeat_at goes stale, truthfully."""
         interval = self.config.heartbeat_interval
+
+        def run_of(c: Child) -> int | None:
+            return c.beat.run_id if c.beat else None
+
+        # Also at once when a child's current run changed (a claim, a finish), so the workers
+        # table shows what each child runs within a loop of the supervisor, not a heartbeat.
         due = [
             c
             for c in self.children.values()
             if c.booted
-            and (c.row_at is None or (now - c.row_at >= interval and c.last_beat > c.row_at))
+            and (
+                c.row_at is None
+                or (now - c.row_at >= interval and c.last_beat > c.row_at)
+                or run_of(c) != c.row_run
+            )
         ]
-        rows = [Row(c.worker_id, c.pid, c.beat.run_id if c.beat else None) for c in due]
+        rows = [Row(c.worker_id, c.pid, run_of(c)) for c in due]
         if self.hostdb.heartbeat(rows, now):
             for c in due:
                 c.row_at = now
+                c.row_run = run_of(c)
 
     # -- stop, resize, reload -----------------------------------------------------------------
 

@@ -92,11 +92,16 @@ class Executor:
         try:
             self.beat(ctx)  # the supervisor knows the run before its handler starts
             try:
+                # The handler's own `logging` records carry the run (log.RunFormatter).
+                token = log.RUN.set(
+                    {"run_id": claim.id, "kind": claim.kind, "attempt": claim.attempts}
+                )
                 try:
                     ctx.interruptible = True
                     returned = handler(ctx, claim.payload)
                 finally:
                     ctx.interruptible = False
+                    log.RUN.reset(token)
                     # The outcome is written next; the keeper must not take it for a lost lease.
                     self.keeper.drop(claim.id)
             except Exception as exc:

@@ -46,13 +46,20 @@
 -- The UPDATE finds its rows by `id = ANY(ARRAY(...))`, an index look-up whatever the row estimate,
 -- so the generic plan (workers force it on their control connection: planning this statement
 -- costs more than running it) never turns into a hash join over the whole table.
-WITH tenanted_queued AS MATERIALIZED (
+--
+-- Paused kinds (leasework.paused_kinds, `leasework pause`) are taken out of %(kinds)s once per
+-- statement, in `live`: each branch compares r.kind with that one array (an InitPlan, computed
+-- once), so a pause costs the claim one look-up of a tiny table, not one per candidate row. It
+-- holds for every branch, batch claims and reclaims included; a running run finishes.
+WITH live AS MATERIALIZED (
+    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
+), tenanted_queued AS MATERIALIZED (
     SELECT r.id, r.tenant, r.priority, r.queued_at
       FROM leasework.runs r
       JOIN leasework.tenants t ON t.name = r.tenant
      WHERE r.tenant IS NOT NULL
        AND r.status = 'queued' AND r.queued_at <= leasework.now()
-       AND r.kind = ANY(%(kinds)s)
+       AND r.kind = ANY((SELECT k FROM live)::text[])
        AND NOT EXISTS (
             SELECT 1
               FROM leasework.runs o
@@ -72,7 +79,7 @@ WITH tenanted_queued AS MATERIALIZED (
        AND r.status = 'running' AND r.lease_expires_at < leasework.now()
        AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
        AND r.id IS DISTINCT FROM %(finishing)s::bigint
-       AND r.kind = ANY(%(kinds)s)
+       AND r.kind = ANY((SELECT k FROM live)::text[])
        AND NOT EXISTS (
             SELECT 1
               FROM leasework.runs o
@@ -93,7 +100,7 @@ WITH tenanted_queued AS MATERIALIZED (
       FROM leasework.runs r
      WHERE r.tenant IS NULL
        AND r.status = 'queued' AND r.queued_at <= leasework.now()
-       AND r.kind = ANY(%(kinds)s)
+       AND r.kind = ANY((SELECT k FROM live)::text[])
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
@@ -104,7 +111,7 @@ WITH tenanted_queued AS MATERIALIZED (
        AND r.status = 'running' AND r.lease_expires_at < leasework.now()
        AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
        AND r.id IS DISTINCT FROM %(finishing)s::bigint
-       AND r.kind = ANY(%(kinds)s)
+       AND r.kind = ANY((SELECT k FROM live)::text[])
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED

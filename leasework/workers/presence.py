@@ -24,3 +24,7 @@ def upsert_worker(
 
 def stop_worker(conn: psycopg.Connection[Any], worker_id: str) -> None:
     conn.execute(Q["stop_worker"], {"id": worker_id})
+
+
+def remove_worker(conn: psycopg.Connection[Any], worker_id: str) -> None:
+    conn.execute(Q["remove_worker"], {"id": worker_id})

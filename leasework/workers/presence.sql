@@ -10,3 +10,8 @@ ON CONFLICT (id) DO UPDATE
 UPDATE leasework.workers
    SET stopped_at = leasework.now(), heartbeat_at = leasework.now(), current_run = NULL
  WHERE id = %(id)s
+
+-- name: remove_worker
+-- A clean exit (a standalone worker stopping, `worker --once`): its row goes, rather than
+-- showing a "gone" worker until maintenance prunes it.
+DELETE FROM leasework.workers WHERE id = %(id)s

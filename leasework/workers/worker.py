@@ -129,7 +129,8 @@ class Worker:
     def close(self) -> None:
         if self.register and self._last_heartbeat is not None:
             with suppress(psycopg.Error, db.DatabaseUnavailable, ConfigError):
-                self.keeper.run(lambda c: presence.stop_worker(c, self.id))
+                # A clean exit removes its row: a stopped worker is not a "gone" one.
+                self.keeper.run(lambda c: presence.remove_worker(c, self.id))
         self.keeper.close()
         self.conns.close()
         if self._main_ident is not None and threading.get_ident() == self._main_ident:

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework import App
+from leasework import App, operations
 from leasework.workers import lease
 
 from ..conftest import expire_lease, get_run, shift_clock, wait_for
@@ -149,6 +149,30 @@ def claim_takes_only_its_kinds(conn: Conn, tenant: str | None = None) -> None:
     )
     again = claim_one(conn, "w2", kinds=["other"])
     assert again is not None and again.id == run_id and again.attempts == 2
+
+
+def paused_kind_is_never_claimed(conn: Conn, tenant: str | None = None) -> None:
+    """A paused kind is claimed by no one, queued or expired, batch claims included; the other
+    kinds are claimed as ever, and a resumed kind is claimable again."""
+    app = make_app()
+    held = app.enqueue(conn, "job", tenant=tenant)
+    first = claim_one(conn, "w1")
+    assert first is not None and first.id == held
+    queued = app.enqueue(conn, "job", tenant=f"{tenant}-2" if tenant else None)
+    other = app.enqueue(conn, "other", tenant=f"{tenant}-3" if tenant else None)
+    operations.pause(conn, ["job"])
+    expire_lease(conn, held)
+    claims = lease.claim_runs(conn, KINDS, worker="w2", lease=LEASE, limit=10)
+    assert [c.id for c in claims if c.id == queued] == [], (
+        "a claim took a queued run of a paused kind"
+    )
+    assert [c.id for c in claims if c.id == held] == [], (
+        "a claim took an expired run of a paused kind"
+    )
+    assert [c.id for c in claims] == [other]
+    operations.resume(conn, ["job"])
+    again = lease.claim_runs(conn, KINDS, worker="w3", lease=LEASE, limit=10)
+    assert sorted(c.id for c in again) == sorted([held, queued])
 
 
 def expire_worker_leases_expires_only_the_dead_workers_leases(

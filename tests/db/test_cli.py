@@ -45,6 +45,11 @@ def boom(ctx, payload):
 
 @pytest.fixture
 def cli(tmp_path: Path, dsn: str) -> Any:
+    return make_cli(tmp_path, dsn)
+
+
+def make_cli(tmp_path: Path, dsn: str) -> Any:
+    """`run(*args)`: `python -m leasework ARGS --dsn DSN` in tmp_path, with cliapp.py there."""
     (tmp_path / "cliapp.py").write_text(APP_MODULE, encoding="utf-8")
     env = {
         k: v

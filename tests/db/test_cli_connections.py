@@ -43,7 +43,7 @@ def test_connections_commands_end_to_end(
     )
     assert code == 0, err
     cid = int(out)
-    assert run(capsys, dsn, "worker", "--once")[0] == 0
+    assert run(capsys, dsn, "worker", "--once", "--app", "leasework.cli:builtin_app")[0] == 0
     assert live(conn, cid) == {("projects", "1"), ("projects", "2")}
 
     code, out, _ = run(capsys, dsn, "connections", "list")
@@ -56,7 +56,7 @@ def test_connections_commands_end_to_end(
     write_jsonl(tmp_path, "projects", [{"id": 1}])
     code, out, _ = run(capsys, dsn, "connections", "sync", str(cid))
     assert code == 0 and int(out) > 0
-    run(capsys, dsn, "worker", "--once")
+    run(capsys, dsn, "worker", "--once", "--app", "leasework.cli:builtin_app")
     assert live(conn, cid) == {("projects", "1")}
 
     code, out, _ = run(capsys, dsn, "status")
@@ -64,7 +64,7 @@ def test_connections_commands_end_to_end(
 
     code, out, _ = run(capsys, dsn, "connections", "delete", str(cid))
     assert code == 0 and int(out.split()[0]) > 0
-    run(capsys, dsn, "worker", "--once")
+    run(capsys, dsn, "worker", "--once", "--app", "leasework.cli:builtin_app")
     assert connection_row(conn, cid) is None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from leasework import __version__
 from leasework.dashboard import Dashboard
 from leasework.workers.worker import Worker
 
@@ -150,17 +152,34 @@ def test_metrics_in_prometheus_format(dash: Dashboard, scenario: Scenario, conn:
     assert get("leasework_runs", kind="flaky", status="succeeded") == 1
     assert get("leasework_runs", kind="broken", status="failed") == 1
     assert get("leasework_runs", kind="index_docs", status="running") == 1
-    assert get("leasework_workers_alive") >= 2  # w-indexer and the test's own worker
-    assert get("leasework_lease_losses", kind="steady", outcome="expired") == 1
-    assert get("leasework_lease_losses", kind="steady", outcome="crashed") == 1
-    assert get("leasework_reclaims", kind="steady") == 2
-    # every claim in this test happened just now: all of them are in the histogram
-    claims = conn.execute(
-        "SELECT count(*) FROM leasework.runs WHERE started_at IS NOT NULL"
-    ).fetchone()
-    assert claims is not None
-    assert get("leasework_claim_latency_seconds_count") == claims[0]
-    assert get("leasework_claim_latency_seconds_bucket", le="+Inf") == claims[0]
+    assert get("leasework_workers", state="alive") >= 2  # w-indexer and the test's own worker
+    assert get("leasework_lease_losses_total", kind="steady", outcome="expired") == 1
+    assert get("leasework_lease_losses_total", kind="steady", outcome="crashed") == 1
+    assert get("leasework_reclaims_total", kind="steady") == 2
+    assert get("leasework_runs_finished_total", kind="steady", outcome="succeeded") == 2
+    assert get("leasework_runs_finished_total", kind="broken", outcome="failed") == 1
+    assert get("leasework_runs_finished_total", kind="broken", outcome="cancelled") == 0
+    assert get("leasework_run_duration_seconds_count", kind="steady") == 2
+    assert get("leasework_run_duration_seconds_bucket", kind="steady", le="+Inf") == 2
+    assert get("leasework_build_info", version=__version__) == 1
+    assert get("leasework_oldest_queued_age_seconds") == 0  # present, and 0: nothing waits
+
+    # counters only go up: deleting (pruning) the finished runs keeps their counts
+    conn.execute("DELETE FROM leasework.runs WHERE kind = 'steady'")
+    after = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(request(f"{dash.url}metrics").text)
+        for s in f.samples
+    }
+    for name, labels in (
+        ("leasework_lease_losses_total", {"kind": "steady", "outcome": "expired"}),
+        ("leasework_reclaims_total", {"kind": "steady"}),
+        ("leasework_runs_finished_total", {"kind": "steady", "outcome": "succeeded"}),
+        ("leasework_run_duration_seconds_count", {"kind": "steady"}),
+    ):
+        key = (name, tuple(sorted(labels.items())))
+        assert after[key] == samples[key], name
+    assert after[("leasework_runs", (("kind", "steady"), ("status", "succeeded")))] == 0
 
     # a due queued run shows its age; a delayed one does not count
     conn.execute(
@@ -171,10 +190,38 @@ def test_metrics_in_prometheus_format(dash: Dashboard, scenario: Scenario, conn:
     ages = {
         s.labels["kind"]: s.value
         for f in text_string_to_metric_families(text)
-        if f.name == "leasework_oldest_queued_age_seconds"
+        if f.name == "leasework_kind_oldest_queued_age_seconds"
         for s in f.samples
     }
-    assert set(ages) == {"backlog"} and 89 <= ages["backlog"] < 200
+    assert ages["later"] == 0 and 89 <= ages["backlog"] < 200
+    overall = [
+        s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "leasework_oldest_queued_age_seconds"
+        for s in f.samples
+    ]
+    assert len(overall) == 1 and 89 <= overall[0] < 200
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(
+    PROMTOOL is None,
+    reason="no promtool: `apt-get install -y prometheus` (.ci/run installs it)",
+)
+def test_metrics_pass_promtool(dash: Dashboard, scenario: Scenario, conn: Conn) -> None:
+    assert PROMTOOL is not None
+    for _ in range(2):  # with runs, and with an empty table
+        text = request(f"{dash.url}metrics").text
+        check = subprocess.run(
+            [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert check.stdout.strip() == "" and check.stderr.strip() == "", (
+            check.stdout + check.stderr
+        )
+        conn.execute("DELETE FROM leasework.runs")
 
 
 def test_healthz(dash: Dashboard, conn: Conn) -> None:
@@ -286,3 +333,20 @@ def test_cli_refuses_a_missing_schema_and_a_bad_port(server_dsn: str) -> None:
         timeout=30,
     )
     assert run.returncode == 2 and "--port" in run.stderr
+
+
+def test_runs_schedules_and_connections_pages(dash: Dashboard, conn: Conn) -> None:
+    from leasework import App
+
+    app = App()
+    app.task("mail")(lambda ctx, payload: None)
+    ids = [app.enqueue(conn, "mail", tenant="acme") for _ in range(3)]
+    page = request(f"{dash.url}runs?tenant=acme&status=queued")
+    assert page.status == 200
+    assert all(f'href="/runs/{i}"' in page.text for i in ids)
+    assert "acme" in page.text and 'form class="filters" method="get"' in page.text
+    assert "no runs match" in request(f"{dash.url}runs?kind=other").text
+    assert request(f"{dash.url}runs?before=abc").status == 400
+    assert request(f"{dash.url}runs?status=bogus").status == 400
+    assert request(f"{dash.url}schedules").status == 200
+    assert request(f"{dash.url}connections").status == 200

@@ -99,3 +99,63 @@ def test_dashboard_in_chromium(
         assert shot.stat().st_size > 10_000
     with capsys.disabled():
         print(f"\ndashboard screenshots: {overview_shot} {run_shot} {report_shot}")
+
+
+def test_runs_page_filters_and_pages_in_chromium(
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/runs in a real browser: the filter form (a plain GET form, no script) narrows the list,
+    the pager walks older runs, and the schedules and connections pages are one click away."""
+    from leasework import App
+    from leasework.dashboard import server
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    app = App()
+    app.task("mail")(lambda ctx, payload: None)
+    app.task("report")(lambda ctx, payload: None)
+    mails = [
+        app.enqueue(conn, "mail", {"i": i}, tenant="acme") for i in range(server.RUNS_PAGE + 5)
+    ]
+    report = app.enqueue(conn, "report", key="weekly")
+    with running_dashboard(fast_config(dsn)) as dash, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            problems: list[str] = []
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.goto(dash.url)
+            page.locator('header nav a[href="/runs"]').click()
+            page.wait_for_url(f"{dash.url}runs")
+            first = page.locator("#runs tbody tr")
+            assert first.count() == server.RUNS_PAGE
+            assert first.first.locator("a.run-link").inner_text() == f"#{report}"
+            # the pager: the rest, older
+            page.locator("#next-page").click()
+            page.wait_for_selector("#runs tbody tr")
+            older = [
+                t.removeprefix("#") for t in page.locator("#runs a.run-link").all_inner_texts()
+            ]
+            assert [int(t) for t in older] == sorted(mails, reverse=True)[server.RUNS_PAGE - 1 :]
+            # the filter form
+            page.goto(f"{dash.url}runs")
+            page.fill('input[name="kind"]', "report")
+            page.select_option('select[name="status"]', "queued")
+            page.locator('form.filters button[type="submit"]').click()
+            page.wait_for_url("**/runs?status=queued&kind=report**")
+            rows = page.locator("#runs tbody tr")
+            assert rows.count() == 1 and "weekly" in rows.first.inner_text()
+            shot = tmp_path / "dashboard-runs-filtered.png"
+            page.screenshot(path=str(shot), full_page=True)
+            page.fill('input[name="kind"]', "nothing-like-it")
+            page.locator('form.filters button[type="submit"]').click()
+            page.wait_for_selector("text=no runs match")
+            page.locator('header nav a[href="/schedules"]').click()
+            page.wait_for_selector("#schedules")
+            page.locator('header nav a[href="/connections"]').click()
+            page.wait_for_selector("#connections")
+            assert not problems, problems
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
+    with capsys.disabled():
+        print(f"\ndashboard screenshot: {shot}")

@@ -33,6 +33,7 @@ from .checks import (
     expire_worker_leases_expires_only_the_dead_workers_leases,
     idle_fenced_transaction_is_ended,
     last_attempt_is_never_reclaimed,
+    paused_kind_is_never_claimed,
     stale_owner_writes_nothing,
     waiting_run_waits_for_its_key,
 )
@@ -163,10 +164,22 @@ CLAIM_PREDICATES = [
         id="expired-ignoring-the-lease",
     ),
     pytest.param(
-        ("expired", "AND r.kind = ANY(%(kinds)s)", "AND true"),
+        ("expired", "AND r.kind = ANY((SELECT k FROM live)::text[])", "AND true"),
         claim_takes_only_its_kinds,
         "expired run of another kind",
         id="expired-ignoring-kinds",
+    ),
+    pytest.param(
+        ("expired", "ANY((SELECT k FROM live)::text[])", "ANY(%(kinds)s)"),
+        paused_kind_is_never_claimed,
+        "expired run of a paused kind",
+        id="expired-ignoring-pause",
+    ),
+    pytest.param(
+        ("queued", "ANY((SELECT k FROM live)::text[])", "ANY(%(kinds)s)"),
+        paused_kind_is_never_claimed,
+        "queued run of a paused kind",
+        id="queued-ignoring-pause",
     ),
     pytest.param(
         ("queued", "AND r.queued_at <= leasework.now()", "AND true"),
@@ -175,7 +188,7 @@ CLAIM_PREDICATES = [
         id="queued-ignoring-due-time",
     ),
     pytest.param(
-        ("queued", "AND r.kind = ANY(%(kinds)s)", "AND true"),
+        ("queued", "AND r.kind = ANY((SELECT k FROM live)::text[])", "AND true"),
         claim_takes_only_its_kinds,
         "queued run of another kind",
         id="queued-ignoring-kinds",

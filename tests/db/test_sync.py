@@ -540,7 +540,9 @@ def test_purge_never_overlaps_another_run_of_its_workspace(
     syncs(app).connector("alpha")(extract)
     syncs(app).connector("beta")(extract)
     write_jsonl(tmp_path, "t", rows(4))
-    victim = syncs(app).connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
+    victim = syncs(app).connect(
+        conn, workspace="ws", provider="files", config={"path": str(tmp_path)}
+    )
     workers = [make_worker(app) for _ in range(3)]
     workers[0].poll()  # the victim's first sync
     assert len(live(conn, victim)) == 4

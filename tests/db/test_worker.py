@@ -644,7 +644,9 @@ def test_notifies_received_while_busy_wake_an_idle_worker_once(
     assert worker.conns._control is not None and not worker.conns._control._notifies_backlog
     assert worker.conns.idle_wait(5.0) == {"job"}  # at once, all of them as one wake-up (and only
     # kinds it serves: 500 distinct payloads from anyone on the channel take no room)
-    assert worker.conns.idle_wait(0.2) == set()  # and nothing left over: this one waited, then timed out
+    assert (
+        worker.conns.idle_wait(0.2) == set()
+    )  # and nothing left over: this one waited, then timed out
 
 
 def test_notifies_received_during_a_long_job_are_drained_by_its_control_queries(

@@ -16,7 +16,7 @@ from leasework.dashboard.server import _allowed_hosts, host_allowed
 ALLOWED_TAGS = {
     "html", "head", "meta", "title", "link", "body", "header", "h1", "h2", "a", "span", "main",
     "section", "p", "div", "table", "thead", "tbody", "tr", "th", "td", "progress", "br", "pre",
-    "dl", "dt", "dd",
+    "dl", "dt", "dd", "nav",
 }  # fmt: skip
 ALLOWED_ATTRS = {"lang", "charset", "name", "content", "http-equiv", "rel", "href", "type", "class", "id", "value", "max", "data-card"}  # fmt: skip
 
@@ -48,7 +48,9 @@ def check_markup(page: str) -> None:
     assert found.tags <= ALLOWED_TAGS, found.tags - ALLOWED_TAGS
     assert found.attrs <= ALLOWED_ATTRS, found.attrs - ALLOWED_ATTRS
     for href in found.hrefs:
-        assert href == "/" or href.startswith(("/runs/", "/static/")), href
+        assert href in ("/", "/runs", "/schedules", "/connections") or href.startswith(
+            ("/runs/", "/static/")
+        ), href
 
 
 hostile = st.text(alphabet=st.sampled_from('<>"\'&=/ ab\n\u2028;:'), max_size=40) | st.sampled_from(
@@ -164,3 +166,25 @@ def test_host_allowlist() -> None:
         assert host_allowed(good, allowed, 8080), good
     assert not host_allowed("evil.example:8080", allowed, 8080)
     assert _allowed_hosts("0.0.0.0", 8080, []) is None  # not loopback: any Host
+
+
+def test_display_details() -> None:
+    """A finished run without a result says "no result", not "no result yet"; a delayed run's
+    last change is when it was queued, not its future due time; "oldest queued" says "none due"
+    while only delayed runs are queued."""
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    run = {"id": 7, "status": "failed", "payload": {}, "result": None, "history": [],
+           "attempts": 3, "max_attempts": 3, "error": "boom"}  # fmt: skip
+    page = pages.run_page(run, now=now)
+    assert "no result</p>" in page and "no result yet" not in page
+    assert "no result yet" in pages.run_page({**run, "status": "queued"}, now=now)
+    delayed = {"queued_at": now + timedelta(hours=1), "created_at": now}
+    assert pages.last_change(delayed) == now
+    assert pages.last_change({"queued_at": now, "created_at": now}) == now
+    assert pages.last_change({**delayed, "started_at": now + timedelta(hours=2)}) > now
+    snap = {"workers": [], "runs_by_status": {"queued": 1}, "runs_by_kind": {}}
+    overview = pages.overview(snap, [], oldest_queued=None, now=now)
+    card = overview.split('data-card="oldest-queued"')[1].split("</div>")[0]
+    assert "none due" in card

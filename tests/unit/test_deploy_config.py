@@ -22,6 +22,9 @@ def test_every_setting_is_documented_and_the_example_is_valid(tmp_path: Path) ->
     for key in config.FIELDS:
         if key not in ("dsn", "app", "embedder"):
             # An unset timing derived from the lease is shown with its derived value.
-            derived = {"renew_interval": "renew_every", "control_interval": "control_every",
-                       "watchdog_margin": "kill_margin"}.get(key, key)
+            derived = {
+                "renew_interval": "renew_every",
+                "control_interval": "control_every",
+                "watchdog_margin": "kill_margin",
+            }.get(key, key)
             assert getattr(cfg, derived) == getattr(defaults, derived), key

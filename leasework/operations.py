@@ -1,0 +1,387 @@
+"""What an operator does to runs and kinds: look a run up, list runs, retry, delete, pause and
+resume a kind. The CLI, the dashboard and `App` call these; each takes the caller's connection
+and acts in one transaction of its own. Never writes lease columns and never touches a live run:
+bad input (an unknown id, a live run, an unknown kind) raises ConfigError with one line and
+changes nothing."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg.rows import dict_row
+
+from .errors import ConfigError
+from .queries import load
+
+Q = load("leasework", "operations.sql")
+Conn = psycopg.Connection[Any]
+
+STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
+LIVE = frozenset({"waiting", "queued", "running"})
+TERMINAL = ("succeeded", "partial", "failed", "cancelled")
+RETRYABLE = ("failed", "cancelled", "partial")
+MAX_PAGE = 1000
+BATCH = 1000  # runs acted on per statement when acting by filter
+
+_SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+# -- pure helpers ------------------------------------------------------------------------------
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """`--since`: an age (`90s`, `15m`, `2h`, `7d`, `1w`) counted back from `now`, or an ISO 8601
+    time (UTC unless it says otherwise)."""
+    m = _SINCE.match(text)
+    if m:
+        return now - timedelta(seconds=float(m.group(1)) * _UNIT[m.group(2)])
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(
+            f"--since {text!r}: give an age such as 30m, 2h or 7d, or a time such as "
+            "2026-05-01T12:00"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def check_statuses(
+    statuses: str | Iterable[str] | None, allowed: Sequence[str]
+) -> list[str] | None:
+    """Status filter values, each one of `allowed`; a string may hold several, comma-separated."""
+    if statuses is None:
+        return None
+    items = statuses.split(",") if isinstance(statuses, str) else list(statuses)
+    out = [s.strip() for s in items if s.strip()]
+    for s in out:
+        if s not in allowed:
+            raise ConfigError(f"status {s!r} is not one of {', '.join(allowed)}")
+    return out or None
+
+
+def check_ids(ids: Iterable[object]) -> list[int]:
+    out: list[int] = []
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 1:
+            raise ConfigError(f"run id must be a positive integer, got {i!r}")
+        out.append(i)
+    if not out:
+        raise ConfigError("no run id given")
+    return sorted(set(out))
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which runs: each field optional. `since` is the earliest created_at."""
+
+    statuses: list[str] | None = None
+    kind: str | None = None
+    key: str | None = None
+    tenant: str | None = None
+    since: datetime | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "statuses": self.statuses,
+            "kind": self.kind,
+            "key": self.key,
+            "tenant": self.tenant,
+            "since": self.since,
+        }
+
+    @property
+    def empty(self) -> bool:
+        return not (self.kind or self.key or self.tenant or self.since)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of runs, newest first; `next_before` pages on (None: this was the last page)."""
+
+    runs: list[dict[str, Any]]
+    next_before: int | None
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What an action did: the runs it changed (ids) and, for a dry run, how many it would."""
+
+    ids: list[int] = field(default_factory=list)
+    dry_run: bool = False
+    count: int = 0
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def get_run(conn: Conn, run_id: int) -> dict[str, Any] | None:
+    """Every column of one run (payload, result, error, history, lease, worker), plus
+    `kind_paused`; None if there is no such run (never was, or pruned)."""
+    (run_id,) = check_ids([run_id])
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["get_run"], {"id": run_id}).fetchone()
+
+
+def list_runs(
+    conn: Conn, filters: Filters | None = None, *, limit: int = 50, before: int | None = None
+) -> Page:
+    """Runs matching `filters`, newest first, at most `limit` (1-1000). Keyset paging: pass the
+    page's `next_before` as `before` for the next page."""
+    filters = filters or Filters()
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise ConfigError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
+    if before is not None:
+        (before,) = check_ids([before])
+    params = {**filters.params(), "before": before, "limit": limit + 1}
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(Q["list_runs"], params).fetchall()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(rows, rows[-1]["id"] if more and rows else None)
+
+
+def paused(conn: Conn) -> list[dict[str, Any]]:
+    """The paused kinds: kind, paused_at and how many runs of it are queued."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["list_paused"]).fetchall()
+
+
+# -- acting ------------------------------------------------------------------------------------
+
+
+def _locked(conn: Conn, ids: list[int]) -> list[tuple[int, str, str | None, str]]:
+    rows = [
+        (int(r[0]), str(r[1]), r[2], str(r[3]))
+        for r in conn.execute(Q["lock_runs"], {"ids": ids}).fetchall()
+    ]
+    missing = sorted(set(ids) - {r[0] for r in rows})
+    if missing:
+        shown = ", ".join(str(i) for i in missing[:10])
+        raise ConfigError(f"no run with id {shown} (it may have been pruned); nothing changed")
+    return rows
+
+
+def _refuse_statuses(
+    rows: Sequence[tuple[int, str, str | None, str]], allowed: Sequence[str], action: str
+) -> None:
+    bad = [r for r in rows if r[3] not in allowed]
+    if not bad:
+        return
+    first = bad[0]
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    if first[3] in LIVE:
+        why = f"is {first[3]}: only a finished run can be {action}"
+        if first[3] in ("queued", "running", "waiting") and action == "deleted":
+            why += " (cancel it first: leasework cancel ID)"
+    else:
+        why = f"is {first[3]}: only {', '.join(allowed)} runs can be {action}"
+    raise ConfigError(f"run {first[0]} {why}{more}; nothing changed")
+
+
+def _by_filter(
+    conn: Conn, filters: Filters, statuses: Sequence[str], after: int | None
+) -> list[tuple[int, str, str | None, str]]:
+    params = {**filters.params(), "statuses": list(statuses), "after": after, "limit": BATCH}
+    return [
+        (int(r[0]), str(r[1]), r[2], str(r[3]))
+        for r in conn.execute(Q["select_runs"], params).fetchall()
+    ]
+
+
+def _filter_statuses(filters: Filters, allowed: Sequence[str], action: str) -> list[str]:
+    statuses = filters.statuses or list(allowed)
+    bad = [s for s in statuses if s not in allowed]
+    if bad:
+        raise ConfigError(
+            f"--status {bad[0]}: only {', '.join(allowed)} runs can be {action}; nothing changed"
+        )
+    return statuses
+
+
+def retry(
+    conn: Conn,
+    ids: Iterable[int] | None = None,
+    *,
+    filters: Filters | None = None,
+    attempts: int | None = None,
+    budgets: Mapping[str, int] | None = None,
+    default_attempts: int = 3,
+    dry_run: bool = False,
+) -> Acted:
+    """Put failed, cancelled or partial runs back to `queued`, due now, with a fresh attempt
+    budget (`attempts`, else the kind's figure in `budgets`, else `default_attempts`), their
+    history, result and checkpoint kept. By id (every one must exist and be retryable, or
+    nothing changes) or by `filters` (a status filter limited to the retryable ones)."""
+    if attempts is not None and (
+        isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 1000
+    ):
+        raise ConfigError(f"attempts must be an integer from 1 to 1000, got {attempts!r}")
+    budget_json = orjson.dumps(dict(budgets or {})).decode()
+    with conn.transaction():
+        if ids is not None:
+            rows = _locked(conn, check_ids(ids))
+            _refuse_statuses(rows, RETRYABLE, "retried")
+            batches = [rows]
+        else:
+            f = _need_filters(filters, "retry")
+            statuses = _filter_statuses(f, RETRYABLE, "retried")
+            batches = list(_batches(conn, f, statuses))
+        done: list[int] = []
+        count = 0
+        for rows in batches:
+            keys = [r[2] for r in rows if r[2] is not None]
+            if len(keys) != len(set(keys)):
+                dup = next(k for k in keys if keys.count(k) > 1)
+                raise ConfigError(
+                    f"two of these runs share key {dup!r}: retry one at a time; nothing changed"
+                )
+            busy = {r[0] for r in conn.execute(Q["busy_keys"], {"keys": keys}).fetchall()}
+            if busy:
+                run = next(r for r in rows if r[2] in busy)
+                raise ConfigError(
+                    f"run {run[0]}: key {run[2]!r} already has a queued or running run; "
+                    "nothing changed"
+                )
+            count += len(rows)
+            if dry_run or not rows:
+                continue
+            batch = [r[0] for r in rows]
+            conn.execute(Q["tally_retried"], {"ids": batch})
+            changed = conn.execute(
+                Q["retry_runs"],
+                {
+                    "ids": batch,
+                    "attempts": attempts,
+                    "budgets": budget_json,
+                    "default_attempts": default_attempts,
+                },
+            ).fetchall()
+            done.extend(int(r[0]) for r in changed)
+            for kind in sorted({str(r[1]) for r in changed}):
+                conn.execute(Q["notify_kind"], {"kind": kind})
+        if dry_run:
+            return Acted([], True, count)
+    return Acted(sorted(done), False, len(done))
+
+
+def delete(
+    conn: Conn,
+    ids: Iterable[int] | None = None,
+    *,
+    filters: Filters | None = None,
+    dry_run: bool = False,
+) -> Acted:
+    """Delete finished runs (succeeded, partial, failed, cancelled), by id (every one must exist
+    and be finished, or nothing changes) or by `filters`. `dry_run`: count only. What they
+    counted for /metrics is kept (leasework.counters)."""
+    with conn.transaction():
+        if ids is not None:
+            rows = _locked(conn, check_ids(ids))
+            _refuse_statuses(rows, TERMINAL, "deleted")
+            if dry_run:
+                return Acted([], True, len(rows))
+            gone = conn.execute(Q["delete_runs"], {"ids": [r[0] for r in rows]}).fetchall()
+            done = sorted(int(r[0]) for r in gone)
+            return Acted(done, False, len(done))
+        f = _need_filters(filters, "delete")
+        statuses = _filter_statuses(f, TERMINAL, "deleted")
+        if dry_run:
+            row = conn.execute(Q["count_runs"], {**f.params(), "statuses": statuses}).fetchone()
+            return Acted([], True, int(row[0]) if row else 0)
+        done = []
+        for rows in _batches(conn, f, statuses):
+            gone = conn.execute(Q["delete_runs"], {"ids": [r[0] for r in rows]}).fetchall()
+            done.extend(int(r[0]) for r in gone)
+    return Acted(sorted(done), False, len(done))
+
+
+def _need_filters(filters: Filters | None, action: str) -> Filters:
+    if filters is None or (filters.empty and not filters.statuses):
+        raise ConfigError(
+            f"{action}: name run ids, or filters (--kind, --status, --key, --tenant, --since)"
+        )
+    return filters
+
+
+def _batches(
+    conn: Conn, filters: Filters, statuses: Sequence[str]
+) -> Iterable[list[tuple[int, str, str | None, str]]]:
+    after: int | None = None
+    while True:
+        rows = _by_filter(conn, filters, statuses, after)
+        if not rows:
+            return
+        yield rows
+        after = rows[-1][0]
+
+
+def pause(conn: Conn, kinds: Iterable[str], *, known: Iterable[str] = ()) -> list[str]:
+    """Pause kinds: no worker claims their runs (batch claims and reclaims included) until they
+    are resumed; running runs finish. A kind must be known: registered (`known`), or seen in a
+    run or a schedule. Returns the kinds newly paused (already paused ones are left as they are)."""
+    wanted = _kinds(kinds)
+    with conn.transaction():
+        seen = {
+            str(r[0]) for r in conn.execute(Q["known_kinds"], {"kinds": wanted}).fetchall()
+        } | set(known)
+        unknown = [k for k in wanted if k not in seen]
+        if unknown:
+            raise ConfigError(
+                f"unknown kind {unknown[0]!r}: no task, run or schedule has it; nothing paused"
+            )
+        rows = conn.execute(Q["pause_kinds"], {"kinds": wanted}).fetchall()
+        return sorted(str(r[0]) for r in rows)
+
+
+def resume(conn: Conn, kinds: Iterable[str]) -> list[str]:
+    """Resume paused kinds (workers are woken at once). A kind that is not paused is refused,
+    and nothing changes."""
+    wanted = _kinds(kinds)
+    with conn.transaction():
+        current = {r["kind"] for r in paused(conn)}
+        missing = [k for k in wanted if k not in current]
+        if missing:
+            names = ", ".join(sorted(current)) or "none"
+            raise ConfigError(
+                f"kind {missing[0]!r} is not paused (paused: {names}); nothing resumed"
+            )
+        rows = conn.execute(Q["resume_kinds"], {"kinds": wanted}).fetchall()
+        return sorted(str(r[0]) for r in rows)
+
+
+def _kinds(kinds: Iterable[str]) -> list[str]:
+    out = sorted({k for k in kinds})
+    if not out:
+        raise ConfigError("no kind given")
+    for k in out:
+        if not isinstance(k, str) or not k or len(k) > 200:
+            raise ConfigError(f"kind must be a non-empty string, got {k!r}")
+    return out
+
+
+def db_now(conn: Conn) -> datetime:
+    row = conn.execute(Q["db_now"]).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+__all__ = [
+    "Acted",
+    "Filters",
+    "Page",
+    "delete",
+    "get_run",
+    "list_runs",
+    "parse_since",
+    "pause",
+    "paused",
+    "resume",
+    "retry",
+]

@@ -1,0 +1,139 @@
+-- What operators do to runs and kinds (leasework/operations.py): browse, retry, delete, pause.
+-- No statement here writes lease columns; every status change is guarded by the statuses it
+-- may change (a live run is never touched), and runs the caller named are locked first.
+
+-- name: get_run
+SELECT id, kind, key, tenant, "group", exclusive, priority, status, payload, result, error,
+       attempts, max_attempts, lease_seconds, timeout_seconds, queued_at, created_at, started_at,
+       finished_at, lease_owner, lease_worker, lease_expires_at, cancel_requested_at,
+       processed_units, total_units, history,
+       EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = r.kind) AS kind_paused
+  FROM leasework.runs r
+ WHERE id = %(id)s
+
+-- name: list_runs
+-- Newest first, keyset-paged on id (%(before)s: the last id of the previous page). Every filter
+-- is optional (NULL). Walks the primary key backwards, so a page costs its rows, not the table.
+SELECT id, kind, key, tenant, "group", status, attempts, max_attempts, priority,
+       processed_units, total_units, created_at, queued_at, started_at, finished_at,
+       lease_worker, cancel_requested_at IS NOT NULL AS cancel_requested,
+       left(coalesce(error, ''), 300) AS error
+  FROM leasework.runs
+ WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+   AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(key)s::text IS NULL OR key = %(key)s::text)
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- name: lock_runs
+-- The runs an operator named, locked until the action commits, with what decides it. NO KEY
+-- UPDATE: it does not wait for a handler's fenced transaction (FOR KEY SHARE) on a running run,
+-- which is refused anyway; claims skip the rows meanwhile (SKIP LOCKED).
+SELECT id, kind, key, status
+  FROM leasework.runs
+ WHERE id = ANY(%(ids)s::bigint[])
+ ORDER BY id
+   FOR NO KEY UPDATE
+
+-- name: select_runs
+-- The runs matching an operator's filters among %(statuses)s (terminal statuses only: the caller
+-- checks), at most %(limit)s, locked; runs another session holds are left for the next batch.
+SELECT id, kind, key, status
+  FROM leasework.runs
+ WHERE status = ANY(%(statuses)s::text[])
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(key)s::text IS NULL OR key = %(key)s::text)
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
+ ORDER BY id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+-- name: busy_keys
+-- Of the keys given, those with an active (queued or running) run: a retried run with such a
+-- key would be a second active run for it.
+SELECT DISTINCT key
+  FROM leasework.runs
+ WHERE key = ANY(%(keys)s::text[]) AND status IN ('queued', 'running')
+
+-- name: tally_retried
+-- A retried run leaves its terminal status: what it counted as finished moves to
+-- leasework.counters first, so runs_finished_total never goes down (its lost leases stay with
+-- the row, which keeps its history).
+SELECT leasework.add_to_counters(
+           coalesce(jsonb_agg(jsonb_build_object(
+               'kind', kind, 'status', status, 'attempts', attempts, 'started_at', started_at,
+               'finished_at', finished_at, 'history', history)), '[]'::jsonb),
+           false)
+  FROM leasework.runs
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled', 'partial')
+
+-- name: retry_runs
+-- Back to `queued`, due now, with a fresh attempt budget: %(attempts)s more attempts, else the
+-- kind's own figure (%(budgets)s, {kind: n}), else %(default_attempts)s. Attempts already made
+-- and the history stay (attempt numbers keep counting); the result and processed_units stay, so
+-- a checkpointed run resumes. Guarded: only failed, cancelled and partial runs change.
+UPDATE leasework.runs
+   SET status = 'queued',
+       queued_at = leasework.now(),
+       finished_at = NULL,
+       error = NULL,
+       cancel_requested_at = NULL,
+       max_attempts = attempts + coalesce(%(attempts)s::int,
+                                          (%(budgets)s::jsonb ->> kind)::int,
+                                          %(default_attempts)s::int)
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled', 'partial')
+RETURNING id, kind
+
+-- name: delete_runs
+-- Terminal runs only (guarded). The runs_deleted trigger hands their counts to
+-- leasework.counters in the same statement.
+DELETE FROM leasework.runs
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('succeeded', 'partial', 'failed', 'cancelled')
+RETURNING id
+
+-- name: count_runs
+SELECT count(*)::bigint
+  FROM leasework.runs
+ WHERE status = ANY(%(statuses)s::text[])
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(key)s::text IS NULL OR key = %(key)s::text)
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+
+-- name: known_kinds
+-- Of the kinds given, those leasework has heard of: a run or a schedule of that kind.
+SELECT k
+  FROM unnest(%(kinds)s::text[]) AS k
+ WHERE EXISTS (SELECT 1 FROM leasework.runs r WHERE r.kind = k)
+    OR EXISTS (SELECT 1 FROM leasework.schedules s WHERE s.kind = k)
+    OR EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k)
+
+-- name: pause_kinds
+INSERT INTO leasework.paused_kinds (kind, paused_at)
+SELECT k, leasework.now() FROM unnest(%(kinds)s::text[]) AS k
+ON CONFLICT (kind) DO NOTHING
+RETURNING kind
+
+-- name: resume_kinds
+-- NOTIFY: idle workers wake and claim the resumed kinds' queued runs at once.
+WITH resumed AS (
+    DELETE FROM leasework.paused_kinds WHERE kind = ANY(%(kinds)s::text[]) RETURNING kind
+)
+SELECT kind, pg_notify('leasework', kind) IS NULL AS notified FROM resumed
+
+-- name: list_paused
+SELECT p.kind, p.paused_at,
+       (SELECT count(*) FROM leasework.runs r WHERE r.kind = p.kind AND r.status = 'queued')::bigint AS queued
+  FROM leasework.paused_kinds p
+ ORDER BY p.kind
+
+-- name: notify_kind
+SELECT pg_notify('leasework', %(kind)s)
+
+-- name: db_now
+SELECT leasework.now()

@@ -1,0 +1,227 @@
+"""The operator's commands end to end, by subprocess on real Postgres: runs, show, retry, delete,
+pause, resume; the CLI's conventions (--version, global options before the command, usage on a
+bare `leasework`, help for every flag, "did you mean", a closed pipe); enqueue telling a key's
+existing run; worker refusing without an app and removing its row on a clean exit; a handler's
+own `logging` records in the worker's output with its run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from leasework.cli import build_parser
+
+from ..conftest import get_run
+from .test_cli import make_cli, ok
+
+Conn = psycopg.Connection[Any]
+
+LOGGING_APP = """
+import logging
+from leasework import App
+
+app = App()
+log = logging.getLogger("opsapp.handlers")
+
+
+@app.task("chatty")
+def chatty(ctx, payload):
+    log.info("working on week %s", payload["week"])
+    log.warning("almost done")
+    return {"sent": payload["week"]}
+"""
+
+
+@pytest.fixture
+def cli(tmp_path: Path, dsn: str) -> Any:
+    return make_cli(tmp_path, dsn)
+
+
+def snapshot(conn: Conn) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT * FROM leasework.runs ORDER BY id").fetchall()
+
+
+def one_line_exit_2(result: subprocess.CompletedProcess[str], says: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("leasework: "), result.stderr
+    assert says in lines[0], lines[0]
+
+
+def test_runs_show_retry_delete_pause_resume(conn: Conn, cli: Any) -> None:
+    app = ["--app", "cliapp:app"]
+    hello = int(ok(cli("enqueue", "hello", "--payload", '{"week": 48}', "--key", "acct-7", *app)))
+    again = cli("enqueue", "hello", "--key", "acct-7", *app)
+    assert again.returncode == 0 and int(again.stdout) == hello
+    assert "already has an active run: returned run" in again.stderr
+    boom = int(ok(cli("enqueue", "boom", *app)))
+    ok(cli("worker", "--once", *app))
+    assert get_run(conn, hello)["status"] == "succeeded"
+    assert get_run(conn, boom)["status"] == "failed"
+
+    listing = ok(cli("runs"))
+    lines = listing.splitlines()
+    assert lines[1].split()[:3] == [str(boom), "boom", "failed"]
+    assert lines[2].split()[:3] == [str(hello), "hello", "succeeded"]
+    assert "RuntimeError: boom" in lines[1]
+    page = orjson.loads(ok(cli("runs", "--limit", "1", "--json")))
+    assert [r["id"] for r in page["runs"]] == [boom] and page["next_before"] == boom
+    page2 = orjson.loads(ok(cli("runs", "--limit", "1", "--before", str(boom), "--json")))
+    assert [r["id"] for r in page2["runs"]] == [hello] and page2["next_before"] is None
+    only = orjson.loads(ok(cli("runs", "--status", "failed", "--kind", "boom", "--json")))
+    assert [r["id"] for r in only["runs"]] == [boom]
+    assert orjson.loads(ok(cli("runs", "--key", "acct-7", "--since", "1h", "--json")))["runs"]
+
+    shown = ok(cli("show", str(hello)))
+    assert "status:    succeeded" in shown and '"echo"' in shown and '"week": 48' in shown
+    assert "#1 succeeded" in shown
+    doc = orjson.loads(ok(cli("show", str(boom), "--json")))
+    assert doc["status"] == "failed" and "RuntimeError: boom" in doc["error"]
+    assert doc["history"][0]["outcome"] == "failed"
+
+    # bad input: one line, exit 2, nothing changed
+    before = snapshot(conn)
+    one_line_exit_2(cli("show", "424242"), "no run with id 424242")
+    one_line_exit_2(cli("retry", str(hello)), f"run {hello} is succeeded")
+    one_line_exit_2(cli("retry", "424242"), "no run with id 424242")
+    one_line_exit_2(cli("retry"), "name run ids, or filters")
+    one_line_exit_2(cli("delete", str(boom), "--kind", "boom"), "run ids or filters, not both")
+    one_line_exit_2(cli("runs", "--status", "bogus"), "status 'bogus' is not one of")
+    one_line_exit_2(cli("runs", "--since", "yesterday"), "--since 'yesterday'")
+    one_line_exit_2(cli("pause", "nope"), "unknown kind 'nope'")
+    one_line_exit_2(cli("resume", "hello"), "'hello' is not paused")
+    assert snapshot(conn) == before
+
+    assert ok(cli("retry", "--kind", "boom", "--dry-run")).strip() == "would retry 1 run(s)"
+    assert ok(cli("retry", str(boom), *app)).startswith(f"retried 1 run(s): {boom}")
+    run = get_run(conn, boom)
+    assert run["status"] == "queued" and run["max_attempts"] == 2  # one more: the task's figure
+
+    # a live run: retry and delete refuse it
+    before = snapshot(conn)
+    one_line_exit_2(cli("delete", str(boom)), f"run {boom} is queued")
+    one_line_exit_2(cli("retry", str(boom)), f"run {boom} is queued")
+    assert snapshot(conn) == before
+
+    assert "hello: paused" in ok(cli("pause", "hello"))
+    paused = ok(cli("status"))
+    assert "paused: hello" in paused
+    queued = int(ok(cli("enqueue", "hello", *app)))
+    ok(cli("worker", "--once", *app))
+    assert get_run(conn, queued)["status"] == "queued"  # paused: not claimed
+    assert get_run(conn, boom)["status"] == "failed"  # its other kind ran
+    assert ok(cli("resume", "hello")).strip() == "hello: resumed"
+    ok(cli("worker", "--once", *app))
+    assert get_run(conn, queued)["status"] == "succeeded"
+
+    assert ok(cli("delete", "--kind", "hello", "--dry-run")).strip() == "would delete 2 run(s)"
+    assert ok(cli("delete", str(hello))).strip() == f"deleted 1 run(s): {hello}"
+    assert conn.execute(
+        "SELECT count(*) FROM leasework.runs WHERE id = %s", (hello,)
+    ).fetchone() == (0,)
+
+
+def test_version_global_options_bare_usage_and_did_you_mean(
+    conn: Conn, cli: Any, tmp_path: Path, dsn: str
+) -> None:
+    from leasework import __version__
+
+    assert ok(cli("--version", with_dsn=False)).strip() == f"leasework {__version__}"
+    # global options before the command
+    before = cli("--dsn", dsn, "status", "--json", with_dsn=False)
+    assert before.returncode == 0, before.stderr
+    assert "runs_by_status" in orjson.loads(before.stdout)
+    # given after the command too, the later one wins
+    both = cli("--dsn", "postgresql://nobody@127.0.0.1:1/x", "status", "--dsn", dsn, with_dsn=False)
+    assert both.returncode == 0, both.stderr
+    bare = cli(with_dsn=False)
+    assert bare.returncode == 2 and "usage: leasework" in bare.stderr
+    assert "retry" in bare.stderr and "pause" in bare.stderr
+    (tmp_path / "typo.toml").write_text("leese = 30\n", encoding="utf-8")
+    one_line_exit_2(cli("status", "--config", "typo.toml"), "did you mean `lease`?")
+
+
+def _actions(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.Action]]:
+    out: list[tuple[str, argparse.Action]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _actions(sub, f"{path} {name}")
+        else:
+            out.append((path, action))
+    return out
+
+
+def test_every_flag_and_argument_has_help() -> None:
+    missing = [
+        f"{path}: {action.option_strings or action.dest}"
+        for path, action in _actions(build_parser(), "leasework")
+        if not action.help and not isinstance(action, argparse._HelpAction)
+    ]
+    assert not missing, missing
+
+
+def test_status_watch_into_a_closed_pipe_exits_quietly(conn: Conn, dsn: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leasework", "--dsn", dsn, "status", "--watch", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()  # it printed; now the reader goes away, as `head` does
+    proc.stdout.close()
+    try:
+        rc = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    err = proc.stderr.read().decode()
+    assert rc == 0 and err == "", (rc, err)
+
+
+def test_worker_without_an_app_refuses(cli: Any) -> None:
+    one_line_exit_2(cli("worker", "--once"), "no app given")
+
+
+def test_worker_once_removes_its_row(conn: Conn, cli: Any) -> None:
+    ok(cli("worker", "--once", "--app", "cliapp:app"))
+    assert conn.execute("SELECT count(*) FROM leasework.workers").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_handlers_own_log_records_reach_the_workers_output_with_its_run(
+    conn: Conn, cli: Any, tmp_path: Path, fmt: str
+) -> None:
+    (tmp_path / "logapp.py").write_text(LOGGING_APP, encoding="utf-8")
+    app = ["--app", "logapp:app"]
+    run_id = int(ok(cli("enqueue", "chatty", "--payload", '{"week": 48}', *app)))
+    result = cli("worker", "--once", "--log-format", fmt, *app)
+    assert result.returncode == 0, result.stderr
+    assert get_run(conn, run_id)["status"] == "succeeded"
+    lines = result.stderr.splitlines()
+    if fmt == "json":
+        docs = [orjson.loads(line) for line in lines]  # every line is JSON: no bare text
+        mine = [d for d in docs if d["event"] == "log"]
+        assert [(d["level"], d["message"]) for d in mine] == [
+            ("info", "working on week 48"),
+            ("warning", "almost done"),
+        ]
+        for d in mine:
+            assert d["logger"] == "opsapp.handlers"
+            assert (d["run_id"], d["kind"], d["attempt"]) == (run_id, "chatty", 1)
+        done = [d for d in docs if d["event"] == "run_succeeded"]
+        assert len(done) == 1 and isinstance(done[0]["duration"], float)
+    else:
+        mine = [line for line in lines if "opsapp.handlers:" in line]
+        assert len(mine) == 2, lines
+        assert " INFO  opsapp.handlers: working on week 48 " in mine[0] + " "
+        assert f"run_id={run_id}" in mine[0] and "kind=chatty" in mine[0]
+        assert "attempt=1" in mine[1] and "WARNING" in mine[1]

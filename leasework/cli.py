@@ -21,8 +21,8 @@ from . import db, log
 from .app import App, Family
 from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
-from .status import terminal_safe
 from .operations import STATUSES
+from .status import terminal_safe
 
 F = TypeVar("F", bound=Family)
 

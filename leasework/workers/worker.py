@@ -85,7 +85,7 @@ class Worker:
             name=self.id,
             stop_at=lambda: self._stop_at,
             interrupt=self._interrupt,
-            on_tick=lambda keeper: self._keeper_tick(),
+            on_tick=lambda keeper: self.beat(self.current),
         )
         self.conns = Connections(self.config, self.id, lambda p: self.stage_for(p) is not None)
         self.executor = Executor(
@@ -174,13 +174,9 @@ class Worker:
 
     # -- liveness -------------------------------------------------------------------------------
 
-    def _keeper_tick(self) -> None:
-        self.heartbeat()
-        if self.on_beat is not None:
-            self.on_beat(self, self.current)
-
     def beat(self, ctx: Context | None) -> None:
-        """Liveness: called after each poll and each ctx.check(); the supervisor listens."""
+        """Liveness: called after each poll, each ctx.check() and each keeper tick; the
+        supervisor listens."""
         self.heartbeat()
         if self.on_beat is not None:
             self.on_beat(self, ctx)

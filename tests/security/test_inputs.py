@@ -101,7 +101,7 @@ def test_settings_out_of_range_exit_2(cli: Any, setting: str, value: str, needle
         ("embedding_dim = 1e9\n", "embedding_dim must be an integer"),
         ("pool_size = 100000\n", "pool_size must be"),
         ("poll_interval = 1e-9\n", "poll_interval must be"),
-        ("processs = 3\n", "did you mean 'processes'"),
+        ("processs = 3\n", "did you mean .processes."),
     ],
 )
 def test_config_file_values_out_of_range_name_key_and_file(

@@ -108,7 +108,9 @@ def test_kill_9_of_a_child_mid_job_is_recovered_within_a_poll(
 def test_sigstop_past_the_lease_then_sigcont_writes_nothing(
     supervise: Start, pconn: Conn, app_dir: Path
 ) -> None:
-    sup = supervise(processes=2, watchdog=False)
+    # Watchdog and dead man's switch off: only the fence stands between the resumed child and
+    # a stale write (with the switch on, a stop outlasting the lease on a busy machine kills it).
+    sup = supervise(processes=2, watchdog=False, deadman=False)
     sup.wait_children(2)
     run_id = _hold(pconn, app_dir)
     run = wait_for(lambda: _running(pconn, run_id, 1))
@@ -124,7 +126,7 @@ def test_sigstop_past_the_lease_then_sigcont_writes_nothing(
     finally:
         os.kill(paused, signal.SIGCONT)
     sup.wait_event("lease_lost", lambda e: e.get("run_id") == run_id)
-    wait_for(lambda: list(app_dir.glob(f"fence-refused-{run_id}-{paused}")))
+    wait_for(lambda: list(app_dir.glob(f"fence-refused-{run_id}-{paused}")), timeout=60)
     done = get_run(pconn, run_id)
     assert done["status"] == "succeeded" and done["attempts"] == 2
     assert done["result"]["attempt"] == 2

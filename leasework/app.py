@@ -52,6 +52,22 @@ class Family:
     leasework.syncs.Syncs and leasework.documents.Documents; ARCHITECTURE.md has a small one."""
 
     name: str = "family"
+    _app: App | None = None  # set by App.use
+
+    @property
+    def app(self) -> App:
+        """The app this family was installed on."""
+        if self._app is None:
+            cls = type(self).__name__
+            raise LeaseworkError(f"the {cls} family is not in use: app.use({cls}()) first")
+        return self._app
+
+    @property
+    def config(self) -> Config:
+        return self.app.config
+
+    def enqueue(self, conn: Conn, kind: str, payload: Any = None, **options: Any) -> int:
+        return self.app.enqueue(conn, kind, payload, **options)
 
     def install(self, app: App) -> None:
         """Register the family's kinds on `app` (Task(..., family=self.name))."""
@@ -135,6 +151,7 @@ class App:
         its own API: `syncs = app.use(Syncs())`."""
         if family.name in self.families:
             raise ConfigError(f"family {family.name!r} is used twice")
+        family._app = self
         family.install(self)
         self.families[family.name] = family
         return family

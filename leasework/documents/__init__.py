@@ -13,7 +13,6 @@ import psycopg
 
 from ..app import App, Family
 from ..config import Config
-from ..errors import LeaseworkError
 from ..stages.maintenance import Pruner
 from ..workers.stage import Stage
 from . import files
@@ -34,28 +33,13 @@ class Documents(Family):
     name = "documents"
 
     def __init__(self) -> None:
-        self._app: App | None = None
         self._embedder: Embedder | None = None
         self._store: FileStore | None = None
 
     # -- the family's side of the app ---------------------------------------------------------
 
     def install(self, app: App) -> None:
-        self._app = app
         app.register(ingest_task())
-
-    @property
-    def app(self) -> App:
-        if self._app is None:
-            raise LeaseworkError("the Documents family is not in use: app.use(Documents()) first")
-        return self._app
-
-    @property
-    def config(self) -> Config:
-        return self.app.config
-
-    def enqueue(self, conn: Conn, kind: str, payload: Any = None, **options: Any) -> int:
-        return self.app.enqueue(conn, kind, payload, **options)
 
     def stages(self, config: Config) -> list[Stage]:
         return [IngestStage(self, config), ExpandStage(self, config)]

@@ -13,7 +13,7 @@ import psycopg
 from .. import log
 from ..app import App, Family
 from ..config import Config
-from ..errors import ConfigError, LeaseworkError
+from ..errors import ConfigError
 from ..stages.maintenance import Pruner
 from ..tasks import check_label
 from ..workers.stage import Stage
@@ -38,29 +38,14 @@ class Syncs(Family):
 
     def __init__(self) -> None:
         self.connectors: dict[str, Connector] = builtin_connectors()
-        self._app: App | None = None
         self._kinds = kinds.ConnectionKinds(self)
 
     # -- the family's side of the app ---------------------------------------------------------
 
     def install(self, app: App) -> None:
-        self._app = app
         self._kinds = kinds.ConnectionKinds(self)
         for task in self._kinds.tasks():
             app.register(task)
-
-    @property
-    def app(self) -> App:
-        if self._app is None:
-            raise LeaseworkError("the Syncs family is not in use: app.use(Syncs()) first")
-        return self._app
-
-    @property
-    def config(self) -> Config:
-        return self.app.config
-
-    def enqueue(self, conn: Conn, kind: str, payload: Any = None, **options: Any) -> int:
-        return self.app.enqueue(conn, kind, payload, **options)
 
     def stages(self, config: Config) -> list[Stage]:
         return []  # its kinds run in the engine's runs stage

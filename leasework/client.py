@@ -32,13 +32,13 @@ Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
 
 
-
 def _copy_many() -> str:
     """The COPY of enqueue_many without keys (rows of _Many.copy_rows, ids drawn beforehand)."""
     return (
         'COPY leasework.runs (id, kind, tenant, "group", priority, payload, max_attempts, '
         "lease_seconds, timeout_seconds, queued_at) FROM STDIN"
     )
+
 
 __all__ = ["Client", "KindDefaults"]
 

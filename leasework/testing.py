@@ -218,9 +218,10 @@ class Runner:
             ended, promoted = lease.expire_and_promote(self._control, 100)
             if ended or promoted:
                 continue
-            if jump_delays and self._control.execute(
-                Q["make_next_due"], {"kinds": chosen}
-            ).fetchall():
+            if (
+                jump_delays
+                and self._control.execute(Q["make_next_due"], {"kinds": chosen}).fetchall()
+            ):
                 continue
             break
         return ran

@@ -53,9 +53,7 @@ def run_pytest(
     where: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """pytest in a subprocess, with the plugin loaded as the entry point would load it."""
-    installed = any(
-        ep.value == "leasework.pytest_plugin" for ep in entry_points(group="pytest11")
-    )
+    installed = any(ep.value == "leasework.pytest_plugin" for ep in entry_points(group="pytest11"))
     plugin = [] if installed else ["-p", "leasework.pytest_plugin"]
     full_env = {k: v for k, v in os.environ.items() if k != "LEASEWORK_PYTEST_DSN"}
     full_env.update({"PYTHONPATH": f"{where}{os.pathsep}{ROOT}", **(env or {})})

@@ -25,6 +25,15 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                             interval '0');
 $$;
 
+-- The kinds the workers of this database have handlers for: each worker's maintenance stage
+-- upserts its app's kinds (seen_at, hourly). A queued run whose kind no worker declared in the
+-- last seven days is ended `failed` by fail_unknown_kinds once it has waited unknown_kind_after
+-- (stages/maintenance.sql), rather than staying queued for ever. (Migration 0009.)
+CREATE TABLE IF NOT EXISTS leasework.kinds (
+    kind    text PRIMARY KEY,
+    seen_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- One row per tenant, made on enqueue. The claim locks it (FOR UPDATE OF r, t SKIP LOCKED) so two
 -- workers cannot both pass the rate limiter for the same tenant.
 CREATE TABLE IF NOT EXISTS leasework.tenants (
@@ -247,7 +256,8 @@ BEGIN
     IF enqueue.kind IS NULL OR enqueue.kind !~ '^[A-Za-z0-9_.:/@+-]{1,200}$' THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
             'kind %s is not valid: use 1-200 characters from letters, digits and _ . : / @ + -',
-            coalesce(quote_literal(left(enqueue.kind, 200)), 'NULL'));
+            -- JSON-quoted, so a newline or an escape in it cannot break the one-line error.
+            coalesce(to_jsonb(left(enqueue.kind, 80))::text, 'NULL'));
     END IF;
     FOR label IN SELECT * FROM (VALUES ('key', enqueue.key), ('tenant', enqueue.tenant),
                                        ('group', enqueue."group")) AS l(name, value) LOOP
@@ -278,7 +288,8 @@ BEGIN
             'timeout_seconds must be > 0 and at most 2592000 (30 days), got %s',
             enqueue.timeout_seconds);
     END IF;
-    IF enqueue.payload IS NULL THEN
+    -- SQL NULL and JSON null alike are stored as {}, as the Python path stores None.
+    IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) = 'null' THEN
         enqueue.payload := '{}';
     ELSIF octet_length(enqueue.payload::text) > 67108864 THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',

@@ -205,7 +205,7 @@ class App(Client):
         for family in families:
             stages.extend(family.stages(config))
         pruners = [p for family in families for p in family.pruners()]
-        stages.append(MaintenanceStage(config, extra=pruners))
+        stages.append(MaintenanceStage(config, extra=pruners, kinds=self.kinds()))
         return stages
 
     # -- enqueue and cancel: the Client's, for the kinds registered here ---------------------

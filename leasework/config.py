@@ -320,6 +320,14 @@ class Config:
         default=86400.0,
         metadata=_doc("seconds between prunes of stopped worker rows", range=Range(1, 30 * DAY)),
     )
+    unknown_kind_after: float = field(
+        default=3600.0,
+        metadata=_doc(
+            "seconds a queued run of a kind no worker has a handler for waits before maintenance "
+            "ends it failed (0: never)",
+            range=Range(0, 30 * DAY),
+        ),
+    )
     retention_succeeded: float = field(
         default=7 * 86400.0, metadata=_doc("seconds a succeeded run is kept", range=_RETENTION)
     )

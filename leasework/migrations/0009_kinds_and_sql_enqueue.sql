@@ -37,8 +37,11 @@ BEGIN
     IF enqueue.kind IS NULL OR enqueue.kind !~ '^[A-Za-z0-9_.:/@+-]{1,200}$' THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
             'kind %s is not valid: use 1-200 characters from letters, digits and _ . : / @ + -',
-            -- JSON-quoted, so a newline or an escape in it cannot break the one-line error.
-            coalesce(to_jsonb(left(enqueue.kind, 80))::text, 'NULL'));
+            -- A kind with a control character is shown JSON-quoted (escaped), so that a newline
+            -- in it cannot break the one-line error.
+            CASE WHEN enqueue.kind IS NULL THEN 'NULL'
+                 WHEN enqueue.kind ~ '[\x01-\x1f\x7f]' THEN to_jsonb(left(enqueue.kind, 80))::text
+                 ELSE quote_literal(left(enqueue.kind, 80)) END);
     END IF;
     FOR label IN SELECT * FROM (VALUES ('key', enqueue.key), ('tenant', enqueue.tenant),
                                        ('group', enqueue."group")) AS l(name, value) LOOP

@@ -351,6 +351,13 @@ class Config:
             range=Range(1, DAY),
         ),
     )
+    dashboard_actions: bool = field(
+        default=False,
+        metadata=_doc(
+            "the dashboard offers cancel, retry, delete, pause and resume (POST forms with a CSRF "
+            "token); off: read-only (`leasework dashboard --actions` turns it on)"
+        ),
+    )
     log_level: str = field(default="info", metadata=_doc("debug, info, warning or error"))
     log_format: str = field(
         default="auto",

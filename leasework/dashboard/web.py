@@ -36,6 +36,7 @@ from ..errors import ConfigError, LeaseworkError, NotFound, SchemaMissing
 from ..queries import load
 from ..stages.schedule import list_schedules
 from . import csrf, metrics, pages
+from .settings import DashboardSettings
 
 Q = load("leasework.dashboard", "dashboard.sql")
 
@@ -178,7 +179,9 @@ class DashboardApp:
     ) -> None:
         self.cfg = cfg
         self.app = app if app is not None else App(cfg)
-        self.actions = bool(cfg.dashboard_actions if actions is None else actions)
+        if actions is None:
+            actions = cfg.section(DashboardSettings).dashboard_actions
+        self.actions = bool(actions)
         self.token = token or None
         if self.token is not None and not TOKEN_LENGTH[0] <= len(self.token) <= TOKEN_LENGTH[1]:
             raise ConfigError("dashboard: the token must be 16-4096 characters long")

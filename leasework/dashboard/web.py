@@ -29,6 +29,8 @@ from urllib.parse import parse_qs, quote, urlencode
 import psycopg
 
 from .. import __version__, db, log, operations, status
+from .. import documents as _documents  # noqa: F401 - its settings section, for load_config
+from .. import syncs as _syncs  # noqa: F401 - its settings section, for load_config
 from ..app import App
 from ..config import Config
 from ..config import load as load_config
@@ -441,7 +443,12 @@ class DashboardApp:
             message = self.act_on_kind(kind_match.group(1), kind)
             if not _BACK.match(back):
                 back = "/kinds"
-        log.event("dashboard_action", path=req.path, outcome=message)
+        log.event(
+            "dashboard_action",
+            path=req.path,
+            client=str(req.environ.get("REMOTE_ADDR") or ""),
+            outcome=message,
+        )
         cookie = self._cookie(req, csrf.FLASH_COOKIE, csrf.sign(self.secret, message))
         return Response(
             HTTPStatus.SEE_OTHER,

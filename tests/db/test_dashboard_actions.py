@@ -7,8 +7,11 @@ dashboard drawing no form and refusing every POST; beyond loopback, the token st
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -272,3 +275,48 @@ def test_a_refused_post_body_is_never_read_as_the_next_request(
     assert answer.startswith(b"HTTP/1.1 415"), answer[:80]
     assert answer.count(b"HTTP/1.1 ") == 1 and b"Connection: close" in answer
     assert request(f"{acting.url}healthz").status == 200
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_leasework_dashboard_turns_actions_on_by_flag_or_setting(
+    dsn: str, conn: Conn, tmp_path: Any, how: str
+) -> None:
+    """The command itself: `--actions` or LEASEWORK_DASHBOARD_ACTIONS, with the app named (so
+    a retry gets its task's budget), says so on start and serves the forms; a cancel works."""
+    (tmp_path / "dashapp.py").write_text(
+        "from leasework import App\napp = App()\n"
+        "@app.task('mail', max_attempts=7)\ndef mail(ctx, payload):\n    return None\n"
+    )
+    app = App()
+    app.task("mail")(lambda ctx, payload: None)
+    queued = app.enqueue(conn, "mail", {})
+    env = {**os.environ, "LEASEWORK_DSN": dsn, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = ["--app", "dashapp:app"]
+    if how == "flag":
+        args.append("--actions")
+    else:
+        env["LEASEWORK_DASHBOARD_ACTIONS"] = "true"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leasework", "dashboard", "--port", "0", *args],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = re.search(r"(http://127\.0\.0\.1:\d+/) \(actions on;", line)
+        assert m, line
+        c = Client(m.group(1))
+        token = c.token(f"/runs/{queued}")
+        assert c.post(f"/runs/{queued}/cancel", {"csrf": token}).status == 303
+        assert status_of(conn, queued) == "cancelled"
+        assert c.post(f"/runs/{queued}/retry", {"csrf": token}).status == 303
+        row = conn.execute("SELECT status, max_attempts FROM leasework.runs WHERE id = %s", (queued,))
+        assert row.fetchone() == ("queued", 7)  # the task's budget, known through --app
+        assert "mail" in c.get("/kinds").text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

@@ -301,8 +301,12 @@ class Keeper:
             self._thread.start()
 
     def _next_wake(self, now: float) -> float:
-        """Seconds until something is due: a control query, a renewal, a timeout, shutdown."""
-        times = [now + self.config.heartbeat_interval]
+        """Seconds until something is due: a control query, a renewal, a timeout, shutdown.
+        With nothing held, at most control_every: a run held meanwhile is due no sooner than
+        that after its claim (at the default lease), so `_changed` need not wake the thread for
+        it. Otherwise one-at-a-time mode, where nothing is held while a seal and the next claim
+        are in flight, woke the thread for every run (a thread switch per job)."""
+        times = [now + min(self.config.heartbeat_interval, self.config.control_every)]
         stop_at = self._stop_at()
         for held in list(self._held.values()):
             if held.signal.reason == "lost":

@@ -97,7 +97,9 @@ class Worker:
             stopping=lambda: self.stopping,
             rand=rand,
         )
-        self.site = Site(self.id, self.config, self.conns, self.executor, lambda: self.stopping)
+        self.site = Site(
+            self.id, self.config, self.conns, self.executor, lambda: self.stopping, self.others_due
+        )
         self._want_deadman = deadman
         self._keeper_thread = keeper_thread
         self._main_ident: int | None = None
@@ -231,6 +233,16 @@ class Worker:
         self.conns.drain_notifies()
         self.beat(None)
         return done
+
+    def others_due(self, name: str) -> bool:
+        """Is a stage other than `name` due (never asked, found work last time, asked for by a
+        NOTIFY, or its idle period has passed)? A stage that has done its limit goes on only
+        while none is (Site.yield_after_limit)."""
+        now = time.monotonic()
+        for stage in self.stages:
+            if stage.name != name and now >= self._idle_until.get(stage.name, 0.0):
+                return True
+        return any(self.stage_for(p) not in (None, name) for p in self.conns.woken)
 
     def run(self, *, once: bool = False) -> None:
         """Poll until stopped. Does not sleep after a poll that found work; an idle sleep wakes

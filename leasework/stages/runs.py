@@ -41,6 +41,9 @@ class RunsStage:
         pending: tuple[Claim, Any] | None = None
         turns = 0
         drained = False  # the last claim found nothing
+        # A stage of one kind declared batch=N claims its N in one statement (with several
+        # kinds the first run is claimed across all of them, so priority decides which kind).
+        whole = self.app.tasks[kinds[0]].batch if len(kinds) == 1 else 1
         try:
             while not site.stopping:
                 if turns >= self.limit:
@@ -61,7 +64,11 @@ class RunsStage:
                         site.executor.seal_success(*pending)
                         pending = None
                     claims = lease.claim_runs(
-                        site.conns.control(), kinds, worker=site.worker_id, lease=site.config.lease
+                        site.conns.control(),
+                        kinds,
+                        worker=site.worker_id,
+                        lease=site.config.lease,
+                        limit=whole,
                     )
                 if not claims:
                     drained = True
@@ -80,13 +87,14 @@ class RunsStage:
                     continue
                 # A kind with batch=N: the next N - 1 runs of the same kind in one more statement,
                 # so that which run comes first still follows priority across every kind.
-                claims += lease.claim_runs(
-                    site.conns.control(),
-                    [first.kind],
-                    worker=site.worker_id,
-                    lease=site.config.lease,
-                    limit=batch - 1,
-                )
+                if whole == 1:
+                    claims += lease.claim_runs(
+                        site.conns.control(),
+                        [first.kind],
+                        worker=site.worker_id,
+                        lease=site.config.lease,
+                        limit=batch - 1,
+                    )
                 handled += site.executor.run_batch(claims, handler)
         finally:
             if pending is not None:

@@ -145,7 +145,11 @@ class Config:
     )
     runs_limit: int = field(
         default=10,
-        metadata=_doc("runs the `runs` stage executes per poll at most", range=Range(1, 1000)),
+        metadata=_doc(
+            "runs the `runs` stage executes per poll before it yields to another stage that is due "
+            "(it goes on while every other stage rests)",
+            range=Range(1, 1000),
+        ),
     )
     settle_limit: int = field(
         default=100,

@@ -13,7 +13,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .config import Config
-from .errors import ConfigError, LeaseworkError, WrongConnection
+from .errors import ConfigError, LeaseworkError, NotFound, WrongConnection
 from .queries import load
 from .tasks import (
     DEFAULT_TIMEOUT,
@@ -126,7 +126,7 @@ def _check_run_id(run_id: object) -> int:
 
 def _cancelled(row: Any, run_id: int) -> str:
     if row is None or row[0] is None:
-        raise ConfigError(f"no run with id {run_id}")
+        raise NotFound(f"no run with id {run_id}")
     return str(row[0])
 
 

@@ -34,6 +34,11 @@ class PayloadError(ConfigError):
     """A payload that is not JSON, or is over the size cap."""
 
 
+class WrongConnection(ConfigError, TypeError):
+    """A sync method given a psycopg AsyncConnection, an `_async` one given a sync Connection, or
+    something that is no psycopg connection at all."""
+
+
 class ResultError(LeaseworkError, ValueError):
     """A handler's result (or ctx.result) that cannot be stored as jsonb: the run fails, retried
     like any handler error."""

@@ -4,7 +4,7 @@ package (leasework/stages/ and the families); this package imports none of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,11 +22,19 @@ class Site:
     conns: Connections
     executor: Executor
     is_stopping: Callable[[], bool]
+    # The worker's pool (config `pools`): whether it claims a kind. Every kind without a pool.
+    serves: Callable[[str], bool] = lambda kind: True
 
     @property
     def stopping(self) -> bool:
         """The worker is stopping: claim nothing more (a claim in hand still runs)."""
         return self.is_stopping()
+
+    def claimable(self, kinds: Iterable[str]) -> list[str]:
+        """The kinds among `kinds` this worker claims: a stage passes its kinds through this
+        before every claim (claim_runs, finish_and_claim, a batch's), so a child of a pool never
+        takes another pool's runs."""
+        return [k for k in kinds if self.serves(k)]
 
 
 class Stage(Protocol):

@@ -16,8 +16,8 @@ from .config import Config
 from .errors import ConfigError, LeaseworkError, UnknownKind
 from .queries import load
 from .stages.maintenance import MaintenanceStage, Pruner
-from .stages.runs import RunsStage
-from .stages.schedule import ScheduleStage
+from .stages.runs import RunsSettings, RunsStage
+from .stages.schedule import ScheduleSettings, ScheduleStage
 from .tasks import (
     DEFAULT_TIMEOUT,
     MAX_TIMEOUT,
@@ -194,8 +194,16 @@ class App:
         config = config or self.config
         families = list(self.families.values())
         stages: list[Stage] = [
-            ScheduleStage(self, limit=config.schedule_limit, due=[f.enqueue_due for f in families]),
-            RunsStage(self, limit=config.runs_limit, settle_limit=config.settle_limit),
+            ScheduleStage(
+                self,
+                limit=config.section(ScheduleSettings).schedule_limit,
+                due=[f.enqueue_due for f in families],
+            ),
+            RunsStage(
+                self,
+                limit=config.section(RunsSettings).runs_limit,
+                settle_limit=config.section(RunsSettings).settle_limit,
+            ),
         ]
         for family in families:
             stages.extend(family.stages(config))

@@ -366,9 +366,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def register_sections(app: str | None = None) -> None:
+    """Import what declares settings before a config is read: the built-in families, and the
+    module of the app if one is named (its own families' sections). An app that cannot be
+    imported is left for `load_app` to report."""
+    importlib.import_module("leasework.syncs")
+    importlib.import_module("leasework.documents")
+    module = (app or "").partition(":")[0]
+    if module:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        with suppress(Exception):  # reported by load_app with its own message
+            importlib.import_module(module)
+
+
 def _config(args: argparse.Namespace, **overrides: Any) -> Config:
     return configmod.load(
         getattr(args, "config", None),
+        prepare=register_sections,
         overrides={
             "dsn": getattr(args, "dsn", None),
             "app": getattr(args, "app", None),
@@ -1005,8 +1020,8 @@ def cmd_config(args: argparse.Namespace, cfg: Config) -> int:
     if args.reference:
         sys.stdout.write(configmod.reference())
         return EXIT_OK
-    for name in configmod.FIELDS:
-        value = getattr(cfg, name)
+    for name in configmod.all_keys():
+        value = configmod.value(cfg, name)
         text = "unset" if value is None else configmod.toml_value(value)
         if name == "dsn" and value:
             try:

@@ -10,7 +10,7 @@ family's `pruners()`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,13 +18,54 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .. import log
-from ..config import Config
+from ..config import DAY, RETENTION, Config, Range, doc, section
 from ..queries import load
 from ..workers import lease
 from ..workers.stage import Site
 
 Q = load("leasework.stages", "maintenance.sql")
 Conn = psycopg.Connection[Any]
+
+
+@section("The `maintenance` stage", order=30)
+@dataclass(frozen=True)
+class MaintenanceSettings:
+    maintenance_limit: int = field(
+        default=1000,
+        metadata=doc(
+            "rows each maintenance handler deletes per poll at most", range=Range(1, 1_000_000)
+        ),
+    )
+    prune_interval: float = field(
+        default=3600.0,
+        metadata=doc(
+            "seconds between prunes of finished runs and uploads", range=Range(1, 30 * DAY)
+        ),
+    )
+    workers_prune_interval: float = field(
+        default=86400.0,
+        metadata=doc("seconds between prunes of stopped worker rows", range=Range(1, 30 * DAY)),
+    )
+    retention_succeeded: float = field(
+        default=7 * 86400.0, metadata=doc("seconds a succeeded run is kept", range=RETENTION)
+    )
+    retention_partial: float = field(
+        default=30 * 86400.0, metadata=doc("seconds a partial run is kept", range=RETENTION)
+    )
+    retention_failed: float = field(
+        default=30 * 86400.0, metadata=doc("seconds a failed run is kept", range=RETENTION)
+    )
+    retention_cancelled: float = field(
+        default=7 * 86400.0, metadata=doc("seconds a cancelled run is kept", range=RETENTION)
+    )
+    retention_workers: float = field(
+        default=86400.0,
+        metadata=doc("seconds a stopped (or long silent) worker row is kept", range=RETENTION),
+    )
+
+
+def settings(cfg: Config) -> MaintenanceSettings:
+    return cfg.section(MaintenanceSettings)
 
 
 @dataclass(frozen=True)
@@ -44,29 +85,31 @@ def due(last_run_at: datetime | None, backlog: bool, period: float, now: datetim
 
 
 def prune_runs(conn: Conn, cfg: Config, limit: int) -> int:
+    s = settings(cfg)
     retention = {
-        "succeeded": cfg.retention_succeeded,
-        "partial": cfg.retention_partial,
-        "failed": cfg.retention_failed,
-        "cancelled": cfg.retention_cancelled,
+        "succeeded": s.retention_succeeded,
+        "partial": s.retention_partial,
+        "failed": s.retention_failed,
+        "cancelled": s.retention_cancelled,
     }
     params = {**retention, "shortest": min(retention.values()), "limit": limit}
     return len(conn.execute(Q["prune_runs"], params).fetchall())
 
 
 def prune_workers(conn: Conn, cfg: Config, limit: int) -> int:
-    params = {"retention": cfg.retention_workers, "limit": limit}
+    params = {"retention": settings(cfg).retention_workers, "limit": limit}
     return len(conn.execute(Q["prune_workers"], params).fetchall())
 
 
 PRUNERS: tuple[Pruner, ...] = (
-    Pruner("prune_runs", lambda c: c.prune_interval, prune_runs),
-    Pruner("prune_workers", lambda c: c.workers_prune_interval, prune_workers),
+    Pruner("prune_runs", lambda c: settings(c).prune_interval, prune_runs),
+    Pruner("prune_workers", lambda c: settings(c).workers_prune_interval, prune_workers),
 )
 
 
 class MaintenanceStage:
     name = "maintenance"
+    settings = MaintenanceSettings
     wakes: frozenset[str] = frozenset()
 
     def __init__(
@@ -79,7 +122,7 @@ class MaintenanceStage:
     ) -> None:
         self.config = config
         self.handlers = (*handlers, *extra)
-        self.limit = limit if limit is not None else config.maintenance_limit
+        self.limit = limit if limit is not None else settings(config).maintenance_limit
 
     def step(self, site: Site) -> int:
         done = 0

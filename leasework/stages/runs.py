@@ -5,16 +5,32 @@ same statement as the next claim (lease.sql, finish_and_claim)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import Range, doc, section
 from ..tasks import Registry
 from ..workers import lease
 from ..workers.lease import Claim
 from ..workers.stage import Site
 
 
+@section("The `runs` stage", order=10)
+@dataclass(frozen=True)
+class RunsSettings:
+    runs_limit: int = field(
+        default=10,
+        metadata=doc("runs the `runs` stage executes per poll at most", range=Range(1, 1000)),
+    )
+    settle_limit: int = field(
+        default=100,
+        metadata=doc("expired or waiting runs settled per poll at most", range=Range(1, 100_000)),
+    )
+
+
 class RunsStage:
     name = "runs"
+    settings = RunsSettings
 
     def __init__(self, app: Registry, *, limit: int = 10, settle_limit: int = 100) -> None:
         self.app = app

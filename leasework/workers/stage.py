@@ -39,7 +39,9 @@ class Site:
 
 class Stage(Protocol):
     """One bounded step of a poll. `wakes`: the NOTIFY payloads (task kinds, `upload`) whose
-    arrival asks this stage at once rather than at its next turn."""
+    arrival asks this stage at once rather than at its next turn. A stage with settings of its
+    own declares them beside it as a config section (`config.section`) and names it in a
+    `settings` class attribute; its `limit` usually comes from there."""
 
     name: str
     limit: int

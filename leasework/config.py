@@ -772,8 +772,8 @@ def toml_value(value: Any) -> str:
         return f'"{value}"'
     if isinstance(value, tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, Pool):
-        return value.spec()
+    if isinstance(value, Pool):  # a spec string, which `pools` also reads back
+        return f'"{value.spec()}"'
     return repr(value)
 
 

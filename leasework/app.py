@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 
 from . import operations
 from .config import Config
-from .errors import ConfigError, LeaseworkError, UnknownKind
+from .errors import ConfigError, LeaseworkError, NotFound, UnknownKind
 from .queries import load
 from .stages.maintenance import MaintenanceStage, Pruner
 from .stages.runs import RunsSettings, RunsStage
@@ -386,7 +386,7 @@ class App:
             raise ConfigError(f"run id must be a positive 64-bit integer, got {run_id!r}")
         row = conn.execute(Q["cancel_run"], {"id": run_id}).fetchone()
         if row is None or row[0] is None:
-            raise ConfigError(f"no run with id {run_id}")
+            raise NotFound(f"no run with id {run_id}")
         return str(row[0])
 
     def get_run(self, conn: Conn, run_id: int) -> dict[str, Any] | None:

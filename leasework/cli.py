@@ -329,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("dashboard", help="read-only web page, /metrics and /healthz")
+    p = sub.add_parser(
+        "dashboard", help="web page (read-only unless --actions), /metrics and /healthz"
+    )
     _common(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
@@ -346,6 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding the token every request must carry (else LEASEWORK_DASHBOARD_TOKEN); "
         "required beyond loopback",
     )
+    p.add_argument(
+        "--actions",
+        action="store_true",
+        default=None,
+        help="offer cancel, retry, delete, pause and resume (POST forms with a CSRF token; "
+        "else config dashboard_actions)",
+    )
+    _with_app(p)
 
     p = sub.add_parser("config", help="print the settings in effect, or the reference")
     _common(p)
@@ -372,6 +382,7 @@ def register_sections(app: str | None = None) -> None:
     imported is left for `load_app` to report."""
     importlib.import_module("leasework.syncs")
     importlib.import_module("leasework.documents")
+    importlib.import_module("leasework.dashboard.settings")
     module = (app or "").partition(":")[0]
     if module:
         if os.getcwd() not in sys.path and "" not in sys.path:
@@ -1004,9 +1015,20 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
             "and every page cross the network in clear",
             file=sys.stderr,
         )
-    dash = Dashboard(cfg, host=args.host, port=args.port, allow_hosts=args.allow_host, token=token)
+    # With --app, a retry gets each task's attempt budget and pause knows the registered kinds.
+    app = load_app(cfg.app, cfg, required=False) if cfg.app else None
+    dash = Dashboard(
+        cfg,
+        host=args.host,
+        port=args.port,
+        allow_hosts=args.allow_host,
+        token=token,
+        app=app,
+        actions=args.actions,
+    )
     signal.signal(signal.SIGTERM, lambda signum, frame: dash.shutdown())
-    print(f"leasework dashboard on {dash.url} (read-only; Ctrl-C stops it)", flush=True)
+    mode = "actions on" if dash.actions else "read-only"
+    print(f"leasework dashboard on {dash.url} ({mode}; Ctrl-C stops it)", flush=True)
     try:
         dash.serve_forever()
     except KeyboardInterrupt:

@@ -21,6 +21,11 @@ class ConfigError(LeaseworkError):
     """Bad configuration, bad usage or bad input: exit code 2, nothing written."""
 
 
+class NotFound(ConfigError):
+    """An id or a kind that names nothing (no such run, no such kind): bad input like any other
+    ConfigError; the dashboard answers it 404 rather than 409."""
+
+
 class UnknownKind(ConfigError):
     """A run kind no handler is registered for."""
 

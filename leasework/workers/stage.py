@@ -22,6 +22,10 @@ class Site:
     conns: Connections
     executor: Executor
     is_stopping: Callable[[], bool]
+    # Whether a stage other than the one named is due for its turn (it found work last time, or
+    # its idle period has passed, or a NOTIFY asked for it). Default: always, so a stage ends its
+    # step at its limit.
+    others_due: Callable[[str], bool] = lambda name: True
     # The worker's pool (config `pools`): whether it claims a kind. Every kind without a pool.
     serves: Callable[[str], bool] = lambda kind: True
 
@@ -29,6 +33,12 @@ class Site:
     def stopping(self) -> bool:
         """The worker is stopping: claim nothing more (a claim in hand still runs)."""
         return self.is_stopping()
+
+    def yield_after_limit(self, name: str) -> bool:
+        """Asked by a stage that has done its `limit` and has more: should it end its step now?
+        Yes if another stage is due; if every other stage is resting (it found nothing a moment
+        ago), the stage may go on, so a busy queue is not cut into polls for nothing."""
+        return self.others_due(name)
 
     def claimable(self, kinds: Iterable[str]) -> list[str]:
         """The kinds among `kinds` this worker claims: a stage passes its kinds through this

@@ -102,9 +102,8 @@ class Worker:
             stopping=lambda: self.stopping,
             rand=rand,
         )
-        self.site = Site(
-            self.id, self.config, self.conns, self.executor, lambda: self.stopping, self.serves
-        )
+        site = (self.id, self.config, self.conns, self.executor, lambda: self.stopping)
+        self.site = Site(*site, self.others_due, self.serves)
         self._want_deadman = deadman
         self._keeper_thread = keeper_thread
         self._main_ident: int | None = None
@@ -122,8 +121,8 @@ class Worker:
     # -- opening and closing --------------------------------------------------------------------
 
     def open(self) -> Worker:
-        """Connections first (a bad or missing database fails in one line), then the dead man's
-        switch, the interrupt signal, the first heartbeat and the keeper's thread."""
+        """Connections (a bad database fails in one line), the dead man's switch, the interrupt
+        signal, the first heartbeat, the keeper's thread."""
         self.conns.open()
         if self._want_deadman and self.keeper.deadman is None:
             self.keeper.deadman = Deadman()
@@ -182,8 +181,7 @@ class Worker:
     # -- liveness -------------------------------------------------------------------------------
 
     def beat(self, ctx: Context | None) -> None:
-        """Liveness: called after each poll, each ctx.check() and each keeper tick; the
-        supervisor listens."""
+        """Liveness, after each poll, run, ctx.check() and keeper tick; the supervisor listens."""
         self.heartbeat()
         if self.on_beat is not None:
             self.on_beat(self, ctx)
@@ -213,12 +211,9 @@ class Worker:
     # -- the loop -------------------------------------------------------------------------------
 
     def poll(self, *, skip_idle: bool = False) -> int:
-        """Run every stage once, in order. Returns how many items the stages handled.
-
-        skip_idle (used by `run()` between back-to-back polls while work keeps coming): a stage
-        that found nothing is not asked again until poll_interval has passed, the seed's own poll
-        period, so a busy queue of short runs does not pay every idle stage's queries per batch.
-        """
+        """Run every stage once, in order; how many items they handled. skip_idle (`run()`,
+        between back-to-back polls): a stage that found nothing rests until poll_interval has
+        passed, so a busy queue does not pay every idle stage's queries per batch."""
         done = 0
         now = time.monotonic()
         for stage in self.stages:
@@ -242,6 +237,12 @@ class Worker:
         self.conns.drain_notifies()
         self.beat(None)
         return done
+
+    def others_due(self, name: str) -> bool:
+        """Is a stage other than `name` due: not resting, or asked for by a NOTIFY?"""
+        now, rest = time.monotonic(), self._idle_until
+        due = any(s.name != name and now >= rest.get(s.name, 0.0) for s in self.stages)
+        return due or any(self.stage_for(p) not in (None, name) for p in self.conns.woken)
 
     def run(self, *, once: bool = False) -> None:
         """Poll until stopped. Does not sleep after a poll that found work; an idle sleep wakes

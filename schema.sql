@@ -417,6 +417,11 @@ CREATE TABLE IF NOT EXISTS leasework.workers (
     current_run  bigint
 );
 
+-- The worker's pool (config `pools`; NULL: every kind) and its kinds (NULL with a pool: every
+-- kind no other pool of its host names). Written by upsert_worker; read by status.
+ALTER TABLE leasework.workers ADD COLUMN IF NOT EXISTS pool text;
+ALTER TABLE leasework.workers ADD COLUMN IF NOT EXISTS pool_kinds text[];
+
 -- ---------------------------------------------------------------------------------------------
 -- Connections, synced records and schedules (stages/sync.py, stages/schedule.py).
 

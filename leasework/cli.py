@@ -4,6 +4,7 @@ exit codes: 0 ok, 2 bad usage or bad config (one line on stderr), 1 anything els
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import logging
@@ -167,11 +168,21 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _with_app(p)
     p.add_argument("--once", action="store_true", help="run a single poll and exit")
+    p.add_argument(
+        "--pool", metavar="NAME", help="claim only the kinds of this pool (config `pools`)"
+    )
 
     p = sub.add_parser("supervise", help="run N worker processes under a supervisor")
     _common(p)
     _with_app(p)
     p.add_argument("--processes", type=int, help="worker processes (else config `processes`)")
+    p.add_argument(
+        "--pool",
+        action="append",
+        metavar="NAME:N:KINDS",
+        help="a pool of N children claiming only KINDS (comma-separated; `*`: every kind no "
+        "other pool names); repeat for each pool; replaces config `pools`",
+    )
 
     p = sub.add_parser("enqueue", help="enqueue a run and print its id")
     _common(p)
@@ -388,6 +399,9 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Config:
             "dsn": getattr(args, "dsn", None),
             "app": getattr(args, "app", None),
             "processes": getattr(args, "processes", None),
+            "pools": getattr(args, "pool", None)
+            if getattr(args, "command", "") == "supervise"
+            else None,
             "log_format": getattr(args, "log_format", None),
             **overrides,
         },
@@ -442,7 +456,10 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT) as conn:
         db.check_schema(conn)
     app = load_app(cfg.app, cfg)  # as supervise: a worker of no app would poll for nothing
-    worker = Worker(app, cfg, deadman=cfg.deadman)
+    check_pools(cfg, app.kinds())
+    if args.pool is not None:
+        cfg.pool(args.pool)  # an unknown pool: one line, exit 2
+    worker = Worker(app, cfg, deadman=cfg.deadman, pool=args.pool)
     log.event(
         "worker_standalone",
         level=30,
@@ -477,11 +494,36 @@ def cmd_supervise(args: argparse.Namespace, cfg: Config) -> int:
     from .supervisor.parent import Supervisor
 
     app = load_app(cfg.app, cfg)  # before any fork: an app that does not import is exit 2
-    supervisor = Supervisor(app, cfg, reload=lambda: _config(args))
+    if cfg.pools and args.processes is not None:
+        raise ConfigError(
+            "supervise: --processes and pools both set the children; give each pool its "
+            "processes (NAME:N:KINDS) or drop the pools"
+        )
+    check_pools(cfg, app.kinds())
+
+    def reload() -> Config:
+        return check_pools(_config(args), app.kinds())
+
+    supervisor = Supervisor(app, cfg, reload=reload)
     code = supervisor.run()
     if supervisor.halt_message:
         print(f"leasework: {log.redact_dsn(supervisor.halt_message)}", file=sys.stderr)
     return code
+
+
+def check_pools(cfg: Config, known: list[str]) -> Config:
+    """Every kind a pool names is one of the app's: a misspelt kind would leave its runs to no
+    child (and the pool idle). Before anything starts; one line."""
+    for pool in cfg.pools:
+        for kind in pool.kinds or ():
+            if kind not in known:
+                hint = difflib.get_close_matches(kind, known, n=1)
+                also = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise ConfigError(
+                    f"pools: pool {pool.name!r} names kind {kind!r}, which the app does not "
+                    f"register{also} (known kinds: {', '.join(known) or 'none'})"
+                )
+    return cfg
 
 
 def _parse_payload(text: str | None, flag: str = "--payload") -> Any:

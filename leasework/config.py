@@ -67,6 +67,26 @@ SECONDS = Range(0, 30 * DAY, above=True)  # a positive duration of at most 30 da
 RETENTION = Range(1, 10 * 365 * DAY)
 
 
+POOL_KEYS = ("name", "processes", "kinds")
+EVERY_OTHER = "*"  # a pool's kinds: every kind no other pool of the host names
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A share of a host's children that claims only its kinds (`[[pools]]`). `kinds` None: the
+    host's "everything else" pool, which claims every kind of the app that no other pool of this
+    host names (an exclusion list: supervisor/parent.py forks it, Config.pool_serves decides)."""
+
+    name: str
+    processes: int
+    kinds: tuple[str, ...] | None = None
+
+    def spec(self) -> str:
+        """The pool as `--pool` takes it: NAME:PROCESSES:KIND,KIND (or `*`)."""
+        kinds = EVERY_OTHER if self.kinds is None else ",".join(self.kinds)
+        return f"{self.name}:{self.processes}:{kinds}"
+
+
 @dataclass(frozen=True)
 class Config:
     dsn: str | None = field(
@@ -146,6 +166,16 @@ class Config:
     )
     processes: int = field(
         default=2, metadata=doc("worker processes the supervisor forks", range=Range(1, 1024))
+    )
+    pools: tuple[Pool, ...] = field(
+        default=(),
+        metadata=doc(
+            "pools of children that claim only their kinds: `[[pools]]` tables with name, "
+            "processes and kinds (a list, or `*` / omitted for every kind no other pool names); "
+            "set, the children are the pools' processes and `processes` is not used. "
+            "Env and --pool: NAME:PROCESSES:KIND,KIND separated by `;`",
+            "none",
+        ),
     )
     graceful_timeout: float = field(
         default=30.0,
@@ -257,6 +287,28 @@ class Config:
     @property
     def kill_margin(self) -> float:
         return self.lease / 6 if self.watchdog_margin is None else self.watchdog_margin
+
+    @property
+    def children(self) -> int:
+        """How many children the supervisor forks: the pools' processes, else `processes`."""
+        return sum(p.processes for p in self.pools) if self.pools else self.processes
+
+    def pool(self, name: str) -> Pool:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        known = ", ".join(p.name for p in self.pools) or "none configured"
+        raise ConfigError(f"unknown pool {short(name)}; pools: {known}")
+
+    def pool_serves(self, pool: str | None, kind: str) -> bool:
+        """Whether a worker of `pool` (None: no pool, every kind) claims `kind`. The pool with no
+        kinds takes every kind that no other pool of this configuration names."""
+        if pool is None:
+            return True
+        kinds = self.pool(pool).kinds
+        if kinds is not None:
+            return kind in kinds
+        return not any(p.kinds is not None and kind in p.kinds for p in self.pools)
 
 
 S = TypeVar("S")
@@ -381,6 +433,8 @@ def _convert(name: str, value: Any, where: str) -> Any:
             if not isinstance(number, int):
                 raise TypeError
             return number
+        if kind == "tuple[Pool, ...]":
+            return parse_pools(value, where)
         if kind == "tuple[float, ...]":
             items = value.split(",") if from_env else value
             if not isinstance(items, list | tuple) or not items:
@@ -399,6 +453,110 @@ def _convert(name: str, value: Any, where: str) -> Any:
         "bool": "true or false",
     }.get(str(kind), "a string")
     raise ConfigError(f"{where}: {name} must be {expected}, got {short(value)}")
+
+
+_POOL_PROCESSES = Range(1, 1024)
+
+
+def parse_pools(value: Any, where: str) -> tuple[Pool, ...]:
+    """`pools` from TOML (a list of tables), or from the environment or --pool (NAME:PROCESSES:
+    KIND,KIND specs, `;`-separated or a list). One line naming the pool for any mistake: an
+    unknown key, a pool naming no kind, processes below 1, two pools claiming one kind, two
+    "everything else" pools, a repeated name."""
+    if isinstance(value, str):
+        value = [part for part in value.split(";") if part.strip()]
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{where}: pools must be a list of [[pools]] tables, got {short(value)}")
+    pools: list[Pool] = []
+    for i, item in enumerate(value):
+        label = f"{where}: pools[{i}]"
+        if isinstance(item, str):
+            item = _pool_spec(item, label)
+        if not isinstance(item, dict):
+            raise ConfigError(
+                f"{label} must be a table (name, processes, kinds), got {short(item)}"
+            )
+        for key in item:
+            if key not in POOL_KEYS:
+                raise ConfigError(
+                    f"{label}: unknown key {short(key)}; a pool has {', '.join(POOL_KEYS)}"
+                )
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip() or not name.isprintable():
+            raise ConfigError(f"{label}: name must be a non-empty string, got {short(name)}")
+        label = f"{where}: pool {short(name)}"
+        processes = item.get("processes")
+        if isinstance(processes, bool) or not isinstance(processes, int):
+            raise ConfigError(f"{label}: processes must be an integer, got {short(processes)}")
+        if not _POOL_PROCESSES.holds(processes):
+            raise ConfigError(
+                f"{label}: processes must be {_POOL_PROCESSES.describe()}, got {processes}"
+            )
+        kinds = item.get("kinds", EVERY_OTHER)
+        if kinds == [EVERY_OTHER]:
+            kinds = EVERY_OTHER
+        if kinds != EVERY_OTHER:
+            if not isinstance(kinds, list | tuple) or not all(
+                isinstance(k, str) and k.strip() and k != EVERY_OTHER for k in kinds
+            ):
+                raise ConfigError(
+                    f"{label}: kinds must be a list of kind names, or {EVERY_OTHER!r} for every "
+                    f"kind no other pool names, got {short(kinds)}"
+                )
+            if not kinds:
+                raise ConfigError(
+                    f"{label} names no kind: list its kinds, or {EVERY_OTHER!r} for every kind "
+                    "no other pool names"
+                )
+        pools.append(
+            Pool(name, processes, None if kinds == EVERY_OTHER else tuple(dict.fromkeys(kinds)))
+        )
+    seen: dict[str, str] = {}
+    names: set[str] = set()
+    rest: str | None = None
+    for p in pools:
+        if p.name in names:
+            raise ConfigError(f"{where}: two pools are named {short(p.name)}")
+        names.add(p.name)
+        if p.kinds is None:
+            if rest is not None:
+                raise ConfigError(
+                    f"{where}: pools {short(rest)} and {short(p.name)} both take every other "
+                    "kind; at most one pool may omit its kinds"
+                )
+            rest = p.name
+            continue
+        for k in p.kinds:
+            if k in seen:
+                raise ConfigError(
+                    f"{where}: pools {short(seen[k])} and {short(p.name)} both claim kind "
+                    f"{short(k)}; a kind belongs to one pool per host"
+                )
+            seen[k] = p.name
+    return tuple(pools)
+
+
+def _pool_spec(text: str, label: str) -> dict[str, Any]:
+    """NAME:PROCESSES[:KIND,KIND or *] as a [[pools]] table."""
+    parts = text.strip().split(":")
+    if len(parts) not in (2, 3):
+        raise ConfigError(
+            f"{label} must look like NAME:PROCESSES:KIND,KIND (or NAME:PROCESSES:* for every "
+            f"other kind), got {short(text)}"
+        )
+    try:
+        processes: Any = int(parts[1])
+    except ValueError:
+        processes = parts[1]
+    table: dict[str, Any] = {"name": parts[0], "processes": processes}
+    if len(parts) == 3:
+        kinds = parts[2].strip()
+        table["kinds"] = (
+            EVERY_OTHER
+            if kinds == EVERY_OTHER
+            else [k.strip() for k in kinds.split(",") if k.strip()]
+        )
+    return table
 
 
 def check_range(name: str, value: Any, where: str = "config") -> None:
@@ -585,7 +743,8 @@ def load(
             continue
         if not known(key):
             raise ConfigError(f"unknown setting {short(key)}{did_you_mean(key)}")
-        values[key] = _coerce(key, value, f"--{key.replace('_', '-')}")
+        flag = "--pool" if key == "pools" else f"--{key.replace('_', '-')}"
+        values[key] = _coerce(key, value, flag)
     return validate(Config.make(**values))
 
 
@@ -613,6 +772,8 @@ def toml_value(value: Any) -> str:
         return f'"{value}"'
     if isinstance(value, tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, Pool):  # a spec string, which `pools` also reads back
+        return f'"{value.spec()}"'
     return repr(value)
 
 

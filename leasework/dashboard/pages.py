@@ -176,7 +176,9 @@ def pretty_json(value: Any) -> str:
         return orjson.dumps(
             value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str
         ).decode()
-    except orjson.JSONEncodeError:  # what orjson cannot write (an integer past 64 bits, deep nesting)
+    except (
+        orjson.JSONEncodeError
+    ):  # what orjson cannot write (an integer past 64 bits, deep nesting)
         return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
 
 
@@ -264,6 +266,7 @@ def overview(
         _queue_section(
             snap.get("runs_by_kind") or {}, {str(p.get("kind")) for p in snap.get("paused") or []}
         ),
+        _pools_section(snap.get("pools") or []),
         _workers_section(workers, v),
         _connections_section(snap.get("connections") or [], v),
         _failures_section(snap.get("recent_failures") or [], v),
@@ -321,12 +324,31 @@ def _queue_section(by_kind: Mapping[str, Mapping[str, int]], paused: set[str]) -
     return f'<section id="queue"><h2>Runs by kind</h2>{table(headers, rows, empty="no runs")}</section>'
 
 
+def _pools_section(pools: Sequence[Mapping[str, Any]]) -> str:
+    """The live workers by host and pool (config `pools`); nothing when no worker has a pool."""
+    if not pools:
+        return ""
+    rows = [
+        [
+            esc(p.get("host")),
+            esc(p.get("pool")),
+            esc(", ".join(p["kinds"]) if p.get("kinds") is not None else "every other kind"),
+            esc(p.get("workers")),
+            esc(p.get("busy")),
+        ]
+        for p in pools
+    ]
+    headers = ["host", "pool", "kinds", "#workers", "#busy"]
+    return f'<section id="pools"><h2>Pools</h2>{table(headers, rows, empty="no pools")}</section>'
+
+
 def _workers_section(workers: Sequence[Mapping[str, Any]], v: View) -> str:
     rows = [
         [
             status_badge("alive" if w.get("alive") else "gone"),
             esc(w.get("host")),
             esc(w.get("pid")),
+            esc(w.get("pool") or "-"),
             run_link(w.get("current_run"), v) or '<span class="muted">idle</span>',
             esc(ago(w.get("heartbeat_age"))) + " ago",
             esc(when(w.get("started_at"))),
@@ -334,7 +356,9 @@ def _workers_section(workers: Sequence[Mapping[str, Any]], v: View) -> str:
         ]
         for w in workers
     ]
-    headers = ["state", "host", "#pid", "current run", "heartbeat", "started (UTC)", "worker id"]
+    headers = [
+        "state", "host", "#pid", "pool", "current run", "heartbeat", "started (UTC)", "worker id"
+    ]  # fmt: skip
     return f'<section id="workers"><h2>Workers</h2>{table(headers, rows, empty="no workers")}</section>'
 
 

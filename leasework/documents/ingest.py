@@ -329,6 +329,8 @@ class IngestStage:
 
     def step(self, site: Site) -> int:
         handled = 0
+        if not site.claimable([INGEST_KIND]):  # a pool (config `pools`) that does not take it
+            return 0
         for _ in range(self.limit):
             if site.stopping:
                 break

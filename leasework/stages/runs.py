@@ -50,7 +50,9 @@ class RunsStage:
         return self.app.kinds(stage=self.name)
 
     def step(self, site: Site) -> int:
-        kinds = self.app.kinds(stage=self.name)
+        # Only the kinds of this worker's pool (config `pools`), for every claim below: the
+        # claim on its own, the one riding on a seal, and a batch's (whose kind is one of these).
+        kinds = site.claimable(self.app.kinds(stage=self.name))
         # Claim and settle on the control connection: idle between runs, it spares a pool
         # check-out per claim and keeps the claim's generic plan (worker.control_conn).
         handled = 0

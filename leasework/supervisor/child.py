@@ -169,11 +169,13 @@ def child_main(
     beat_fd: int,
     parent_pid: int,
     inherited_fds: Iterable[int],
+    pool: str | None = None,
 ) -> NoReturn:
-    """Entry point right after fork. Exits with a `ChildExit` code; never returns."""
+    """Entry point right after fork. Exits with a `ChildExit` code; never returns. `pool`: the
+    pool (config `pools`) whose kinds this child claims; None: every kind."""
     code = int(ChildExit.CRASH)
     try:
-        code = int(_run(app, config, worker_id, beat_fd, parent_pid, inherited_fds))
+        code = int(_run(app, config, worker_id, beat_fd, parent_pid, inherited_fds, pool))
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             log.event("child_crashed", level=40, worker=worker_id, error=describe_error(exc, 5))
@@ -192,12 +194,19 @@ def _run(
     beat_fd: int,
     parent_pid: int,
     inherited_fds: Iterable[int],
+    pool: str | None = None,
 ) -> ChildExit:
     set_parent_death_signal(signal.SIGQUIT)
     _close_fds(inherited_fds)
     beacon = BeatSender(beat_fd, parent_pid, config.max_jobs_per_child)
     worker = Worker(
-        app, config, worker_id=worker_id, on_beat=beacon, register=False, deadman=config.deadman
+        app,
+        config,
+        worker_id=worker_id,
+        on_beat=beacon,
+        register=False,
+        deadman=config.deadman,
+        pool=pool,
     )
     _install_signals(worker)
     # The parent blocked every signal around fork(); anything that arrived since is delivered

@@ -4,7 +4,7 @@ package (leasework/stages/ and the families); this package imports none of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,6 +26,8 @@ class Site:
     # its idle period has passed, or a NOTIFY asked for it). Default: always, so a stage ends its
     # step at its limit.
     others_due: Callable[[str], bool] = lambda name: True
+    # The worker's pool (config `pools`): whether it claims a kind. Every kind without a pool.
+    serves: Callable[[str], bool] = lambda kind: True
 
     @property
     def stopping(self) -> bool:
@@ -37,6 +39,12 @@ class Site:
         Yes if another stage is due; if every other stage is resting (it found nothing a moment
         ago), the stage may go on, so a busy queue is not cut into polls for nothing."""
         return self.others_due(name)
+
+    def claimable(self, kinds: Iterable[str]) -> list[str]:
+        """The kinds among `kinds` this worker claims: a stage passes its kinds through this
+        before every claim (claim_runs, finish_and_claim, a batch's), so a child of a pool never
+        takes another pool's runs."""
+        return [k for k in kinds if self.serves(k)]
 
 
 class Stage(Protocol):

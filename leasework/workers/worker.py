@@ -62,10 +62,15 @@ class Worker:
         register: bool = True,
         deadman: bool = False,
         keeper_thread: bool = True,
+        pool: str | None = None,
     ) -> None:
         self.app = app
         self.config = config or app.config
         self.id = worker_id or new_worker_id()
+        # A pool (config `pools`) claims only its kinds; None: every kind of the app.
+        self.pool = pool
+        if pool is not None:
+            self.config.pool(pool)  # an unknown pool is a ConfigError here, before any claim
         self.stages: list[Stage] = list(stages) if stages is not None else app.stages(self.config)
         self.on_beat = on_beat
         self.running = False
@@ -98,7 +103,7 @@ class Worker:
             rand=rand,
         )
         site = (self.id, self.config, self.conns, self.executor, lambda: self.stopping)
-        self.site = Site(*site, self.others_due)
+        self.site = Site(*site, self.others_due, self.serves)
         self._want_deadman = deadman
         self._keeper_thread = keeper_thread
         self._main_ident: int | None = None
@@ -195,7 +200,11 @@ class Worker:
         host, pid = socket.gethostname(), os.getpid()
         try:
             # On the keeper's connection: it beats from the keeper's thread while a handler runs.
-            self.keeper.run(lambda c: presence.upsert_worker(c, self.id, host, pid, run_id))
+            self.keeper.run(
+                lambda c: presence.upsert_worker(
+                    c, self.id, host, pid, run_id, presence.pool_of(self.config, self.pool)
+                )
+            )
         except (psycopg.Error, db.DatabaseUnavailable, ConfigError) as exc:
             log.event("heartbeat_failed", level=30, error=log.first_line(exc))
 
@@ -241,7 +250,11 @@ class Worker:
         self.open()
         self.running = True
         log.event(
-            "worker_started", worker=self.id, pid=os.getpid(), stages=[s.name for s in self.stages]
+            "worker_started",
+            worker=self.id,
+            pid=os.getpid(),
+            stages=[s.name for s in self.stages],
+            pool=self.pool,
         )
         skip_idle = False
         try:
@@ -269,9 +282,16 @@ class Worker:
             log.event("worker_stopped", worker=self.id, jobs=self.jobs_done)
             self.close()
 
+    def serves(self, kind: str) -> bool:
+        """Whether this worker claims `kind` (its pool's rule; every kind without a pool)."""
+        return self.config.pool_serves(self.pool, kind)
+
     def stage_for(self, payload: str | None) -> str | None:
-        """The stage a NOTIFY's payload wakes (a task kind, or `upload`); None if none does."""
-        for stage in self.stages if payload is not None else ():
+        """The stage a NOTIFY's payload wakes (a task kind, or `upload`); None if none does, or
+        if it names a kind this worker's pool does not claim."""
+        if payload is None or not self.serves(payload):
+            return None
+        for stage in self.stages:
             if payload in stage.wakes:
                 return stage.name
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import operations
 from .app import App, Enqueued, Task
-from .client import Client
+from .client import Client, KindDefaults
 from .config import Config
 from .errors import (
     Aborted,
@@ -28,6 +28,7 @@ __all__ = [
     "Aborted",
     "App",
     "Client",
+    "KindDefaults",
     "Config",
     "ConfigError",
     "Context",

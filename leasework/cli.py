@@ -693,7 +693,9 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         ("attempts", f"{run['attempts']} of {run['max_attempts']}"),
         (
             "progress",
-            f"{run['processed_units']} / {run['total_units'] if run['total_units'] is not None else '?'}",
+            "none reported"
+            if not run["processed_units"] and run["total_units"] is None
+            else f"{run['processed_units']} / {run['total_units'] if run['total_units'] is not None else '?'}",
         ),
         ("created", _when(run["created_at"])),
         ("due", _when(run["queued_at"])),
@@ -1063,7 +1065,8 @@ def cmd_config(args: argparse.Namespace, cfg: Config) -> int:
                 text = '"(malformed, not shown: any command that connects says why)"'
             else:
                 text = configmod.toml_value(log.redact_dsn(value))
-        print(f"{name} = {text}")
+        # Valid TOML as printed (an unset key is a comment), so the output can seed a file.
+        print(f"# {name} is unset" if value is None else f"{name} = {text}")
     return EXIT_OK
 
 

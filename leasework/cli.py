@@ -600,6 +600,23 @@ def _filters_from(args: argparse.Namespace, conn: Any, allowed: Sequence[str]) -
     )
 
 
+def _hint_kind(conn: Any, kind: str) -> None:
+    """Nothing matched a --kind: if no worker serves that kind but one close to it, say so on
+    stderr (the answer itself stays empty; a kind may have no runs yet)."""
+    import difflib
+
+    declared = [r[0] for r in conn.execute("SELECT kind FROM leasework.kinds").fetchall()]
+    if kind in declared:
+        return
+    close = difflib.get_close_matches(kind, declared, n=1, cutoff=0.75)
+    if close:
+        print(
+            f"leasework: no worker serves kind {terminal_safe(repr(kind))}; did you mean "
+            f"{terminal_safe(repr(close[0]))}?",
+            file=sys.stderr,
+        )
+
+
 def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
@@ -607,6 +624,8 @@ def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
         db.check_schema(conn)
         filters = _filters_from(args, conn, operations.STATUSES)
         page = operations.list_runs(conn, filters, limit=args.limit, before=args.before)
+        if not page.runs and args.kind:
+            _hint_kind(conn, args.kind)
     if args.json:
         doc = {"runs": [_plain_row(r) for r in page.runs], "next_before": page.next_before}
         sys.stdout.write(json_text(doc) + "\n")
@@ -772,6 +791,8 @@ def cmd_retry(args: argparse.Namespace, cfg: Config) -> int:
             attempts=args.attempts,
             dry_run=args.dry_run,
         )
+        if not acted.count and args.kind:
+            _hint_kind(conn, args.kind)
     if acted.dry_run:
         print(f"would retry {acted.count} run(s)")
     else:
@@ -796,6 +817,8 @@ def cmd_delete(args: argparse.Namespace, cfg: Config) -> int:
         db.check_schema(conn)
         filters = None if args.run_ids else _filters_from(args, conn, operations.TERMINAL)
         acted = operations.delete(conn, args.run_ids or None, filters=filters, dry_run=args.dry_run)
+        if not acted.count and args.kind:
+            _hint_kind(conn, args.kind)
     if acted.dry_run:
         print(f"would delete {acted.count} run(s)")
     else:

@@ -250,3 +250,17 @@ def test_runs_and_show_escape_control_characters_and_show_payloads_from_sql(
     assert "1180591620717411303424" in shown
     doc = ok(cli("show", str(run_id), "--json"))
     assert '"a": 1180591620717411303424' in doc and "\\u001b[31mred" in doc
+
+
+def test_a_kind_filter_matching_nothing_hints_at_a_kind_a_worker_serves(conn: Conn, cli: Any) -> None:
+    conn.execute("INSERT INTO leasework.kinds (kind) VALUES ('send_report')")
+    for args in (
+        ["runs", "--kind", "send_reprot"],
+        ["retry", "--kind", "send_reprot", "--dry-run"],
+        ["delete", "--kind", "send_reprot", "--dry-run"],
+    ):
+        done = cli(*args)
+        assert done.returncode == 0, done.stderr
+        assert "no worker serves kind 'send_reprot'; did you mean 'send_report'?" in done.stderr
+    quiet = cli("runs", "--kind", "send_report")  # a served kind with no runs: no hint
+    assert quiet.returncode == 0 and quiet.stderr == ""

@@ -72,6 +72,21 @@ class Config:
         default=None,
         metadata=_doc("libpq connection string or URL; else DATABASE_URL, else libpq defaults"),
     )
+    pooler: str = field(
+        default="auto",
+        metadata=_doc(
+            "auto, on or off: whether dsn goes through a pooler in transaction mode (PgBouncer): "
+            "then no prepared statement, no session state, and wake-up by NOTIFY only over "
+            "listen_dsn; auto detects it on each connection"
+        ),
+    )
+    listen_dsn: str | None = field(
+        default=None,
+        metadata=_doc(
+            "a direct (unpooled) connection string for LISTEN when dsn goes through a pooler; "
+            "unset: idle workers behind a pooler poll every poll_interval"
+        ),
+    )
     app: str | None = field(default=None, metadata=_doc("MODULE:ATTR of the user's App"))
     poll_interval: float = field(
         default=2.0,
@@ -381,6 +396,7 @@ class Config:
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _LOG_FORMATS = ("auto", "json", "text")
+_POOLER = ("auto", "on", "off")
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
@@ -501,6 +517,8 @@ def validate(cfg: Config) -> Config:
             "restart_backoff_max",
             f"must be >= restart_backoff ({cfg.restart_backoff:g} s), got {cfg.restart_backoff_max:g}",
         )
+    if cfg.pooler not in _POOLER:
+        raise bad("pooler", f"must be one of {', '.join(_POOLER)}, got {_short(cfg.pooler)}")
     if cfg.log_level.lower() not in _LOG_LEVELS:
         raise bad(
             "log_level", f"must be one of {', '.join(_LOG_LEVELS)}, got {_short(cfg.log_level)}"

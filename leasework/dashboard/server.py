@@ -210,17 +210,22 @@ class Dashboard:
         try:
             try:
                 conn = db.connect(
-                    self.cfg.dsn, application_name="leasework-dashboard", connect_timeout=5
+                    self.cfg.dsn,
+                    application_name="leasework-dashboard",
+                    connect_timeout=5,
+                    pooler=self.cfg.pooler,
                 )
             except LeaseworkError as exc:  # down, or a malformed DSN
                 raise Unavailable(log.redact_dsn(str(exc))) from None
             with conn:
                 try:
-                    # Belt and braces: even a bug in a page cannot write through this session.
-                    conn.execute(
-                        "SET default_transaction_read_only = on; "
-                        f"SET statement_timeout = '{STATEMENT_TIMEOUT}'"
-                    )
+                    # One read-only transaction per request, its settings local to it (through a
+                    # pooler in transaction mode a session setting would outlive the request on
+                    # a server session someone else gets). Belt and braces: even a bug in a page
+                    # cannot write through it.
+                    conn.read_only = True
+                    conn.autocommit = False
+                    conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
                     db.check_schema(conn)
                     yield conn
                 except SchemaMissing as exc:

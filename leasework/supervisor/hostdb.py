@@ -73,6 +73,7 @@ class HostDB:
                 self.config.dsn,
                 application_name="leasework:supervisor",
                 connect_timeout=CONNECT_TIMEOUT,
+                pooler=self.config.pooler,
                 **HANG_GUARD,
             )
         return self._conn

@@ -1,6 +1,13 @@
-"""A worker's connections: the control connection (claims, outcomes, checkpoints, LISTEN), the
-pool for handlers and stages, and the NOTIFYs read on the control connection. Opened after any
-fork, reopened when broken. Never runs job code and writes nothing itself."""
+"""A worker's connections: the control connection (claims, outcomes, checkpoints, the stages' own
+statements, LISTEN), the pool for handlers, and the NOTIFYs read on the control connection (or,
+behind a pooler, on a direct connection to `listen_dsn`). Opened after any fork, reopened when
+broken. Never runs job code and writes nothing itself.
+
+The budget per worker process: the control connection, its keeper's (workers/keeper.py), and
+the pool's, opened only while handlers use them (`ctx.transaction()`, `ctx.connection()`) and
+closed after POOL_MAX_IDLE idle: 2 when idle or running handlers that write elsewhere, 3 with
+one handler connection, at most `pool_size + 1`; plus one for LISTEN behind a pooler with
+`listen_dsn`."""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool
 
@@ -28,19 +36,26 @@ class Connections:
         self._wanted = wanted
         self._pool: ConnectionPool[Any] | None = None
         self._control: Conn | None = None
+        self._lent = False  # the control connection is lent to a stage (`pooled()`)
+        # Behind a pooler: the direct connection LISTEN runs on (listen_dsn), if any.
+        self._listener: Conn | None = None
+        self._listen_refused = False  # listen_dsn turned out to be pooled too: poll instead
         self._listening = False
         # Payloads of the NOTIFYs received since the run loop last looked (a task kind, or
         # `upload`): at most one entry per payload, however many enqueues sent them.
         self.woken: set[str] = set()
 
     def open(self) -> None:
-        """Open the control connection, check the schema, then the pool (pool_size - 1
-        connections): a bad or missing database fails on the first connection, in one line,
-        instead of in the pool's retries."""
+        """Open the control connection, check the schema, then the pool (up to pool_size - 1
+        connections, none opened yet): a bad or missing database fails on the first connection,
+        in one line, instead of in the pool's retries."""
         db.check_schema(self.control())
         if self._pool is None:
             self._pool = db.make_pool(
-                self.config.dsn, self.config.pool_size - 1, f"leasework:{self.name}"
+                self.config.dsn,
+                self.config.pool_size - 1,
+                f"leasework:{self.name}",
+                pooler=self.config.pooler,
             )
 
     def close(self) -> None:
@@ -48,6 +63,7 @@ class Connections:
             self._pool.close()
             self._pool = None
         self.drop_control()
+        self._drop_listener()
 
     def control(self) -> Conn:
         """The connection reserved for leasework's own statements and LISTEN; reopened if it
@@ -55,23 +71,35 @@ class Connections:
         if self._control is None or self._control.closed or self._control.broken:
             self.drop_control()
             self._control = db.connect(
-                self.config.dsn, application_name=f"leasework:{self.name}:control"
+                self.config.dsn,
+                application_name=f"leasework:{self.name}:control",
+                pooler=self.config.pooler,
             )
-            # Only leasework's own statements run here (claim, settle, outcomes, checkpoints),
-            # each a prepared statement whose generic plan is as good as a custom one: planning
-            # the claim afresh on every call cost more than executing it (bench/README.md).
-            self._control.execute("SET plan_cache_mode = force_generic_plan")
+            if not db.is_pooled(self._control):
+                # Only leasework's own statements run here (claim, settle, outcomes,
+                # checkpoints, the stages'), each a prepared statement whose generic plan is as
+                # good as a custom one: planning the claim afresh on every call cost more than
+                # executing it (bench/README.md). Behind a pooler nothing is prepared, and a
+                # session setting would land on whichever server session ran it.
+                self._control.execute("SET plan_cache_mode = force_generic_plan")
             # Payloads and results decode with orjson, as they were encoded.
             set_json_loads(orjson.loads, self._control)
-            self._listening = False
+            if self._listener is None:
+                self._listening = False
         return self._control
+
+    @property
+    def behind_pooler(self) -> bool:
+        """Whether the control connection goes through a pooler (opens it if needed)."""
+        return db.is_pooled(self.control())
 
     def drop_control(self) -> None:
         if self._control is not None:
             with suppress(Exception):
                 self._control.close()
         self._control = None
-        self._listening = False
+        if self._listener is None:
+            self._listening = False
 
     def pool(self) -> ConnectionPool[Any]:
         """The pool of connections for handlers and stages (opened on first use)."""
@@ -82,8 +110,38 @@ class Connections:
 
     @contextmanager
     def pooled(self) -> Iterator[Conn]:
-        with self.pool().connection() as conn:
+        """A connection for a stage's own statements: the control connection, which nothing else
+        uses while a stage steps (the main thread runs one thing at a time), so an idle worker
+        holds no pool connection; a pool connection if it is lent already (a nested call).
+        Given back with no transaction open."""
+        if self._lent:
+            with self.pool().connection() as conn:
+                yield conn
+            return
+        conn = self.control()
+        self._lent = True
+        try:
             yield conn
+        finally:
+            self._lent = False
+            self._give_back(conn)
+
+    def _give_back(self, conn: Conn) -> None:
+        """The control connection back from a stage: a transaction it left open is rolled back;
+        one left in the middle of a statement, or broken, is dropped (reopened on next use)."""
+        if conn.closed or conn.broken:
+            self.drop_control()
+            return
+        state = conn.info.transaction_status
+        if state == TransactionStatus.IDLE:
+            return
+        if state in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            try:
+                conn.rollback()
+                return
+            except psycopg.Error:
+                pass
+        self.drop_control()
 
     # -- NOTIFY -----------------------------------------------------------------------------
 
@@ -98,7 +156,8 @@ class Connections:
         one it reads during a claim or a checkpoint) into `woken`. Called after each poll and
         each checkpoint: a busy worker under a steady stream of enqueues would otherwise hold
         one object per enqueue until it next slept, and then wake once for each."""
-        conn = self._control
+        listener = self._listener is not None
+        conn = self._listener if listener else self._control
         if conn is None or not self._listening or conn.closed or conn.broken:
             return
         try:
@@ -106,7 +165,10 @@ class Connections:
                 self._note(note.payload)
         except psycopg.Error as exc:
             log.event("listen_failed", level=30, error=log.first_line(exc))
-            self.drop_control()
+            if listener:
+                self._drop_listener()
+            else:
+                self.drop_control()
 
     def take_woken(self) -> set[str]:
         woken, self.woken = self.woken, set()
@@ -120,8 +182,15 @@ class Connections:
         return self.take_woken()
 
     def _wait_for_notify(self, seconds: float) -> None:
+        listener = False
         try:
-            conn = self.control()
+            listener = self.behind_pooler
+            conn = self._listen_connection() if listener else self.control()
+            if conn is None:
+                # Behind a pooler without listen_dsn: a LISTEN would be left on whichever server
+                # session ran it, heard by nobody. Polling is the wake-up.
+                time.sleep(seconds)
+                return
             if not self._listening:
                 conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
                 self._listening = True
@@ -133,5 +202,40 @@ class Connections:
             # Reconnecting fails with DatabaseUnavailable while the server is down (a restart):
             # the idle worker waits and tries again, as a busy one does.
             log.event("listen_failed", level=30, error=log.first_line(exc))
-            self.drop_control()
+            if listener:
+                self._drop_listener()
+            else:
+                self.drop_control()
             time.sleep(min(seconds, 1.0))
+
+    def _listen_connection(self) -> Conn | None:
+        """Behind a pooler: a direct connection to `listen_dsn` for LISTEN (reopened if it
+        broke), or None when there is none (unset, or itself pooled)."""
+        if not self.config.listen_dsn or self._listen_refused:
+            return None
+        conn = self._listener
+        if conn is None or conn.closed or conn.broken:
+            self._drop_listener()
+            conn = db.connect(
+                self.config.listen_dsn,
+                application_name=f"leasework:{self.name}:listen",
+                connect_timeout=db.HANG_CONNECT_TIMEOUT,
+            )
+            if db.is_pooled(conn):
+                conn.close()
+                self._listen_refused = True
+                log.event(
+                    "listen_dsn_pooled",
+                    level=30,
+                    error="listen_dsn goes through a pooler too: idle workers poll instead",
+                )
+                return None
+            self._listener = conn
+        return conn
+
+    def _drop_listener(self) -> None:
+        if self._listener is not None:
+            with suppress(Exception):
+                self._listener.close()
+            self._listener = None
+            self._listening = False

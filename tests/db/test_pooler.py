@@ -68,10 +68,14 @@ def test_prepared_statements_break_through_the_pooler_unless_turned_off(
     """What detection prevents: two clients on one server session both prepare `_pg3_0`."""
     pooled = bouncer.dsn(dsn)
     conn.execute("SELECT 1")  # the database is emptied (and migrated)
-    with db.connect(pooled, pooler="off") as a, db.connect(pooled, pooler="off") as b:
-        with pytest.raises((errors.DuplicatePreparedStatement, errors.InvalidSqlStatementName)):
-            for c in (a, b, a, b):
-                c.execute("SELECT leasework.now()", prepare=True)
+    broken = (errors.DuplicatePreparedStatement, errors.InvalidSqlStatementName)
+    with (
+        db.connect(pooled, pooler="off") as a,
+        db.connect(pooled, pooler="off") as b,
+        pytest.raises(broken),
+    ):
+        for c in (a, b, a, b):
+            c.execute("SELECT leasework.now()", prepare=True)
     with db.connect(pooled) as a, db.connect(pooled) as b:
         for _ in range(10):
             for c in (a, b):

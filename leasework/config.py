@@ -125,8 +125,9 @@ class Config:
     pool_size: int = field(
         default=4,
         metadata=_doc(
-            "connections per worker process for claims and handlers, one reserved for claims "
-            "and outcomes; its lease keeper holds one more of its own",
+            "connections per worker process at most besides its lease keeper's: the control "
+            "connection (claims, outcomes, stages) and up to pool_size - 1 opened for handlers "
+            "when they ask",
             range=Range(2, 100),
         ),
     )

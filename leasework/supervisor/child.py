@@ -169,11 +169,13 @@ def child_main(
     beat_fd: int,
     parent_pid: int,
     inherited_fds: Iterable[int],
+    wake_fd: int | None = None,
 ) -> NoReturn:
-    """Entry point right after fork. Exits with a `ChildExit` code; never returns."""
+    """Entry point right after fork. Exits with a `ChildExit` code; never returns. `wake_fd`:
+    the read end of its wake pipe, where the parent relays NOTIFYs (wakeup.py)."""
     code = int(ChildExit.CRASH)
     try:
-        code = int(_run(app, config, worker_id, beat_fd, parent_pid, inherited_fds))
+        code = int(_run(app, config, worker_id, beat_fd, parent_pid, inherited_fds, wake_fd))
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             log.event("child_crashed", level=40, worker=worker_id, error=describe_error(exc, 5))
@@ -192,6 +194,7 @@ def _run(
     beat_fd: int,
     parent_pid: int,
     inherited_fds: Iterable[int],
+    wake_fd: int | None = None,
 ) -> ChildExit:
     set_parent_death_signal(signal.SIGQUIT)
     _close_fds(inherited_fds)
@@ -199,6 +202,9 @@ def _run(
     worker = Worker(
         app, config, worker_id=worker_id, on_beat=beacon, register=False, deadman=config.deadman
     )
+    if wake_fd is not None:
+        os.set_blocking(wake_fd, False)
+        worker.conns.relay_fd = wake_fd  # behind a pooler, wake-ups come from the parent
     _install_signals(worker)
     # The parent blocked every signal around fork(); anything that arrived since is delivered
     # now, to the handlers above.

@@ -30,11 +30,12 @@ from ..db import DatabaseUnavailable
 from ..errors import is_transient
 from ..workers.lease import RunRef
 from ..workers.worker import Application
-from . import policy
+from . import policy, wakeup
 from .child import child_main
 from .hostdb import HostDB, Killed, Row
 from .liveness import Beat, LineBuffer, decode
 from .policy import Candidate, ExitMeaning, Liveness, Verdict
+from .wakeup import Relay
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -81,6 +82,7 @@ class Child:
     killed: bool = False
     cancel_seen: tuple[int, float] | None = None  # (run id, when) the parent saw its cancel
     kill_run: Killed | None = None  # the run it was killed for, whose outcome the parent writes
+    wake_fd: int = -1  # the parent's end of its wake pipe (wakeup.py), -1 without one
 
     @property
     def busy(self) -> bool:
@@ -127,6 +129,7 @@ class Supervisor:
         self.reload = reload
         self.rand = rand or random.Random()
         self.hostdb = HostDB(config)
+        self.relay = Relay(config)
         self.slots: list[Slot] = []
         self.children: dict[int, Child] = {}
         self.generation = 0
@@ -213,6 +216,7 @@ class Supervisor:
                 self.hostdb.child_gone(child.worker_id, f"supervisor of {child.worker_id} failed")
             self.hostdb.flush(float("inf"))
             self.hostdb.close()
+            self.relay.close()
             self._restore_signals()
         log.event("supervisor_stopped", pid=self.pid, exit_code=self.exit_code)
         return self.exit_code
@@ -236,6 +240,8 @@ class Supervisor:
         self.hostdb.flush(now)
         if self.stopping is None:
             self._boot(now)
+            if self._booted:
+                self.relay.ensure(now)
             self._roll(now)
             self._spawn_due(now)
         else:
@@ -250,13 +256,23 @@ class Supervisor:
         return max(0.0, wake - now)
 
     def _wait(self, timeout: float) -> None:
-        """Sleep in select on the signal wake-up pipe and every child's liveness pipe."""
+        """Sleep in select on the signal wake-up pipe, every child's liveness pipe and the wake-up
+        relay's connection (its NOTIFYs passed on to every child at once)."""
         fds = [self._wake_r, *(c.fd for c in self.children.values())]
+        relay = self.relay.fileno()
+        if relay is not None:
+            fds.append(relay)
         try:
             ready, _, _ = select.select(fds, [], [], timeout)
         except InterruptedError:  # pragma: no cover - PEP 475 retries select itself
             return
         for fd in ready:
+            if fd == relay:
+                data = self.relay.read(time.monotonic())
+                for child in self.children.values():
+                    if child.wake_fd >= 0:
+                        wakeup.send(child.wake_fd, data)
+                continue
             if fd == self._wake_r:
                 try:
                     while os.read(fd, 512):
@@ -318,6 +334,7 @@ class Supervisor:
             )
             return
         self._booted = True
+        self.relay = Relay(self.config, behind_pooler=self.hostdb.behind_pooler)
 
     # -- children -----------------------------------------------------------------------------
 
@@ -331,8 +348,10 @@ class Supervisor:
     def _spawn(self, slot: Slot, now: float) -> None:
         # Never hold a connection across fork(): the child would share the socket.
         self.hostdb.close()
+        self.relay.close()
         suffix = uuid.uuid4().hex[:8]
         read_fd, write_fd = os.pipe()
+        wake_r, wake_w = os.pipe() if self.relay.enabled else (-1, -1)
         sys.stdout.flush()
         sys.stderr.flush()
         # Block signals around fork so that the child never runs the parent's handlers; it
@@ -342,20 +361,26 @@ class Supervisor:
             pid = os.fork()
             if pid == 0:
                 os.close(read_fd)
-                inherited = [self._wake_r, self._wake_w, *(c.fd for c in self.children.values())]
+                inherited = [self._wake_r, self._wake_w, wake_w]
+                for c in self.children.values():
+                    inherited += [c.fd, c.wake_fd]
                 child_main(
                     self.app,
                     self.config,
                     worker_id=f"{self.host}-{os.getpid()}-{suffix}",
                     beat_fd=write_fd,
                     parent_pid=self.pid,
-                    inherited_fds=inherited,
+                    inherited_fds=[fd for fd in inherited if fd >= 0],
+                    wake_fd=None if wake_r < 0 else wake_r,
                 )
         finally:
             if os.getpid() == self.pid:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
+        if wake_r >= 0:
+            os.close(wake_r)
+            os.set_blocking(wake_w, False)
         child = Child(
             pid=pid,
             worker_id=f"{self.host}-{pid}-{suffix}",
@@ -364,6 +389,7 @@ class Supervisor:
             generation=self.generation,
             slot=slot,
             last_beat=now,
+            wake_fd=wake_w,
         )
         slot.child = child
         self.children[pid] = child
@@ -385,6 +411,9 @@ class Supervisor:
     def _exited(self, child: Child, meaning: ExitMeaning, now: float) -> None:
         self._read(child, now)  # a boot error may still be in the pipe
         os.close(child.fd)
+        if child.wake_fd >= 0:
+            os.close(child.wake_fd)
+            child.wake_fd = -1
         uptime = now - child.started
         fields: dict[str, Any] = {
             "pid": child.pid,
@@ -603,6 +632,9 @@ class Supervisor:
         self.config = config
         self.app = self.app.with_config(config)
         self.hostdb.config = config
+        if config.listen_dsn != self.relay.config.listen_dsn:
+            self.relay.close()
+            self.relay = Relay(config, behind_pooler=self.hostdb.behind_pooler)
         self.generation += 1
         log.event("config_reloaded", generation=self.generation, processes=config.processes)
         self._resize(config.processes, now, "SIGHUP")

@@ -11,6 +11,8 @@ one handler connection, at most `pool_size + 1`; plus one for LISTEN behind a po
 
 from __future__ import annotations
 
+import os
+import select
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -40,6 +42,10 @@ class Connections:
         # Behind a pooler: the direct connection LISTEN runs on (listen_dsn), if any.
         self._listener: Conn | None = None
         self._listen_refused = False  # listen_dsn turned out to be pooled too: poll instead
+        # Under the supervisor with listen_dsn: the read end of the pipe where the parent relays
+        # the NOTIFYs it hears on the host's one direct connection (supervisor/wakeup.py); used
+        # instead of a connection of our own when behind a pooler.
+        self.relay_fd: int | None = None
         self._listening = False
         # Payloads of the NOTIFYs received since the run loop last looked (a task kind, or
         # `upload`): at most one entry per payload, however many enqueues sent them.
@@ -156,6 +162,8 @@ class Connections:
         one it reads during a claim or a checkpoint) into `woken`. Called after each poll and
         each checkpoint: a busy worker under a steady stream of enqueues would otherwise hold
         one object per enqueue until it next slept, and then wake once for each."""
+        if self.relay_fd is not None:
+            self._read_relay()
         listener = self._listener is not None
         conn = self._listener if listener else self._control
         if conn is None or not self._listening or conn.closed or conn.broken:
@@ -185,6 +193,9 @@ class Connections:
         listener = False
         try:
             listener = self.behind_pooler
+            if listener and self.relay_fd is not None:
+                self._wait_for_relay(seconds)
+                return
             conn = self._listen_connection() if listener else self.control()
             if conn is None:
                 # Behind a pooler without listen_dsn: a LISTEN would be left on whichever server
@@ -207,6 +218,34 @@ class Connections:
             else:
                 self.drop_control()
             time.sleep(min(seconds, 1.0))
+
+    def _wait_for_relay(self, seconds: float) -> None:
+        """Wait on the parent's wake pipe: any line ends the wait, as any NOTIFY does."""
+        assert self.relay_fd is not None
+        ready, _, _ = select.select([self.relay_fd], [], [], seconds)
+        if ready:
+            self._read_relay()
+
+    def _read_relay(self) -> None:
+        """The payloads the parent relayed, one per line, read without blocking. A closed pipe
+        (the parent is gone: the child stops on its own) ends relaying: the worker polls."""
+        assert self.relay_fd is not None
+        data = b""
+        while True:
+            try:
+                chunk = os.read(self.relay_fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                with suppress(OSError):
+                    os.close(self.relay_fd)
+                self.relay_fd = None
+                break
+            data += chunk
+        for line in data.split(b"\n")[:-1]:
+            self._note(line.decode(errors="replace"))
 
     def _listen_connection(self) -> Conn | None:
         """Behind a pooler: a direct connection to `listen_dsn` for LISTEN (reopened if it

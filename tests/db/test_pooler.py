@@ -5,6 +5,7 @@ check that depends on it is shown to fail without it (the pooler not detected)."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from psycopg import errors
 from leasework import App, Context, db
 from leasework.config import Config
 from leasework.dashboard import Dashboard
+from leasework.supervisor import wakeup
 from leasework.workers.worker import Worker
 from tests.pgbouncer import Bouncer, pgbouncer
 
@@ -216,3 +218,23 @@ def test_the_worker_leaves_no_setting_on_the_pooled_session(
         assert w.conns.behind_pooler
         with db.connect(pooled) as c:
             assert c.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
+
+
+def test_wake_ups_relayed_by_the_parent_end_an_idle_wait(dsn: str, wide_bouncer: Bouncer) -> None:
+    """Under the supervisor with listen_dsn, a child behind the pooler waits on the pipe its
+    parent relays NOTIFYs through (supervisor/wakeup.py), not on a connection of its own."""
+    app = App()
+    app.task("job")(lambda ctx, payload: None)
+    cfg = fast_config(wide_bouncer.dsn(dsn), listen_dsn=dsn)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    with Worker(app.with_config(cfg), cfg, keeper_thread=False) as worker:
+        worker.conns.relay_fd = r
+        wakeup.send(w, b"job\nupload\n")
+        assert worker.conns.idle_wait(30) == {"job"}  # a payload no stage serves is dropped
+        wakeup.send(w, b"\n")  # the supervisor's fast release: no kind
+        assert worker.conns.idle_wait(30) == set()
+        assert worker.conns._listener is None  # no connection of its own for LISTEN
+        os.close(w)
+        assert worker.conns.idle_wait(0.01) == set()
+        assert worker.conns.relay_fd is None  # the parent is gone: it polls

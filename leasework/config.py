@@ -83,8 +83,10 @@ class Config:
     listen_dsn: str | None = field(
         default=None,
         metadata=_doc(
-            "a direct (unpooled) connection string for LISTEN when dsn goes through a pooler; "
-            "unset: idle workers behind a pooler poll every poll_interval"
+            "a direct (unpooled) connection string for LISTEN when dsn goes through a pooler: "
+            "the supervisor holds one per host and relays wake-ups to its children (a "
+            "standalone worker holds its own); unset: idle workers behind a pooler poll every "
+            "poll_interval"
         ),
     )
     app: str | None = field(default=None, metadata=_doc("MODULE:ATTR of the user's App"))

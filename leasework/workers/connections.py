@@ -3,14 +3,16 @@ statements, LISTEN), the pool for handlers, and the NOTIFYs read on the control 
 behind a pooler, on a direct connection to `listen_dsn`). Opened after any fork, reopened when
 broken. Never runs job code and writes nothing itself.
 
-The budget per worker process: the control connection, its keeper's (workers/keeper.py), and
-the pool's, opened only while handlers use them (`ctx.transaction()`, `ctx.connection()`) and
-closed after POOL_MAX_IDLE idle: 2 when idle or running handlers that write elsewhere, 3 with
-one handler connection, at most `pool_size + 1`; plus one for LISTEN behind a pooler with
-`listen_dsn`."""
+The budget per worker process: the control connection (also lent to a handler's
+`ctx.transaction()`, `borrow`), its keeper's (workers/keeper.py), opened for the first lease it
+renews, and the pool's, opened only when a handler needs one the control connection cannot be
+(`ctx.connection()`, a transaction while it is lent) and closed after POOL_MAX_IDLE idle: 1 idle,
+2 while running handlers, at most `pool_size + 1`; plus one for LISTEN behind a pooler with
+`listen_dsn` under no supervisor."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import time
@@ -126,11 +128,41 @@ class Connections:
             return
         conn = self.control()
         self._lent = True
+        set_json_loads(json.loads, conn)  # as on a pool connection: stages read what users wrote
         try:
             yield conn
         finally:
-            self._lent = False
-            self._give_back(conn)
+            self.give_back(conn, lent=True)
+
+    def borrow(self) -> tuple[Conn, bool]:
+        """A connection for a handler's fenced transaction, and whether it is the control
+        connection: that one when it is open and free (the main thread runs the handler, so no
+        claim, outcome or stage needs it meanwhile; a checkpoint inside the transaction goes
+        on the transaction's connection), with the stdlib's JSON loader as on every connection
+        a handler gets; else one of the pool's. Give it back with `give_back`."""
+        conn = self._control
+        if (
+            self._lent
+            or conn is None
+            or conn.closed
+            or conn.broken
+            or conn.info.transaction_status != TransactionStatus.IDLE
+        ):
+            return self.pool().getconn(), False
+        self._lent = True
+        set_json_loads(json.loads, conn)
+        return conn, True
+
+    def give_back(self, conn: Conn, lent: bool) -> None:
+        """After `borrow`: a pool connection back to the pool; the control connection back to
+        leasework's own statements (rolled back or dropped if left in a transaction)."""
+        if not lent:
+            self.pool().putconn(conn)
+            return
+        self._lent = False
+        if not conn.closed and not conn.broken:
+            set_json_loads(orjson.loads, conn)
+        self._give_back(conn)
 
     def _give_back(self, conn: Conn) -> None:
         """The control connection back from a stage: a transaction it left open is rolled back;

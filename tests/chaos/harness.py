@@ -249,7 +249,8 @@ class ChaosRun:
             rows = self.query(
                 "SELECT r.lease_worker, r.id, r.lease_owner::text, a.pid, a.xact_start"
                 "  FROM leasework.runs r"
-                "  JOIN pg_stat_activity a ON a.application_name = 'leasework:' || r.lease_worker"
+                "  JOIN pg_stat_activity a ON a.application_name IN ("
+                "       'leasework:' || r.lease_worker, 'leasework:' || r.lease_worker || ':control')"
                 " WHERE r.id = ANY(%s) AND r.status = 'running' AND r.lease_expires_at > now()"
                 "   AND a.state = 'idle in transaction'"
                 "   AND a.state_change > clock_timestamp() - make_interval(secs => %s)",

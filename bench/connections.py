@@ -3,14 +3,15 @@ supervise --processes P` on a bench database, its sessions counted in pg_stat_ac
 (control, keeper, pool, supervisor, listen), sampled through three phases:
 
 - idle: booted, every stage polled, no run yet;
-- busy: P x 20 runs, each holding its fenced transaction (`ctx.transaction()`) for a moment
-  and checkpointing in it: the most sessions seen at once;
+- busy: P x 10 runs, each holding its fenced transaction (`ctx.transaction()`) for --hold
+  seconds (past a renewal: the lease is --lease seconds) and checkpointing in it: the most
+  sessions seen at once;
 - after: the runs done, a few seconds later.
 
-Prints the counts and the formula's figures (2P + 1 steady, 3P + 1 with every handler in a
-transaction, P x (pool_size + 1) + 1 at most). Asserts nothing.
+Prints the counts and the formula's figures (2P + 1 running, P x (pool_size + 1) + 1 at most).
+Asserts nothing. Run it with PYTHONPATH pointing at another checkout to compare.
 
-    .venv/bin/python bench/connections.py [--dsn DSN] [--processes 4] [--quick]
+    .venv/bin/python bench/connections.py [--dsn DSN] [--processes 4] [--hold 1.5] [--lease 3]
 """
 
 from __future__ import annotations
@@ -82,10 +83,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dsn", default=DEFAULT_DSN, help="an admin DSN; a bench database is made")
     ap.add_argument("--processes", type=int, default=4)
-    ap.add_argument("--quick", action="store_true", help="fewer runs")
+    ap.add_argument("--hold", type=float, default=1.5, help="seconds in each transaction")
+    ap.add_argument("--lease", type=float, default=3.0, help="lease seconds (renewed at a third)")
     args = ap.parse_args()
     p = args.processes
-    runs = p * (5 if args.quick else 20)
+    runs = p * 10
     name = "leasework_bench_connections"
     dsn = bench_database(args.dsn, name)
     phases: dict[str, dict[str, int]] = {}
@@ -93,7 +95,11 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn, tempfile.TemporaryDirectory() as tmp:
             db.migrate(conn)
             (Path(tmp) / "connapp.py").write_text(APP)
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, *sys.path])}
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([tmp, *sys.path]),
+                "LEASEWORK_LEASE": str(args.lease),
+            }
             sup = subprocess.Popen(
                 [sys.executable, "-m", "leasework", "supervise", "--app", "connapp:app",
                  "--dsn", dsn, "--processes", str(p)],
@@ -107,7 +113,7 @@ def main() -> None:
                 app = App()
                 app.task("step")(lambda ctx, payload: None)
                 for _ in range(runs):
-                    app.enqueue(conn, "step", {"hold": 0.3})
+                    app.enqueue(conn, "step", {"hold": args.hold})
                 busy: list[dict[str, int]] = []
                 deadline = time.monotonic() + 300
                 while time.monotonic() < deadline:
@@ -125,7 +131,10 @@ def main() -> None:
     finally:
         drop_database(args.dsn, name)
 
-    print(f"connections of one host: leasework supervise --processes {p}, pool_size 4, {runs} runs")
+    print(
+        f"connections of one host: leasework supervise --processes {p}, pool_size 4, {runs} runs"
+        f" of {args.hold:g} s in a transaction, lease {args.lease:g} s"
+    )
     print_table(
         ["phase", *ROLES, "total", "formula"],
         [
@@ -133,10 +142,8 @@ def main() -> None:
                 phase,
                 *(str(counts.get(r, 0)) for r in ROLES),
                 str(sum(counts.values())),
-                {"idle": f"P + 1 = {p + 1}", "busy": f"<= 3P + 1 = {3 * p + 1}",
-                 "after": f"<= 3P + 1 = {3 * p + 1} (2P + 1 = {2 * p + 1} once the pool idles)"}[
-                    phase
-                ],
+                {"idle": f"P + 1 = {p + 1}", "busy": f"2P + 1 = {2 * p + 1}",
+                 "after": f"2P + 1 = {2 * p + 1}"}[phase],
             ]
             for phase, counts in phases.items()
         ],

@@ -134,6 +134,11 @@ def test_enqueue_through_the_pooler_reads_its_key_back(dsn: str, conn: Conn, bou
         for _ in range(8):
             assert app.enqueue(c, "job", {}, key="k1") == first
     assert get_run(conn, first)["status"] == "queued"
+    with db.connect(bouncer.dsn(dsn)) as c, c.transaction():
+        many = app.enqueue_many(c, "job", [{"i": i} for i in range(50)])  # COPY
+        keyed = app.enqueue_many(c, "job", [{}, {}], keys=["k1", "k2"])  # k1 is busy
+    assert len(many) == 50 and len(keyed) == 1
+    assert get_run(conn, keyed[0])["key"] == "k2"
 
 
 def test_no_listen_behind_the_pooler_but_over_listen_dsn(

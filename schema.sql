@@ -25,6 +25,15 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                             interval '0');
 $$;
 
+-- The kinds the workers of this database have handlers for: each worker's maintenance stage
+-- upserts its app's kinds (seen_at, hourly). A queued run whose kind no worker declared in the
+-- last seven days is ended `failed` by fail_unknown_kinds once it has waited unknown_kind_after
+-- (stages/maintenance.sql), rather than staying queued for ever. (Migration 0009.)
+CREATE TABLE IF NOT EXISTS leasework.kinds (
+    kind    text PRIMARY KEY,
+    seen_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- One row per tenant, made on enqueue. The claim locks it (FOR UPDATE OF r, t SKIP LOCKED) so two
 -- workers cannot both pass the rate limiter for the same tenant.
 CREATE TABLE IF NOT EXISTS leasework.tenants (
@@ -247,7 +256,11 @@ BEGIN
     IF enqueue.kind IS NULL OR enqueue.kind !~ '^[A-Za-z0-9_.:/@+-]{1,200}$' THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
             'kind %s is not valid: use 1-200 characters from letters, digits and _ . : / @ + -',
-            coalesce(quote_literal(left(enqueue.kind, 200)), 'NULL'));
+            -- A kind with a control character is shown JSON-quoted (escaped), so that a newline
+            -- in it cannot break the one-line error.
+            CASE WHEN enqueue.kind IS NULL THEN 'NULL'
+                 WHEN enqueue.kind ~ '[\x01-\x1f\x7f]' THEN to_jsonb(left(enqueue.kind, 80))::text
+                 ELSE quote_literal(left(enqueue.kind, 80)) END);
     END IF;
     FOR label IN SELECT * FROM (VALUES ('key', enqueue.key), ('tenant', enqueue.tenant),
                                        ('group', enqueue."group")) AS l(name, value) LOOP
@@ -278,7 +291,8 @@ BEGIN
             'timeout_seconds must be > 0 and at most 2592000 (30 days), got %s',
             enqueue.timeout_seconds);
     END IF;
-    IF enqueue.payload IS NULL THEN
+    -- SQL NULL and JSON null alike are stored as {}, as the Python path stores None.
+    IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) = 'null' THEN
         enqueue.payload := '{}';
     ELSIF octet_length(enqueue.payload::text) > 67108864 THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
@@ -402,6 +416,11 @@ CREATE TABLE IF NOT EXISTS leasework.workers (
     stopped_at   timestamptz,
     current_run  bigint
 );
+
+-- The worker's pool (config `pools`; NULL: every kind) and its kinds (NULL with a pool: every
+-- kind no other pool of its host names). Written by upsert_worker; read by status.
+ALTER TABLE leasework.workers ADD COLUMN IF NOT EXISTS pool text;
+ALTER TABLE leasework.workers ADD COLUMN IF NOT EXISTS pool_kinds text[];
 
 -- ---------------------------------------------------------------------------------------------
 -- Connections, synced records and schedules (stages/sync.py, stages/schedule.py).

@@ -8,9 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
+import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -123,6 +127,7 @@ CREATE TABLE bench_raw_jobs (
 );
 CREATE INDEX ON bench_raw_jobs (id) WHERE status = 'queued';
 """
+# The two-commit loop: claim, then finish, each its own statement and commit.
 RAW_CLAIM = """
 UPDATE bench_raw_jobs SET status = 'running', lease_owner = gen_random_uuid(),
        lease_expires_at = now() + interval '120 seconds', started_at = now()
@@ -131,6 +136,19 @@ UPDATE bench_raw_jobs SET status = 'running', lease_owner = gen_random_uuid(),
 RETURNING id, lease_owner, payload
 """
 RAW_DONE = "UPDATE bench_raw_jobs SET status = 'done' WHERE id = %s AND lease_owner = %s"
+# The fused loop, the one-at-a-time limit: the finish of the previous job and the claim of the
+# next in one statement, one commit per job (as leasework's finish_and_claim). The two parts touch
+# different rows (the sealed one is running, the claimed one queued).
+RAW_FUSED = """
+WITH done AS (
+    UPDATE bench_raw_jobs SET status = 'done'
+     WHERE id = %(prev)s::bigint AND lease_owner = %(owner)s::uuid)
+UPDATE bench_raw_jobs SET status = 'running', lease_owner = gen_random_uuid(),
+       lease_expires_at = now() + interval '120 seconds', started_at = now()
+ WHERE id = (SELECT id FROM bench_raw_jobs WHERE status = 'queued'
+              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id, lease_owner, payload
+"""
 # Batched: claim N in one statement, complete them in one (owner-scoped per row).
 RAW_CLAIM_MANY = """
 UPDATE bench_raw_jobs SET status = 'running', lease_owner = gen_random_uuid(),
@@ -173,10 +191,30 @@ def raw_drain(conn: psycopg.Connection[Any]) -> int:
     return done
 
 
+def raw_fused_drain(conn: psycopg.Connection[Any]) -> int:
+    """The fused loop: each statement finishes the previous job and claims the next, until one
+    claims nothing; how many were finished."""
+    done = 0
+    params: dict[str, Any] = {"prev": None, "owner": None}
+    while True:
+        row = conn.execute(RAW_FUSED, params, prepare=True).fetchone()
+        if params["prev"] is not None:
+            done += 1
+        if row is None:
+            return done
+        params = {"prev": row[0], "owner": row[1]}
+
+
 def raw_worker(dsn: str) -> None:
-    """The raw loop, one job at a time, until the queue is empty."""
+    """The two-commit raw loop, one job at a time, until the queue is empty."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         raw_drain(conn)
+
+
+def raw_fused_worker(dsn: str) -> None:
+    """The fused raw loop (one statement and one commit per job) until the queue is empty."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        raw_fused_drain(conn)
 
 
 def raw_batch_worker(batch: int, dsn: str) -> None:
@@ -187,3 +225,159 @@ def raw_batch_worker(batch: int, dsn: str) -> None:
             if not rows:
                 return
             conn.execute(RAW_DONE_MANY, ([r[0] for r in rows], [r[1] for r in rows]), prepare=True)
+
+
+# -- what each job costs -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Per job, over one timed run: commits (pg_stat_database.xact_commit of the bench database,
+    read-only transactions included, so every autocommit statement counts), WAL bytes
+    (pg_current_wal_lsn difference: the whole server's, so other databases' writes on a shared
+    server count too), and CPU in microseconds: the worker processes' (getrusage of the reaped
+    children) and their Postgres backends' (/proc, the server on this host only, else None)."""
+
+    commits: float
+    wal: float
+    client_us: float
+    backend_us: float | None
+
+
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_ticks(pid: int) -> int | None:
+    """utime + stime of a process, in clock ticks; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
+class Backends:
+    """Finds this host's Postgres backends connected to one database (their process title is
+    `postgres: USER DBNAME HOST(PORT) STATE`). Each call reads the title of processes it has not
+    classified yet only, so it can run every few milliseconds."""
+
+    def __init__(self, dbname: str) -> None:
+        self.marker = f" {dbname} ".encode()
+        self._known: dict[int, bool] = {}  # pid -> is one of them
+
+    def __call__(self) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            known = self._known.get(pid)
+            if known is None:
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        title = f.read(200)
+                except OSError:
+                    continue
+                if not title.startswith(b"postgres: ") and b"postgres" in title:
+                    continue  # a backend just forked, not titled yet: look again next time
+                known = self._known[pid] = title.startswith(b"postgres: ") and self.marker in title
+            if known:
+                found.append(pid)
+        return found
+
+
+class Meter:
+    """Measures a Cost around one timed run: `start()` after the queue is filled, `stop(jobs)`
+    after every worker process has exited. A thread reads the bench database's backends' CPU
+    from /proc every 20 ms while the run lasts (each backend's last reading counts: at most
+    20 ms of a backend's time is missed when it exits)."""
+
+    def __init__(self, dsn: str) -> None:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+        self.dsn = dsn
+        self.dbname = str(info.get("dbname") or "")
+        host = str(info.get("host") or "localhost")
+        self.local = host in ("localhost", "127.0.0.1", "::1") or host.startswith("/")
+        self._ticks: dict[int, tuple[int, int]] = {}  # pid -> (first reading, last reading)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._probe_pid = 0
+        self._backends = Backends(self.dbname)
+
+    def _read(self) -> tuple[int, int]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            self._probe_pid = conn.info.backend_pid
+            row = conn.execute(
+                "SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn"
+                "  FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def _sample(self) -> None:
+        for pid in self._backends():
+            if pid == self._probe_pid:
+                continue
+            ticks = _proc_ticks(pid)
+            if ticks is not None:
+                first = self._ticks.get(pid, (ticks, ticks))[0]
+                self._ticks[pid] = (first, ticks)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def start(self) -> None:
+        self._commits, self._wal = self._read()
+        self._rusage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if self.local:
+            self._sample()  # backends left from the set-up count from here
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+
+    def stop(self, jobs: int) -> Cost:
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client = (ru.ru_utime + ru.ru_stime) - (self._rusage.ru_utime + self._rusage.ru_stime)
+        backend: float | None = None
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+            backend = sum(last - first for first, last in self._ticks.values()) / TICK
+        # A backend flushes its statistics when it exits: wait for the workers' to be gone.
+        deadline = time.monotonic() + 5
+        while self.local and time.monotonic() < deadline:
+            if not [p for p in self._backends() if p != self._probe_pid]:
+                break
+            time.sleep(0.05)
+        commits, wal = self._read()
+        per = max(jobs, 1)
+        return Cost(
+            commits=(commits - self._commits - 1) / per,  # less the first reading's own
+            wal=(wal - self._wal) / per,
+            client_us=client * 1e6 / per,
+            backend_us=None if backend is None else backend * 1e6 / per,
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed run: jobs per second and what each job cost."""
+
+    rate: float
+    cost: Cost
+
+
+def cost_cells(runs: Sequence[Run]) -> list[str]:
+    """Median per-job costs of some runs: commits, WAL bytes, client and backend CPU (µs)."""
+    backend = [r.cost.backend_us for r in runs if r.cost.backend_us is not None]
+    return [
+        f"{med([r.cost.commits for r in runs]):.2f}",
+        f"{med([r.cost.wal for r in runs]):,.0f}",
+        f"{med([r.cost.client_us for r in runs]):,.0f}",
+        f"{med(backend):,.0f}" if backend else "n/a",
+    ]
+
+
+COST_HEADERS = ["commits/job", "WAL B/job", "client µs/job", "backend µs/job"]

@@ -46,7 +46,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from leasework import App, Config, db
-from leasework.documents import Documents
+from leasework.documents import Documents, IngestSettings
 from leasework.documents.embed import HashingEmbedder
 from leasework.documents.ingest import IngestStage
 from leasework.workers import lease
@@ -145,7 +145,7 @@ def run(
 ) -> None:
     # The default caps (512 MiB, 200,000 chunks) refuse or truncate a larger file: raised here so
     # that every byte is chunked and embedded.
-    cfg = Config(
+    cfg = Config.make(
         dsn=dsn,
         file_store=str(tmp / "store"),
         embedding_dim=dim,
@@ -193,7 +193,7 @@ def run(
     if kill_after is not None:
         label += f" (includes the killed child's {kill_after:g} s)"
     print(f"file            {size / (1 << 20):.1f} MiB, embedder {embedder}")
-    print(f"run             {status}, {processed}/{total} chunks (batch {cfg.ingest_batch})")
+    print(f"run             {status}, {processed}/{total} chunks (batch {cfg.section(IngestSettings).ingest_batch})")
     print(
         f"wall time       {elapsed:.1f} s ({size / (1 << 20) / elapsed:.2f} MiB/s, "
         f"{(processed or 0) / elapsed:.0f} chunks/s){label}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import operations
 from .app import App, Enqueued, Task
+from .client import Client
 from .config import Config
 from .errors import (
     Aborted,
@@ -15,7 +16,9 @@ from .errors import (
     Retry,
     SchemaMissing,
     UnknownKind,
+    WrongConnection,
 )
+from .handles import TaskHandle
 from .workers.context import Context
 from .workers.worker import Worker
 
@@ -24,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Aborted",
     "App",
+    "Client",
     "Config",
     "ConfigError",
     "Context",
@@ -35,8 +39,10 @@ __all__ = [
     "Retry",
     "SchemaMissing",
     "Task",
+    "TaskHandle",
     "UnknownKind",
     "Worker",
+    "WrongConnection",
     "__version__",
     "operations",
 ]

@@ -5,19 +5,20 @@ families (connection syncs, documents, or the user's own) plug in with `app.use(
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from . import operations
+from .client import Client, KindDefaults
 from .config import Config
 from .errors import ConfigError, LeaseworkError, UnknownKind
+from .handles import TaskHandle, check_handler, prepare_handler
 from .queries import load
 from .stages.maintenance import MaintenanceStage, Pruner
-from .stages.runs import RunsStage
-from .stages.schedule import ScheduleStage
+from .stages.runs import RunsSettings, RunsStage
+from .stages.schedule import ScheduleSettings, ScheduleStage
 from .tasks import (
     DEFAULT_TIMEOUT,
     MAX_TIMEOUT,
@@ -26,23 +27,20 @@ from .tasks import (
     ScheduleSpec,
     Task,
     check_attempts,
-    check_bool,
     check_kind,
-    check_label,
-    check_priority,
     check_seconds,
-    encode_payload,
 )
 from .workers.context import Context
 from .workers.stage import Stage
 
 Q = load("leasework", "runs.sql")
-F = TypeVar("F", bound=Callable[[Context, Any], Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 Fam = TypeVar("Fam", bound="Family")
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 
-__all__ = ["DEFAULT_TIMEOUT", "App", "Enqueued", "Family", "Task"]
+__all__ = ["DEFAULT_TIMEOUT", "App", "Client", "Enqueued", "Family", "Task", "TaskHandle"]
 
 
 class Family:
@@ -86,11 +84,13 @@ class Family:
         return []
 
 
-class App:
-    """Registered task kinds and families, plus the configuration they run with."""
+class App(Client):
+    """Registered task kinds and families, plus the configuration they run with. Enqueue and
+    cancel are the Client's (leasework/client.py), refusing a kind not registered here and
+    giving each run its task's max_attempts, lease and timeout."""
 
     def __init__(self, config: Config | None = None) -> None:
-        self.config = config or Config()
+        super().__init__(config)
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, ScheduleSpec] = {}
         self.families: dict[str, Family] = {}
@@ -108,8 +108,11 @@ class App:
         cron: str | None = None,
         tz: str = "UTC",
         batch: int = 1,
-    ) -> Callable[[F], F]:
-        """Register `fn(ctx, payload)` as the handler of `kind`. With `every=` seconds or
+    ) -> Callable[[Callable[Concatenate[Context, P], R]], TaskHandle[P, R]]:
+        """Register `fn(ctx, payload)` as the handler of `kind`; returns a TaskHandle (the
+        handler, callable as written, with a typed `.enqueue(conn, ...)`). A handler whose
+        parameters after ctx are keyword-only, `fn(ctx, *, week: int)`, is called with the
+        payload's keys as arguments. `async def` and generator functions are refused. With `every=` seconds or
         `cron=` (in time zone `tz`) it is also a periodic task: the schedule stage enqueues it
         (key `schedule:{kind}`, one active run at a time, no backlog after downtime).
 
@@ -132,11 +135,12 @@ class App:
         if every is not None or cron is not None:
             spec = ScheduleSpec.make(kind, every=every, cron=cron, tz=tz)
 
-        def register(fn: F) -> F:
-            self.register(Task(kind, fn, max_attempts, lease, timeout, batch=batch))
+        def register(fn: Callable[Concatenate[Context, P], R]) -> TaskHandle[P, R]:
+            run = prepare_handler(kind, fn)
+            self.register(Task(kind, run, max_attempts, lease, timeout, batch=batch))
             if spec is not None:
                 self.schedules[kind] = spec
-            return fn
+            return TaskHandle(self, kind, fn)
 
         return register
 
@@ -144,6 +148,7 @@ class App:
         """Add a task kind (the decorators and the families call this)."""
         if task.kind in self.tasks:
             raise ConfigError(f"kind {task.kind!r} is registered twice")
+        check_handler(task.kind, task.fn)
         self.tasks[task.kind] = task
 
     def use(self, family: Fam) -> Fam:
@@ -194,192 +199,32 @@ class App:
         config = config or self.config
         families = list(self.families.values())
         stages: list[Stage] = [
-            ScheduleStage(self, limit=config.schedule_limit, due=[f.enqueue_due for f in families]),
-            RunsStage(self, limit=config.runs_limit, settle_limit=config.settle_limit),
+            ScheduleStage(
+                self,
+                limit=config.section(ScheduleSettings).schedule_limit,
+                due=[f.enqueue_due for f in families],
+            ),
+            RunsStage(
+                self,
+                limit=config.section(RunsSettings).runs_limit,
+                settle_limit=config.section(RunsSettings).settle_limit,
+            ),
         ]
         for family in families:
             stages.extend(family.stages(config))
         pruners = [p for family in families for p in family.pruners()]
-        stages.append(MaintenanceStage(config, extra=pruners))
+        stages.append(MaintenanceStage(config, extra=pruners, kinds=self.kinds()))
         return stages
 
-    # -- enqueue and cancel -----------------------------------------------------------------
+    # -- enqueue and cancel: the Client's, for the kinds registered here ---------------------
 
-    def enqueue(
-        self,
-        conn: Conn,
-        kind: str,
-        payload: Any = None,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        exclusive: bool = False,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
-    ) -> int:
-        """Enqueue a run inside the caller's transaction and return its id.
-
-        With a `key`, at most one run per key is active (queued or running): a second enqueue
-        returns the existing run's id. An `exclusive` run whose key is busy waits and is
-        promoted once the key is idle; a second one returns the waiting run's id.
-        `enqueue_run` takes the same arguments and also says which of the two happened.
-        """
-        return self.enqueue_run(
-            conn,
-            kind,
-            payload,
-            key=key,
-            tenant=tenant,
-            group=group,
-            exclusive=exclusive,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-        ).run_id
-
-    def enqueue_run(
-        self,
-        conn: Conn,
-        kind: str,
-        payload: Any = None,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        exclusive: bool = False,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
-    ) -> Enqueued:
-        """`enqueue`, returning Enqueued(run_id, existing): `existing` is True when the key
-        already had an active (or, for an exclusive run, a waiting) run, whose id it is."""
-        if kind not in self.tasks:
+    def defaults(self, kind: str) -> KindDefaults:
+        """The registered task's settings; UnknownKind for a kind not registered here (a
+        process that enqueues kinds it has no handler for uses a Client)."""
+        task = self.tasks.get(kind) if isinstance(kind, str) else None
+        if task is None:
             raise UnknownKind(self._unknown(kind))
-        task = self.tasks[kind]
-        params = {
-            "kind": kind,
-            "key": check_label("key", key),
-            "tenant": check_label("tenant", tenant),
-            "group": check_label("group", group),
-            "exclusive": check_bool("exclusive", exclusive),
-            "priority": check_priority(priority),
-            "payload": Jsonb(payload if payload is not None else {}, dumps=self._dumps),
-            "max_attempts": check_attempts(max_attempts)
-            or task.max_attempts
-            or self.config.max_attempts,
-            "lease": task.lease,
-            "timeout": task.timeout,
-            "delay": check_seconds("delay", delay, allow_zero=True) or 0.0,
-        }
-        self._dumps(payload if payload is not None else {})  # refuse before touching the database
-        return self._insert(conn, params)
-
-    def _dumps(self, obj: Any) -> bytes:
-        return encode_payload(obj, self.config.payload_max_bytes)
-
-    def _insert(self, conn: Conn, params: dict[str, Any]) -> Enqueued:
-        """One call of leasework.enqueue (schema.sql), which also resolves a busy key."""
-        row = conn.execute(Q["enqueue_run"], params).fetchone()
-        if row is None or row[0] is None:
-            raise LeaseworkError("enqueue inserted nothing")  # leasework.enqueue always returns
-        return Enqueued(int(row[0]), existing=bool(row[1]))
-
-    def enqueue_many(
-        self,
-        conn: Conn,
-        kind: str,
-        payloads: Iterable[Any],
-        *,
-        keys: Sequence[str | None] | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
-    ) -> list[int]:
-        """Enqueue many runs of one kind in one statement, inside the caller's transaction.
-
-        Without `keys` the rows are streamed with COPY. With `keys` (one per payload, None for
-        no key) a payload whose key already has an active run is skipped, as `enqueue` would;
-        the ids returned are those of the rows actually inserted, in payload order.
-        """
-        if kind not in self.tasks:
-            raise UnknownKind(self._unknown(kind))
-        task = self.tasks[kind]
-        encoded = [self._dumps(p if p is not None else {}) for p in payloads]
-        if keys is not None:
-            if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
-                raise ConfigError(
-                    f"keys must be a list of strings (or None), one per payload, got "
-                    f"{type(keys).__name__}"
-                )
-            if len(keys) != len(encoded):
-                raise ConfigError(f"enqueue_many got {len(encoded)} payloads but {len(keys)} keys")
-            checked_keys = [check_label("key", k) for k in keys]
-        attempts = check_attempts(max_attempts) or task.max_attempts or self.config.max_attempts
-        common = {
-            "kind": kind,
-            "tenant": check_label("tenant", tenant),
-            "group": check_label("group", group),
-            "priority": check_priority(priority),
-            "max_attempts": attempts,
-            "lease": task.lease,
-            "timeout": task.timeout,
-            "delay": check_seconds("delay", delay, allow_zero=True) or 0.0,
-        }
-        if not encoded:
-            return []
-        if common["tenant"] is not None:
-            conn.execute(Q["ensure_tenant"], {"tenant": common["tenant"]})
-        if keys is None:
-            return self._copy_many(conn, common, encoded)
-        rows = conn.execute(
-            Q["enqueue_many"],
-            {**common, "payloads": [p.decode() for p in encoded], "keys": checked_keys},
-        ).fetchall()
-        conn.execute(Q["notify"], {"kind": kind})
-        return [int(r[0]) for r in rows]
-
-    def _copy_many(self, conn: Conn, common: dict[str, Any], encoded: list[bytes]) -> list[int]:
-        """COPY the rows in with ids drawn from the sequence first, so they can be returned."""
-        ids = [int(r[0]) for r in conn.execute(Q["reserve_ids"], {"n": len(encoded)}).fetchall()]
-        due = conn.execute(Q["due_at"], {"delay": common["delay"]}).fetchone()
-        assert due is not None
-        columns = (
-            'id, kind, tenant, "group", priority, payload, max_attempts, lease_seconds, '
-            "timeout_seconds, queued_at"
-        )
-        with conn.cursor().copy(f"COPY leasework.runs ({columns}) FROM STDIN") as copy:
-            for run_id, payload in zip(ids, encoded, strict=True):
-                copy.write_row(
-                    (
-                        run_id,
-                        common["kind"],
-                        common["tenant"],
-                        common["group"],
-                        common["priority"],
-                        payload.decode(),
-                        common["max_attempts"],
-                        common["lease"],
-                        common["timeout"],
-                        due[0],
-                    )
-                )
-        conn.execute(Q["notify"], {"kind": common["kind"]})
-        return ids
-
-    def cancel(self, conn: Conn, run_id: int) -> str:
-        """Cancel a run. Queued or waiting: `cancelled` now. Running: the cancel is requested
-        and its worker stops at its next control check; returns `running`. Finished: its final
-        status, unchanged."""
-        if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id < 2**63:
-            raise ConfigError(f"run id must be a positive 64-bit integer, got {run_id!r}")
-        row = conn.execute(Q["cancel_run"], {"id": run_id}).fetchone()
-        if row is None or row[0] is None:
-            raise ConfigError(f"no run with id {run_id}")
-        return str(row[0])
+        return KindDefaults(task.max_attempts, task.lease, task.timeout)
 
     def get_run(self, conn: Conn, run_id: int) -> dict[str, Any] | None:
         with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:

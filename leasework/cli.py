@@ -4,6 +4,7 @@ exit codes: 0 ok, 2 bad usage or bad config (one line on stderr), 1 anything els
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import logging
@@ -167,11 +168,21 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _with_app(p)
     p.add_argument("--once", action="store_true", help="run a single poll and exit")
+    p.add_argument(
+        "--pool", metavar="NAME", help="claim only the kinds of this pool (config `pools`)"
+    )
 
     p = sub.add_parser("supervise", help="run N worker processes under a supervisor")
     _common(p)
     _with_app(p)
     p.add_argument("--processes", type=int, help="worker processes (else config `processes`)")
+    p.add_argument(
+        "--pool",
+        action="append",
+        metavar="NAME:N:KINDS",
+        help="a pool of N children claiming only KINDS (comma-separated; `*`: every kind no "
+        "other pool names); repeat for each pool; replaces config `pools`",
+    )
 
     p = sub.add_parser("enqueue", help="enqueue a run and print its id")
     _common(p)
@@ -318,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("dashboard", help="read-only web page, /metrics and /healthz")
+    p = sub.add_parser(
+        "dashboard", help="web page (read-only unless --actions), /metrics and /healthz"
+    )
     _common(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
@@ -335,6 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding the token every request must carry (else LEASEWORK_DASHBOARD_TOKEN); "
         "required beyond loopback",
     )
+    p.add_argument(
+        "--actions",
+        action="store_true",
+        default=None,
+        help="offer cancel, retry, delete, pause and resume (POST forms with a CSRF token; "
+        "else config dashboard_actions)",
+    )
+    _with_app(p)
 
     p = sub.add_parser("config", help="print the settings in effect, or the reference")
     _common(p)
@@ -355,13 +376,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def register_sections(app: str | None = None) -> None:
+    """Import what declares settings before a config is read: the built-in families, and the
+    module of the app if one is named (its own families' sections). An app that cannot be
+    imported is left for `load_app` to report."""
+    importlib.import_module("leasework.syncs")
+    importlib.import_module("leasework.documents")
+    importlib.import_module("leasework.dashboard.settings")
+    module = (app or "").partition(":")[0]
+    if module:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        with suppress(Exception):  # reported by load_app with its own message
+            importlib.import_module(module)
+
+
 def _config(args: argparse.Namespace, **overrides: Any) -> Config:
     return configmod.load(
         getattr(args, "config", None),
+        prepare=register_sections,
         overrides={
             "dsn": getattr(args, "dsn", None),
             "app": getattr(args, "app", None),
             "processes": getattr(args, "processes", None),
+            "pools": getattr(args, "pool", None)
+            if getattr(args, "command", "") == "supervise"
+            else None,
             "log_format": getattr(args, "log_format", None),
             **overrides,
         },
@@ -416,7 +456,10 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
     app = load_app(cfg.app, cfg)  # as supervise: a worker of no app would poll for nothing
-    worker = Worker(app, cfg, deadman=cfg.deadman)
+    check_pools(cfg, app.kinds())
+    if args.pool is not None:
+        cfg.pool(args.pool)  # an unknown pool: one line, exit 2
+    worker = Worker(app, cfg, deadman=cfg.deadman, pool=args.pool)
     log.event(
         "worker_standalone",
         level=30,
@@ -451,11 +494,36 @@ def cmd_supervise(args: argparse.Namespace, cfg: Config) -> int:
     from .supervisor.parent import Supervisor
 
     app = load_app(cfg.app, cfg)  # before any fork: an app that does not import is exit 2
-    supervisor = Supervisor(app, cfg, reload=lambda: _config(args))
+    if cfg.pools and args.processes is not None:
+        raise ConfigError(
+            "supervise: --processes and pools both set the children; give each pool its "
+            "processes (NAME:N:KINDS) or drop the pools"
+        )
+    check_pools(cfg, app.kinds())
+
+    def reload() -> Config:
+        return check_pools(_config(args), app.kinds())
+
+    supervisor = Supervisor(app, cfg, reload=reload)
     code = supervisor.run()
     if supervisor.halt_message:
         print(f"leasework: {log.redact_dsn(supervisor.halt_message)}", file=sys.stderr)
     return code
+
+
+def check_pools(cfg: Config, known: list[str]) -> Config:
+    """Every kind a pool names is one of the app's: a misspelt kind would leave its runs to no
+    child (and the pool idle). Before anything starts; one line."""
+    for pool in cfg.pools:
+        for kind in pool.kinds or ():
+            if kind not in known:
+                hint = difflib.get_close_matches(kind, known, n=1)
+                also = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise ConfigError(
+                    f"pools: pool {pool.name!r} names kind {kind!r}, which the app does not "
+                    f"register{also} (known kinds: {', '.join(known) or 'none'})"
+                )
+    return cfg
 
 
 def _parse_payload(text: str | None, flag: str = "--payload") -> Any:
@@ -947,11 +1015,20 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
             "and every page cross the network in clear",
             file=sys.stderr,
         )
+    # With --app, a retry gets each task's attempt budget and pause knows the registered kinds.
+    app = load_app(cfg.app, cfg, required=False) if cfg.app else None
     dash = Dashboard(
-        cfg, host=args.host, port=args.port, allow_hosts=args.allow_host, token=token
+        cfg,
+        host=args.host,
+        port=args.port,
+        allow_hosts=args.allow_host,
+        token=token,
+        app=app,
+        actions=args.actions,
     )
     signal.signal(signal.SIGTERM, lambda signum, frame: dash.shutdown())
-    print(f"leasework dashboard on {dash.url} (read-only; Ctrl-C stops it)", flush=True)
+    mode = "actions on" if dash.actions else "read-only"
+    print(f"leasework dashboard on {dash.url} ({mode}; Ctrl-C stops it)", flush=True)
     try:
         dash.serve_forever()
     except KeyboardInterrupt:
@@ -965,8 +1042,8 @@ def cmd_config(args: argparse.Namespace, cfg: Config) -> int:
     if args.reference:
         sys.stdout.write(configmod.reference())
         return EXIT_OK
-    for name in configmod.FIELDS:
-        value = getattr(cfg, name)
+    for name in configmod.all_keys():
+        value = configmod.value(cfg, name)
         text = "unset" if value is None else configmod.toml_value(value)
         if name in ("dsn", "listen_dsn") and value:
             try:

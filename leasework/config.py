@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import stat
@@ -16,7 +17,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .errors import MAX_RETRY_AFTER, ConfigError
 
@@ -50,7 +51,7 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _doc(text: str, default: str | None = None, *, range: Range | None = None) -> dict[str, Any]:
+def doc(text: str, default: str | None = None, *, range: Range | None = None) -> dict[str, Any]:
     """A field's line in the reference; `default` describes a default derived from others;
     `range` the values it accepts."""
     meta: dict[str, Any] = {"doc": text}
@@ -62,19 +63,39 @@ def _doc(text: str, default: str | None = None, *, range: Range | None = None) -
 
 
 DAY = 86400.0
-_SECONDS = Range(0, 30 * DAY, above=True)  # a positive duration of at most 30 days
-_RETENTION = Range(1, 10 * 365 * DAY)
+SECONDS = Range(0, 30 * DAY, above=True)  # a positive duration of at most 30 days
+RETENTION = Range(1, 10 * 365 * DAY)
+
+
+POOL_KEYS = ("name", "processes", "kinds")
+EVERY_OTHER = "*"  # a pool's kinds: every kind no other pool of the host names
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A share of a host's children that claims only its kinds (`[[pools]]`). `kinds` None: the
+    host's "everything else" pool, which claims every kind of the app that no other pool of this
+    host names (an exclusion list: supervisor/parent.py forks it, Config.pool_serves decides)."""
+
+    name: str
+    processes: int
+    kinds: tuple[str, ...] | None = None
+
+    def spec(self) -> str:
+        """The pool as `--pool` takes it: NAME:PROCESSES:KIND,KIND (or `*`)."""
+        kinds = EVERY_OTHER if self.kinds is None else ",".join(self.kinds)
+        return f"{self.name}:{self.processes}:{kinds}"
 
 
 @dataclass(frozen=True)
 class Config:
     dsn: str | None = field(
         default=None,
-        metadata=_doc("libpq connection string or URL; else DATABASE_URL, else libpq defaults"),
+        metadata=doc("libpq connection string or URL; else DATABASE_URL, else libpq defaults"),
     )
     pooler: str = field(
         default="auto",
-        metadata=_doc(
+        metadata=doc(
             "auto, on or off: whether dsn goes through a pooler in transaction mode (PgBouncer): "
             "then no prepared statement, no session state, and wake-up by NOTIFY only over "
             "listen_dsn; auto detects it on each connection"
@@ -82,24 +103,24 @@ class Config:
     )
     listen_dsn: str | None = field(
         default=None,
-        metadata=_doc(
+        metadata=doc(
             "a direct (unpooled) connection string for LISTEN when dsn goes through a pooler: "
             "the supervisor holds one per host and relays wake-ups to its children (a "
             "standalone worker holds its own); unset: idle workers behind a pooler poll every "
             "poll_interval"
         ),
     )
-    app: str | None = field(default=None, metadata=_doc("MODULE:ATTR of the user's App"))
+    app: str | None = field(default=None, metadata=doc("MODULE:ATTR of the user's App"))
     poll_interval: float = field(
         default=2.0,
-        metadata=_doc("seconds an idle worker waits between polls", range=Range(0.01, 3600)),
+        metadata=doc("seconds an idle worker waits between polls", range=Range(0.01, 3600)),
     )
     lease: float = field(
-        default=120.0, metadata=_doc("lease length in seconds (database time)", range=Range(1, DAY))
+        default=120.0, metadata=doc("lease length in seconds (database time)", range=Range(1, DAY))
     )
     renew_interval: float | None = field(
         default=None,
-        metadata=_doc(
+        metadata=doc(
             "renew the lease after this many seconds; unset: a third of the lease",
             "lease / 3",
             range=Range(0.01, DAY),
@@ -107,7 +128,7 @@ class Config:
     )
     control_interval: float | None = field(
         default=None,
-        metadata=_doc(
+        metadata=doc(
             "seconds between control queries (lost / cancel requested); unset: min(2, lease / 6)",
             "min(2, lease / 6)",
             range=Range(0.01, 3600),
@@ -115,18 +136,18 @@ class Config:
     )
     abort_grace: float = field(
         default=5.0,
-        metadata=_doc(
+        metadata=doc(
             "seconds a handler gets to return once its run is cancelled, timed out, lost or shut "
             "down, before its process is killed",
             range=Range(0.1, 3600),
         ),
     )
     heartbeat_interval: float = field(
-        default=15.0, metadata=_doc("seconds between worker heartbeats", range=Range(0.1, 3600))
+        default=15.0, metadata=doc("seconds between worker heartbeats", range=Range(0.1, 3600))
     )
     pool_size: int = field(
         default=4,
-        metadata=_doc(
+        metadata=doc(
             "connections per worker process at most besides its lease keeper's: the control "
             "connection (claims, outcomes, stages) and up to pool_size - 1 opened for handlers "
             "when they ask",
@@ -135,83 +156,64 @@ class Config:
     )
     max_attempts: int = field(
         default=3,
-        metadata=_doc("attempts per run unless the task says otherwise", range=Range(1, 1000)),
+        metadata=doc("attempts per run unless the task says otherwise", range=Range(1, 1000)),
     )
     backoff: tuple[float, ...] = field(
         default=(5.0, 30.0, 120.0),
-        metadata=_doc(
+        metadata=doc(
             "retry delays in seconds by attempt; the last repeats",
             range=Range(0, MAX_RETRY_AFTER, items=(1, 100)),
         ),
     )
     backoff_jitter: float = field(
         default=0.2,
-        metadata=_doc(
+        metadata=doc(
             "each delay is multiplied by uniform(1 - jitter, 1 + jitter)", range=Range(0, 0.99)
         ),
     )
     payload_max_bytes: int = field(
         default=1 << 20,
-        metadata=_doc("largest accepted payload, in bytes", range=Range(64, 64 << 20)),
+        metadata=doc("largest accepted payload, in bytes", range=Range(64, 64 << 20)),
     )
     result_max_bytes: int = field(
         default=1 << 20,
-        metadata=_doc(
+        metadata=doc(
             "largest result a handler may return, in bytes (a larger one fails the attempt)",
             range=Range(64, 64 << 20),
         ),
     )
-    runs_limit: int = field(
-        default=10,
-        metadata=_doc("runs the `runs` stage executes per poll at most", range=Range(1, 1000)),
-    )
-    settle_limit: int = field(
-        default=100,
-        metadata=_doc("expired or waiting runs settled per poll at most", range=Range(1, 100_000)),
-    )
-    schedule_limit: int = field(
-        default=10,
-        metadata=_doc(
-            "due connections and due periodic tasks each enqueued per poll at most",
-            range=Range(1, 1000),
-        ),
-    )
-    sync_batch: int = field(
-        default=200,
-        metadata=_doc(
-            "records a sync publishes (or a purge deletes) per fenced transaction",
-            range=Range(1, 100_000),
-        ),
-    )
-    sync_timeout: float = field(
-        default=3600.0,
-        metadata=_doc(
-            "seconds a sync or purge attempt may run before it is aborted and retried",
-            range=_SECONDS,
-        ),
-    )
     processes: int = field(
-        default=2, metadata=_doc("worker processes the supervisor forks", range=Range(1, 1024))
+        default=2, metadata=doc("worker processes the supervisor forks", range=Range(1, 1024))
+    )
+    pools: tuple[Pool, ...] = field(
+        default=(),
+        metadata=doc(
+            "pools of children that claim only their kinds: `[[pools]]` tables with name, "
+            "processes and kinds (a list, or `*` / omitted for every kind no other pool names); "
+            "set, the children are the pools' processes and `processes` is not used. "
+            "Env and --pool: NAME:PROCESSES:KIND,KIND separated by `;`",
+            "none",
+        ),
     )
     graceful_timeout: float = field(
         default=30.0,
-        metadata=_doc("seconds a stopping worker lets its current job finish", range=Range(0, DAY)),
+        metadata=doc("seconds a stopping worker lets its current job finish", range=Range(0, DAY)),
     )
     # -- the supervisor (supervisor/parent.py; decisions in supervisor/policy.py) ------------
     max_jobs_per_child: int = field(
         default=0,
-        metadata=_doc(
+        metadata=doc(
             "restart a child after this many jobs (leaky user code); 0: never",
             range=Range(0, 1_000_000_000),
         ),
     )
     watchdog: bool = field(
         default=True,
-        metadata=_doc("kill a child that holds a lease it stopped renewing, or went silent"),
+        metadata=doc("kill a child that holds a lease it stopped renewing, or went silent"),
     )
     watchdog_margin: float | None = field(
         default=None,
-        metadata=_doc(
+        metadata=doc(
             "kill a child whose lease was not renewed for lease minus this many s; unset: lease / 6",
             "lease / 6",
             range=Range(0, DAY),
@@ -219,164 +221,73 @@ class Config:
     )
     deadman: bool = field(
         default=True,
-        metadata=_doc(
+        metadata=doc(
             "a kernel timer kills a worker process before a lease it could not renew expires "
             "(even when nothing in it can run); off only to debug a paused worker"
         ),
     )
     hang_timeout: float = field(
         default=120.0,
-        metadata=_doc(
+        metadata=doc(
             "kill a child unresponsive this many s (stopped, or a C call holding the GIL); 0: never",
             range=Range(0, DAY),
         ),
     )
     restart_backoff: float = field(
         default=0.1,
-        metadata=_doc(
+        metadata=doc(
             "first restart delay in s after a crash; doubles per crash", range=Range(0.001, 3600)
         ),
     )
     restart_backoff_max: float = field(
-        default=30.0, metadata=_doc("longest restart delay in seconds", range=Range(0.001, DAY))
+        default=30.0, metadata=doc("longest restart delay in seconds", range=Range(0.001, DAY))
     )
     restart_reset_after: float = field(
         default=30.0,
-        metadata=_doc(
+        metadata=doc(
             "a child up this many seconds clears its slot's crash streak", range=Range(0, DAY)
         ),
     )
-    # -- ingest, expand, maintenance (stages/ingest.py, expand.py, maintenance.py) ------------
-    file_store: str = field(
-        default=".leasework/files",
-        metadata=_doc("directory of the local file store (shared by every worker that ingests)"),
-    )
-    ingest_limit: int = field(
-        default=1, metadata=_doc("ingest runs executed per poll at most", range=Range(1, 100))
-    )
-    ingest_batch: int = field(
-        default=200,
-        metadata=_doc("chunks embedded and upserted per checkpoint", range=Range(1, 10_000)),
-    )
-    ingest_chunk_chars: int = field(
-        default=1000,
-        metadata=_doc(
-            "longest chunk, in characters (chunks break between words)", range=Range(16, 1_000_000)
-        ),
-    )
-    ingest_max_bytes: int = field(
-        default=512 << 20,
-        metadata=_doc("a file larger than this many bytes fails to index", range=Range(1, 1 << 40)),
-    )
-    ingest_max_pages: int = field(
-        default=5000,
-        metadata=_doc(
-            "pages indexed per document at most; the rest is truncated", range=Range(1, 10_000_000)
-        ),
-    )
-    ingest_max_chunks: int = field(
-        default=200_000,
-        metadata=_doc(
-            "chunks indexed per document at most; the rest is truncated",
-            range=Range(1, 100_000_000),
-        ),
-    )
-    embedder: str | None = field(
-        default=None,
-        metadata=_doc("MODULE:ATTR of a callable texts -> vectors; default: feature hashing"),
-    )
-    embedding_dim: int = field(
-        default=256,
-        metadata=_doc("dimensions of the built-in feature-hashing embedder", range=Range(1, 16384)),
-    )
-    expand_limit: int = field(
-        default=2, metadata=_doc("uploads expanded per poll at most", range=Range(1, 100))
-    )
-    expand_reclaim: float = field(
-        default=900.0,
-        metadata=_doc(
-            "seconds after which an upload stuck in processing is claimed again",
-            range=Range(1, 30 * DAY),
-        ),
-    )
-    expand_max_attempts: int = field(
-        default=3,
-        metadata=_doc("expansions of one upload before it is marked failed", range=Range(1, 1000)),
-    )
-    archive_max_members: int = field(
-        default=10_000,
-        metadata=_doc(
-            "an archive with more members than this is refused", range=Range(1, 10_000_000)
-        ),
-    )
-    archive_max_bytes: int = field(
-        default=2 << 30,
-        metadata=_doc(
-            "an archive whose members total more bytes is refused", range=Range(1, 1 << 40)
-        ),
-    )
-    archive_max_ratio: float = field(
-        default=100.0,
-        metadata=_doc(
-            "an archive or member compressed more than this many times is refused",
-            range=Range(1, 1_000_000, above=True),
-        ),
-    )
-    maintenance_limit: int = field(
-        default=1000,
-        metadata=_doc(
-            "rows each maintenance handler deletes per poll at most", range=Range(1, 1_000_000)
-        ),
-    )
-    prune_interval: float = field(
-        default=3600.0,
-        metadata=_doc(
-            "seconds between prunes of finished runs and uploads", range=Range(1, 30 * DAY)
-        ),
-    )
-    workers_prune_interval: float = field(
-        default=86400.0,
-        metadata=_doc("seconds between prunes of stopped worker rows", range=Range(1, 30 * DAY)),
-    )
-    retention_succeeded: float = field(
-        default=7 * 86400.0, metadata=_doc("seconds a succeeded run is kept", range=_RETENTION)
-    )
-    retention_partial: float = field(
-        default=30 * 86400.0, metadata=_doc("seconds a partial run is kept", range=_RETENTION)
-    )
-    retention_failed: float = field(
-        default=30 * 86400.0, metadata=_doc("seconds a failed run is kept", range=_RETENTION)
-    )
-    retention_cancelled: float = field(
-        default=7 * 86400.0, metadata=_doc("seconds a cancelled run is kept", range=_RETENTION)
-    )
-    retention_workers: float = field(
-        default=86400.0,
-        metadata=_doc("seconds a stopped (or long silent) worker row is kept", range=_RETENTION),
-    )
-    retention_uploads: float = field(
-        default=30 * 86400.0,
-        metadata=_doc("seconds a finished upload row and its archive are kept", range=_RETENTION),
-    )
-    retention_tombstones: float = field(
-        default=30 * 86400.0,
-        metadata=_doc("seconds a tombstoned record (deleted upstream) is kept", range=_RETENTION),
-    )
-    reconcile_interval: float = field(
-        default=60.0,
-        metadata=_doc(
-            "seconds between checks for files left `indexing` by an ended ingest run",
-            range=Range(1, DAY),
-        ),
-    )
-    log_level: str = field(default="info", metadata=_doc("debug, info, warning or error"))
+    log_level: str = field(default="info", metadata=doc("debug, info, warning or error"))
     log_format: str = field(
         default="auto",
-        metadata=_doc("json, text, or auto: text on a terminal, JSON lines otherwise"),
+        metadata=doc("json, text, or auto: text on a terminal, JSON lines otherwise"),
     )
 
+    # The settings of the stages and families (sections registered with `section`), as
+    # (key, value) pairs: read with `config.section(TheirSettings)`.
+    extra: tuple[tuple[str, Any], ...] = field(default=(), repr=False, metadata={"internal": True})
+
+    @classmethod
+    def make(cls, **values: Any) -> Config:
+        """A Config from flat keys, the engine's and every registered section's (the keys of the
+        file and the environment); an unknown key is refused. Not validated: `load` does that."""
+        return cls().replace(**values)
+
     def replace(self, **changes: Any) -> Config:
-        return dataclasses.replace(self, **changes)
+        own = {k: v for k, v in changes.items() if k in FIELDS}
+        extra = dict(self.extra)
+        for key, value in changes.items():
+            if key in FIELDS:
+                continue
+            if key not in _OWNER:
+                raise ConfigError(f"unknown setting {short(key)}{did_you_mean(key)}")
+            extra[key] = value
+        return dataclasses.replace(self, **own, extra=tuple(sorted(extra.items())))
+
+    def section(self, cls: type[S]) -> S:
+        """The frozen settings of one stage or family: its defaults, overridden by the keys the
+        file, the environment and the flags set."""
+        return cast(S, _section(self, cast(type, cls)))
+
+    def __getattr__(self, name: str) -> Any:
+        owner = _OWNER.get(name)
+        if owner is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(
+            f"{name} is a setting of {owner.__module__}: read it as "
+            f"config.section({owner.__name__}).{name}"
+        )
 
     # The timings derived from the lease unless set: renew at a third, control every 2 s at most,
     # the watchdog's margin a sixth (the seed's 40 s, 2 s and 20 s for a 120 s lease).
@@ -395,8 +306,109 @@ class Config:
     def kill_margin(self) -> float:
         return self.lease / 6 if self.watchdog_margin is None else self.watchdog_margin
 
+    @property
+    def children(self) -> int:
+        """How many children the supervisor forks: the pools' processes, else `processes`."""
+        return sum(p.processes for p in self.pools) if self.pools else self.processes
 
-FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
+    def pool(self, name: str) -> Pool:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        known = ", ".join(p.name for p in self.pools) or "none configured"
+        raise ConfigError(f"unknown pool {short(name)}; pools: {known}")
+
+    def pool_serves(self, pool: str | None, kind: str) -> bool:
+        """Whether a worker of `pool` (None: no pool, every kind) claims `kind`. The pool with no
+        kinds takes every kind that no other pool of this configuration names."""
+        if pool is None:
+            return True
+        kinds = self.pool(pool).kinds
+        if kinds is not None:
+            return kind in kinds
+        return not any(p.kinds is not None and kind in p.kinds for p in self.pools)
+
+
+S = TypeVar("S")
+
+# The engine's own settings (the worker, its lease, the supervisor, a run's defaults) are the
+# fields of Config. A stage or a family declares its own beside it: a frozen dataclass whose
+# fields carry `doc(...)` metadata, registered with `@section(...)`. The keys stay flat in the
+# file and the environment (`ingest_limit`, LEASEWORK_INGEST_LIMIT), so a key names one setting of
+# one section; `load` knows the sections registered when it runs (the CLI imports the built-in
+# families and the named app first).
+FIELDS: dict[str, dataclasses.Field[Any]] = {
+    f.name: f for f in dataclasses.fields(Config) if not f.metadata.get("internal")
+}
+_SECTIONS: dict[type, tuple[str, int]] = {}  # section class -> (title, order in the reference)
+_OWNER: dict[str, type] = {}  # setting key -> its section class
+_SECTION_FIELDS: dict[str, dataclasses.Field[Any]] = {}
+
+
+def section(title: str, order: int = 100) -> Callable[[type[S]], type[S]]:
+    """Register a frozen dataclass as the settings of a stage or a family: its fields become
+    keys of the config file, the environment and the reference (under `title`; `order` places
+    the section there). A `check(self)` method, if any, refuses impossible combinations."""
+
+    def register(cls: type[S]) -> type[S]:
+        params = getattr(cls, "__dataclass_params__", None)
+        if params is None or not params.frozen:
+            raise TypeError(f"{cls.__qualname__}: a settings section is a frozen dataclass")
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            owner = _OWNER.get(f.name)
+            same = owner is not None and (owner.__module__, owner.__qualname__) == (
+                cls.__module__,
+                cls.__qualname__,
+            )
+            if f.name in FIELDS or (owner is not None and not same):
+                taken = "the engine" if f.name in FIELDS else owner.__qualname__  # type: ignore[union-attr]
+                raise TypeError(f"{cls.__qualname__}: setting {f.name!r} is already {taken}'s")
+            if f.default is dataclasses.MISSING:
+                raise TypeError(f"{cls.__qualname__}: setting {f.name!r} needs a default")
+        for old in [c for c in _SECTIONS if (c.__module__, c.__qualname__) ==
+                    (cls.__module__, cls.__qualname__)]:  # fmt: skip
+            del _SECTIONS[old]  # the same class defined again (a module reloaded)
+        _SECTIONS[cls] = (title, order)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            _OWNER[f.name] = cls
+            _SECTION_FIELDS[f.name] = f
+        return cls
+
+    return register
+
+
+def forget(cls: type) -> None:
+    """Unregister a section (tests that declare one of their own)."""
+    _SECTIONS.pop(cls, None)
+    for key in [k for k, owner in _OWNER.items() if owner is cls]:
+        del _OWNER[key], _SECTION_FIELDS[key]
+
+
+def sections() -> list[type]:
+    """The registered sections, in the reference's order."""
+    return sorted(_SECTIONS, key=lambda c: (_SECTIONS[c][1], _SECTIONS[c][0]))
+
+
+@functools.cache
+def _section(cfg: Config, cls: type) -> Any:
+    if cls not in _SECTIONS:
+        raise TypeError(f"{cls.__qualname__} is not a registered settings section")
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in cfg.extra if k in names})
+
+
+def _field(name: str) -> dataclasses.Field[Any]:
+    return FIELDS[name] if name in FIELDS else _SECTION_FIELDS[name]
+
+
+def known(name: str) -> bool:
+    return name in FIELDS or name in _OWNER
+
+
+def all_keys() -> list[str]:
+    return [*FIELDS, *(f.name for c in sections() for f in dataclasses.fields(c))]
+
+
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _LOG_FORMATS = ("auto", "json", "text")
 _POOLER = ("auto", "on", "off")
@@ -411,7 +423,7 @@ def _coerce(name: str, value: Any, where: str) -> Any:
 
 def _convert(name: str, value: Any, where: str) -> Any:
     """Convert one raw value (TOML value or env string) to the field's type, or refuse it."""
-    kind = FIELDS[name].type
+    kind = _field(name).type
     from_env = isinstance(value, str) and where.startswith("env")
     try:
         if kind in ("str | None", "str"):
@@ -440,6 +452,8 @@ def _convert(name: str, value: Any, where: str) -> Any:
             if not isinstance(number, int):
                 raise TypeError
             return number
+        if kind == "tuple[Pool, ...]":
+            return parse_pools(value, where)
         if kind == "tuple[float, ...]":
             items = value.split(",") if from_env else value
             if not isinstance(items, list | tuple) or not items:
@@ -457,13 +471,117 @@ def _convert(name: str, value: Any, where: str) -> Any:
         "tuple[float, ...]": "a non-empty list of numbers",
         "bool": "true or false",
     }.get(str(kind), "a string")
-    raise ConfigError(f"{where}: {name} must be {expected}, got {_short(value)}")
+    raise ConfigError(f"{where}: {name} must be {expected}, got {short(value)}")
+
+
+_POOL_PROCESSES = Range(1, 1024)
+
+
+def parse_pools(value: Any, where: str) -> tuple[Pool, ...]:
+    """`pools` from TOML (a list of tables), or from the environment or --pool (NAME:PROCESSES:
+    KIND,KIND specs, `;`-separated or a list). One line naming the pool for any mistake: an
+    unknown key, a pool naming no kind, processes below 1, two pools claiming one kind, two
+    "everything else" pools, a repeated name."""
+    if isinstance(value, str):
+        value = [part for part in value.split(";") if part.strip()]
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{where}: pools must be a list of [[pools]] tables, got {short(value)}")
+    pools: list[Pool] = []
+    for i, item in enumerate(value):
+        label = f"{where}: pools[{i}]"
+        if isinstance(item, str):
+            item = _pool_spec(item, label)
+        if not isinstance(item, dict):
+            raise ConfigError(
+                f"{label} must be a table (name, processes, kinds), got {short(item)}"
+            )
+        for key in item:
+            if key not in POOL_KEYS:
+                raise ConfigError(
+                    f"{label}: unknown key {short(key)}; a pool has {', '.join(POOL_KEYS)}"
+                )
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip() or not name.isprintable():
+            raise ConfigError(f"{label}: name must be a non-empty string, got {short(name)}")
+        label = f"{where}: pool {short(name)}"
+        processes = item.get("processes")
+        if isinstance(processes, bool) or not isinstance(processes, int):
+            raise ConfigError(f"{label}: processes must be an integer, got {short(processes)}")
+        if not _POOL_PROCESSES.holds(processes):
+            raise ConfigError(
+                f"{label}: processes must be {_POOL_PROCESSES.describe()}, got {processes}"
+            )
+        kinds = item.get("kinds", EVERY_OTHER)
+        if kinds == [EVERY_OTHER]:
+            kinds = EVERY_OTHER
+        if kinds != EVERY_OTHER:
+            if not isinstance(kinds, list | tuple) or not all(
+                isinstance(k, str) and k.strip() and k != EVERY_OTHER for k in kinds
+            ):
+                raise ConfigError(
+                    f"{label}: kinds must be a list of kind names, or {EVERY_OTHER!r} for every "
+                    f"kind no other pool names, got {short(kinds)}"
+                )
+            if not kinds:
+                raise ConfigError(
+                    f"{label} names no kind: list its kinds, or {EVERY_OTHER!r} for every kind "
+                    "no other pool names"
+                )
+        pools.append(
+            Pool(name, processes, None if kinds == EVERY_OTHER else tuple(dict.fromkeys(kinds)))
+        )
+    seen: dict[str, str] = {}
+    names: set[str] = set()
+    rest: str | None = None
+    for p in pools:
+        if p.name in names:
+            raise ConfigError(f"{where}: two pools are named {short(p.name)}")
+        names.add(p.name)
+        if p.kinds is None:
+            if rest is not None:
+                raise ConfigError(
+                    f"{where}: pools {short(rest)} and {short(p.name)} both take every other "
+                    "kind; at most one pool may omit its kinds"
+                )
+            rest = p.name
+            continue
+        for k in p.kinds:
+            if k in seen:
+                raise ConfigError(
+                    f"{where}: pools {short(seen[k])} and {short(p.name)} both claim kind "
+                    f"{short(k)}; a kind belongs to one pool per host"
+                )
+            seen[k] = p.name
+    return tuple(pools)
+
+
+def _pool_spec(text: str, label: str) -> dict[str, Any]:
+    """NAME:PROCESSES[:KIND,KIND or *] as a [[pools]] table."""
+    parts = text.strip().split(":")
+    if len(parts) not in (2, 3):
+        raise ConfigError(
+            f"{label} must look like NAME:PROCESSES:KIND,KIND (or NAME:PROCESSES:* for every "
+            f"other kind), got {short(text)}"
+        )
+    try:
+        processes: Any = int(parts[1])
+    except ValueError:
+        processes = parts[1]
+    table: dict[str, Any] = {"name": parts[0], "processes": processes}
+    if len(parts) == 3:
+        kinds = parts[2].strip()
+        table["kinds"] = (
+            EVERY_OTHER
+            if kinds == EVERY_OTHER
+            else [k.strip() for k in kinds.split(",") if k.strip()]
+        )
+    return table
 
 
 def check_range(name: str, value: Any, where: str = "config") -> None:
     """The one check of every numeric setting against the Range attached to its field: one
     line naming the key, where it came from and what would be valid."""
-    bound: Range | None = FIELDS[name].metadata.get("range")
+    bound: Range | None = _field(name).metadata.get("range")
     if bound is None or value is None:
         return
     items = value if isinstance(value, tuple) else (value,)
@@ -472,10 +590,10 @@ def check_range(name: str, value: Any, where: str = "config") -> None:
         ok = False
     if not ok:
         shown = list(value) if isinstance(value, tuple) else value
-        raise ConfigError(f"{where}: {name} must be {bound.describe()}, got {_short(shown)}")
+        raise ConfigError(f"{where}: {name} must be {bound.describe()}, got {short(shown)}")
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -489,6 +607,13 @@ def validate(cfg: Config) -> Config:
 
     for name in FIELDS:
         check_range(name, getattr(cfg, name))
+    for cls in sections():
+        settings: Any = cfg.section(cls)
+        for f in dataclasses.fields(cls):
+            check_range(f.name, getattr(settings, f.name))
+        check = getattr(settings, "check", None)
+        if check is not None:
+            check()
     if cfg.renew_every >= cfg.lease / 2:
         raise bad(
             "renew_interval",
@@ -499,10 +624,6 @@ def validate(cfg: Config) -> Config:
             "control_interval",
             f"must be shorter than renew_interval ({cfg.renew_every:g} s), got {cfg.control_every:g}",
         )
-    if not cfg.file_store:
-        raise bad("file_store", "must be a directory path, got an empty string")
-    if cfg.embedder is not None and ":" not in cfg.embedder:
-        raise bad("embedder", f"must look like MODULE:ATTR, got {_short(cfg.embedder)}")
     if not 0 <= cfg.kill_margin < cfg.lease - cfg.renew_every:
         raise bad(
             "watchdog_margin",
@@ -521,14 +642,14 @@ def validate(cfg: Config) -> Config:
             f"must be >= restart_backoff ({cfg.restart_backoff:g} s), got {cfg.restart_backoff_max:g}",
         )
     if cfg.pooler not in _POOLER:
-        raise bad("pooler", f"must be one of {', '.join(_POOLER)}, got {_short(cfg.pooler)}")
+        raise bad("pooler", f"must be one of {', '.join(_POOLER)}, got {short(cfg.pooler)}")
     if cfg.log_level.lower() not in _LOG_LEVELS:
         raise bad(
-            "log_level", f"must be one of {', '.join(_LOG_LEVELS)}, got {_short(cfg.log_level)}"
+            "log_level", f"must be one of {', '.join(_LOG_LEVELS)}, got {short(cfg.log_level)}"
         )
     if cfg.log_format.lower() not in _LOG_FORMATS:
         raise bad(
-            "log_format", f"must be one of {', '.join(_LOG_FORMATS)}, got {_short(cfg.log_format)}"
+            "log_format", f"must be one of {', '.join(_LOG_FORMATS)}, got {short(cfg.log_format)}"
         )
     return cfg
 
@@ -589,7 +710,7 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 def misspelt(env: Mapping[str, str]) -> list[str]:
     """A warning for each LEASEWORK_* variable that is no setting but looks like one."""
     out = []
-    names = {name.upper() for name in FIELDS}
+    names = {name.upper() for name in all_keys()}
     for var in sorted(env):
         if not var.startswith(ENV_PREFIX):
             continue
@@ -608,44 +729,56 @@ def load(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     warn: Callable[[str], None] | None = None,
+    prepare: Callable[[str | None], None] | None = None,
 ) -> Config:
     """File, then environment, then flags (None values in `overrides` are ignored). Warnings
     (a misspelt LEASEWORK_* variable) go to `warn`, else one line each on stderr; pass
-    `warn=lambda m: None` to silence them."""
+    `warn=lambda m: None` to silence them. A key is known if the engine or a registered section
+    has it: `prepare(app)`, called with the app named by the flags, the environment or the file
+    before any key is checked, may import what registers more (the CLI imports the built-in
+    families and the app)."""
     warn = _stderr_warning if warn is None else warn
     env = os.environ if env is None else env
+    overrides = overrides or {}
     values: dict[str, Any] = {}
     if path is None and env.get(ENV_PREFIX + "CONFIG"):
         path = env[ENV_PREFIX + "CONFIG"]
-    if path is not None:
-        where = str(path)
-        raw = read_file(path)
-        for key, value in raw.items():
-            if key not in FIELDS:
-                raise ConfigError(f"{where}: unknown key {_short(key)}{did_you_mean(key)}")
-            values[key] = _coerce(key, value, where)
+    raw = read_file(path) if path is not None else {}
+    if prepare is not None:
+        app = overrides.get("app") or env.get(ENV_PREFIX + "APP") or raw.get("app")
+        prepare(app if isinstance(app, str) else None)
+    for key, value in raw.items():
+        if not known(key):
+            raise ConfigError(f"{path}: unknown key {short(key)}{did_you_mean(key)}")
+        values[key] = _coerce(key, value, str(path))
     for message in misspelt(env):
         warn(message)
-    for name in FIELDS:
+    for name in all_keys():
         var = ENV_PREFIX + name.upper()
         if var in env and env[var] != "":
             values[name] = _coerce(name, env[var], f"env {var}")
     if "dsn" not in values and env.get("DATABASE_URL"):
         values["dsn"] = env["DATABASE_URL"]
-    for key, value in (overrides or {}).items():
+    for key, value in overrides.items():
         if value is None:
             continue
-        if key not in FIELDS:
-            raise ConfigError(f"unknown setting {_short(key)}")
-        values[key] = _coerce(key, value, f"--{key.replace('_', '-')}")
-    return validate(Config(**values))
+        if not known(key):
+            raise ConfigError(f"unknown setting {short(key)}{did_you_mean(key)}")
+        flag = "--pool" if key == "pools" else f"--{key.replace('_', '-')}"
+        values[key] = _coerce(key, value, flag)
+    return validate(Config.make(**values))
+
+
+def value(cfg: Config, key: str) -> Any:
+    """One setting by its flat key, the engine's or a section's."""
+    if key in FIELDS:
+        return getattr(cfg, key)
+    return getattr(cfg.section(_OWNER[key]), key)
 
 
 def did_you_mean(key: str) -> str:
     """`; did you mean `lease`?` for a misspelt key, else where the keys are listed."""
-    import difflib
-
-    close = difflib.get_close_matches(key.lower(), list(FIELDS), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key.lower(), all_keys(), n=1, cutoff=0.6)
     if close:
         return f"; did you mean `{close[0]}`?"
     return " (`leasework config --reference` lists every key)"
@@ -660,19 +793,32 @@ def toml_value(value: Any) -> str:
         return f'"{value}"'
     if isinstance(value, tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, Pool):  # a spec string, which `pools` also reads back
+        return f'"{value.spec()}"'
     return repr(value)
 
 
 def reference() -> str:
-    """The configuration reference as a Markdown table, generated from the field definitions:
-    `leasework config --reference` prints it, and the README's copy is checked against it."""
-    rows = ["| key | default | range | environment | meaning |", "|---|---|---|---|---|"]
-    for f in dataclasses.fields(Config):
-        doc = f.metadata.get("doc", "").replace("|", "\\|")
+    """The configuration reference as Markdown tables, generated from the field definitions: the
+    engine's, then each registered section's. `leasework config --reference` prints it (with the
+    built-in families imported), and the README's copy is checked against it."""
+    out = [_table(dataclasses.fields(Config), "The engine: the worker, its lease, the supervisor")]
+    for cls in sections():
+        out.append(_table(dataclasses.fields(cls), f"{_SECTIONS[cls][0]} (`{cls.__module__}`)"))
+    return "\n".join(out)
+
+
+def _table(fields: Any, title: str) -> str:
+    rows = [f"**{title}**", "", "| key | default | range | environment | meaning |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for f in fields:
+        if f.metadata.get("internal"):
+            continue
+        text = f.metadata.get("doc", "").replace("|", "\\|")
         default = f.metadata.get("default") or toml_value(f.default)
         bound = f.metadata.get("range")
         shown = bound.describe().replace("|", "\\|") if bound is not None else ""
         rows.append(
-            f"| `{f.name}` | `{default}` | {shown} | `{ENV_PREFIX}{f.name.upper()}` | {doc} |"
+            f"| `{f.name}` | `{default}` | {shown} | `{ENV_PREFIX}{f.name.upper()}` | {text} |"
         )
     return "\n".join(rows) + "\n"

@@ -21,12 +21,22 @@ class ConfigError(LeaseworkError):
     """Bad configuration, bad usage or bad input: exit code 2, nothing written."""
 
 
+class NotFound(ConfigError):
+    """An id or a kind that names nothing (no such run, no such kind): bad input like any other
+    ConfigError; the dashboard answers it 404 rather than 409."""
+
+
 class UnknownKind(ConfigError):
     """A run kind no handler is registered for."""
 
 
 class PayloadError(ConfigError):
     """A payload that is not JSON, or is over the size cap."""
+
+
+class WrongConnection(ConfigError, TypeError):
+    """A sync method given a psycopg AsyncConnection, an `_async` one given a sync Connection, or
+    something that is no psycopg connection at all."""
 
 
 class ResultError(LeaseworkError, ValueError):

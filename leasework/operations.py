@@ -16,7 +16,7 @@ import orjson
 import psycopg
 from psycopg.rows import dict_row
 
-from .errors import ConfigError
+from .errors import ConfigError, NotFound
 from .queries import load
 
 Q = load("leasework", "operations.sql")
@@ -164,7 +164,7 @@ def _locked(conn: Conn, ids: list[int]) -> list[tuple[int, str, str | None, str]
     missing = sorted(set(ids) - {r[0] for r in rows})
     if missing:
         shown = ", ".join(str(i) for i in missing[:10])
-        raise ConfigError(f"no run with id {shown} (it may have been pruned); nothing changed")
+        raise NotFound(f"no run with id {shown} (it may have been pruned); nothing changed")
     return rows
 
 
@@ -333,7 +333,7 @@ def pause(conn: Conn, kinds: Iterable[str], *, known: Iterable[str] = ()) -> lis
         } | set(known)
         unknown = [k for k in wanted if k not in seen]
         if unknown:
-            raise ConfigError(
+            raise NotFound(
                 f"unknown kind {unknown[0]!r}: no task, run or schedule has it; nothing paused"
             )
         rows = conn.execute(Q["pause_kinds"], {"kinds": wanted}).fetchall()

@@ -95,7 +95,39 @@ def collect(
         "paused": [_plain(p) for p in paused],
         "oldest_due": {r["kind"]: r["oldest_due"] for r in queued},
         "unserved": unserved(workers, queued, {p["kind"] for p in paused}, heartbeat_interval),
+        "pools": pools(workers),
     }
+
+
+def pools(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The live workers grouped by host and pool (config `pools`): how many, how many busy, and
+    the kinds the pool claims (None: every kind no other pool of its host names). Empty when no
+    live worker has a pool."""
+    alive = [w for w in workers if w["alive"] and w.get("pool") is not None]
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for w in alive:
+        g = groups.setdefault(
+            (w["host"], w["pool"]),
+            {"host": w["host"], "pool": w["pool"], "kinds": w.get("pool_kinds"), "workers": 0,
+             "busy": 0},
+        )  # fmt: skip
+        g["workers"] += 1
+        g["busy"] += w["current_run"] is not None
+    return [groups[k] for k in sorted(groups)]
+
+
+def serves(worker: dict[str, Any], kind: str, workers: list[dict[str, Any]]) -> bool:
+    """Whether `worker` (a status row) claims `kind` by its pool: no pool, every kind; a pool
+    with kinds, those; the pool without kinds, every kind no other live pool of its host names."""
+    if worker.get("pool") is None:
+        return True
+    if worker.get("pool_kinds") is not None:
+        return kind in worker["pool_kinds"]
+    return not any(
+        kind in (w.get("pool_kinds") or ())
+        for w in workers
+        if w["alive"] and w["host"] == worker["host"]
+    )
 
 
 def unserved(
@@ -109,15 +141,20 @@ def unserved(
     idle (a busy fleet is a backlog, not a missing worker). Workers do not record their kinds,
     so this is the evidence there is: an idle worker leaves only runs it does not serve."""
     alive = [w for w in workers if w["alive"]]
-    idle = [w for w in alive if w["current_run"] is None]
     wait = max(30.0, 2 * heartbeat_interval)
-    if alive and not idle:
-        return []
-    return [
-        {"kind": r["kind"], "due": r["due"], "oldest_due": r["oldest_due"], "alive": len(alive)}
-        for r in queued
-        if r["kind"] not in paused and r["oldest_due"] > wait
-    ]
+    out = []
+    for r in queued:
+        if r["kind"] in paused or r["oldest_due"] <= wait:
+            continue
+        # A pool's workers are evidence only for the kinds they claim: a busy `reports` pool is
+        # a backlog of reports, an idle one says nothing of other kinds.
+        mine = [w for w in alive if serves(w, r["kind"], alive)]
+        if mine and all(w["current_run"] is not None for w in mine):
+            continue
+        out.append(
+            {"kind": r["kind"], "due": r["due"], "oldest_due": r["oldest_due"], "alive": len(mine)}
+        )
+    return out
 
 
 def progress_rate(
@@ -180,6 +217,12 @@ def render(snap: dict[str, Any]) -> str:
         out.append(f"  {state} {w['host'][:24]:<24} pid {w['pid']:<7} {run:<12} {beat}")
     if len(shown) < len(workers):
         out.append(f"  ... and {len(workers) - len(shown)} more")
+    for p in snap.get("pools") or []:
+        kinds = ", ".join(p["kinds"]) if p["kinds"] is not None else "every other kind"
+        out.append(
+            f"  pool {p['pool'][:16]} on {p['host'][:20]}: {p['workers']} worker(s), "
+            f"{p['busy']} busy; claims {kinds}"[:80]
+        )
     out.append("")
     order = ["waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled"]
     totals = snap["runs_by_status"]

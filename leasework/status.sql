@@ -4,7 +4,7 @@
 SELECT extract(epoch FROM leasework.now())::float8 AS taken_at
 
 -- name: status_workers
-SELECT id, host, pid, started_at, heartbeat_at, stopped_at, current_run,
+SELECT id, host, pid, started_at, heartbeat_at, stopped_at, current_run, pool, pool_kinds,
        stopped_at IS NULL AND heartbeat_at > leasework.now() - make_interval(secs => %(stale)s) AS alive,
        CASE WHEN isfinite(heartbeat_at)
             THEN extract(epoch FROM leasework.now() - heartbeat_at)::float8 END AS heartbeat_age

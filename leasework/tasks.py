@@ -59,7 +59,7 @@ class Task:
 
 
 def check_kind(kind: object) -> str:
-    if not isinstance(kind, str) or not _NAME_RE.match(kind):
+    if not isinstance(kind, str) or not _NAME_RE.fullmatch(kind):
         raise ConfigError(
             f"kind {_short(kind)} is not valid: use 1-200 characters from letters, digits and "
             "_ . : / @ + -"

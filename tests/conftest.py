@@ -98,7 +98,7 @@ def fast_config(dsn: str, **overrides: Any) -> Config:
         "pool_size": 3,
     }
     base.update(overrides)
-    return Config(**base)
+    return Config.make(**base)
 
 
 @pytest.fixture

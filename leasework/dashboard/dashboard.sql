@@ -1,5 +1,6 @@
--- Read-only queries behind `leasework dashboard` (the overview itself comes from status.sql via
--- status.collect). The dashboard's connections are read-only sessions: none of these writes.
+-- Queries behind `leasework dashboard` (the overview itself comes from status.sql via
+-- status.collect). Pages read through read-only sessions; only an action's session (actions
+-- enabled) may write, and its writes are leasework.cancel and leasework.operations.
 
 -- name: dashboard_clock
 SELECT leasework.now() AS now
@@ -71,3 +72,8 @@ SELECT kind, name, label, sum(value)::float8 AS value
 
 -- name: metrics_duration_buckets
 SELECT leasework.duration_buckets() AS buckets
+
+-- name: dashboard_lock_run
+-- The cancel action: the run's status, locked for the length of the action's transaction, so
+-- that a finished run is refused rather than reported as cancelled.
+SELECT status, cancel_requested_at FROM leasework.runs WHERE id = %(id)s FOR UPDATE

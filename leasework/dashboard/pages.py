@@ -1,16 +1,41 @@
 """The dashboard's HTML: pure functions from snapshots (plain dicts) to pages. Every value that
-came from the database or a user goes through `esc`; no page carries a script or a form."""
+came from the database or a user goes through `esc`; no page carries a script. Every link and
+form action starts with the view's root (the WSGI SCRIPT_NAME, so the dashboard works mounted
+under a prefix); the action forms (POST, with the CSRF token) are drawn only when the view has
+one, that is when actions are enabled."""
 
 from __future__ import annotations
 
 import html
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
 import orjson
+
+
+@dataclass(frozen=True)
+class View:
+    """What a page needs from its request: `root`, the prefix of every link and form action (''
+    when served at /); `csrf`, the token the action forms carry (None: actions are off, and no
+    form is drawn); `flash`, a one-line message from the action just done."""
+
+    root: str = ""
+    csrf: str | None = None
+    flash: str | None = None
+
+    @property
+    def actions(self) -> bool:
+        return self.csrf is not None
+
+    def url(self, path: str) -> str:
+        return self.root + path
+
+
+PLAIN = View()
 
 STATUS_ORDER = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
 LIVE_STATUSES = frozenset({"waiting", "queued", "running"})
@@ -50,7 +75,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
           background: #eef0f4; }
 .s-succeeded, .s-alive, .s-active { background: #e3f4ea; color: var(--ok); }
 .s-failed, .s-gone, .s-expired, .s-crashed { background: #fbe7e4; color: var(--bad); }
-.s-partial, .s-cancelled, .s-released, .s-retry, .s-will-retry { background: #fbf1df; color: var(--warn); }
+.s-partial, .s-cancelled, .s-released, .s-retry, .s-will-retry, .s-paused { background: #fbf1df; color: var(--warn); }
 .s-running { background: #e3ecfd; color: var(--run); }
 progress { width: 12em; height: .9em; vertical-align: middle; }
 .progress { white-space: nowrap; }
@@ -60,6 +85,13 @@ dl { display: grid; grid-template-columns: max-content 1fr; gap: .2em 1.2em; mar
 dt { color: var(--muted); }
 dd { margin: 0; }
 .error { color: var(--bad); }
+form.action { display: inline; margin: 0 .3em 0 0; }
+form.action button { font: inherit; font-size: .85em; padding: .05em .6em; cursor: pointer;
+                     border: 1px solid var(--line); border-radius: 3px; background: #fff; }
+form.action button.danger { color: var(--bad); border-color: #e8b4ad; }
+form.action label { font-size: .85em; color: var(--muted); margin-right: .4em; }
+.flash { background: #e3f4ea; color: var(--ok); border: 1px solid #b9e0c8; border-radius: 6px;
+         padding: .5em 1em; margin: 0 0 1em; }
 """
 
 
@@ -127,10 +159,10 @@ def progress(done: object, total: object) -> str:
     return f'<span class="progress"><progress></progress> {done_n:,} / ?</span>'
 
 
-def run_link(run_id: object) -> str:
+def run_link(run_id: object, v: View = PLAIN) -> str:
     if not isinstance(run_id, int):
         return ""
-    return f'<a class="run-link" href="/runs/{run_id}">#{run_id}</a>'
+    return f'<a class="run-link" href="{esc(v.url(f"/runs/{run_id}"))}">#{run_id}</a>'
 
 
 def first_line(text: object, limit: int = 160) -> str:
@@ -144,7 +176,9 @@ def pretty_json(value: Any) -> str:
         return orjson.dumps(
             value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str
         ).decode()
-    except orjson.JSONEncodeError:  # what orjson cannot write (an integer past 64 bits, deep nesting)
+    except (
+        orjson.JSONEncodeError
+    ):  # what orjson cannot write (an integer past 64 bits, deep nesting)
         return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
 
 
@@ -168,21 +202,24 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str) 
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def layout(title: str, body: str, *, refresh: int | None) -> str:
+def layout(title: str, body: str, *, refresh: int | None, v: View = PLAIN) -> str:
     meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
-    note = f"read-only; refreshes every {refresh} s" if refresh else "read-only"
+    mode = "actions on" if v.actions else "read-only"
+    note = f"{mode}; refreshes every {refresh} s" if refresh else mode
+    flash = f'<p class="flash" id="flash">{esc(v.flash)}</p>' if v.flash else ""
+    r = esc(v.root)
     return (
         "<!doctype html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"{meta}<title>{esc(title)} \u00b7 leasework</title>"
-        '<link rel="stylesheet" href="/static/dashboard.css">'
-        '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml"></head><body>'
-        '<header><h1><a href="/">leasework</a></h1>'
-        '<nav><a href="/runs">runs</a> <a href="/schedules">schedules</a> '
-        '<a href="/connections">connections</a></nav>'
+        f'<link rel="stylesheet" href="{r}/static/dashboard.css">'
+        f'<link rel="icon" href="{r}/static/favicon.svg" type="image/svg+xml"></head><body>'
+        f'<header><h1><a href="{r}/">leasework</a></h1>'
+        f'<nav><a href="{r}/runs">runs</a> <a href="{r}/kinds">kinds</a> '
+        f'<a href="{r}/schedules">schedules</a> <a href="{r}/connections">connections</a></nav>'
         f'<span class="note">{esc(note)}</span></header>'
-        f"<main>{body}</main></body></html>\n"
+        f"<main>{flash}{body}</main></body></html>\n"
     )
 
 
@@ -199,6 +236,7 @@ def overview(
     *,
     oldest_queued: float | None,
     now: object,
+    v: View = PLAIN,
 ) -> str:
     """The `/` page: cards, running runs with progress bars, queue by kind, workers, connections,
     recent failures and the newest runs."""
@@ -224,17 +262,20 @@ def overview(
     parts = [
         f'<p class="muted">database time {esc(when(now))} UTC</p>',
         f'<div class="cards">{cards}</div>',
-        _running_section(snap.get("running") or []),
-        _queue_section(snap.get("runs_by_kind") or {}),
-        _workers_section(workers),
-        _connections_section(snap.get("connections") or []),
-        _failures_section(snap.get("recent_failures") or []),
-        _recent_section(recent),
+        _running_section(snap.get("running") or [], v),
+        _queue_section(
+            snap.get("runs_by_kind") or {}, {str(p.get("kind")) for p in snap.get("paused") or []}
+        ),
+        _pools_section(snap.get("pools") or []),
+        _workers_section(workers, v),
+        _connections_section(snap.get("connections") or [], v),
+        _failures_section(snap.get("recent_failures") or [], v),
+        _recent_section(recent, v),
     ]
-    return layout("overview", "".join(parts), refresh=REFRESH_SECONDS)
+    return layout("overview", "".join(parts), refresh=REFRESH_SECONDS, v=v)
 
 
-def _running_section(running: Sequence[Mapping[str, Any]]) -> str:
+def _running_section(running: Sequence[Mapping[str, Any]], v: View) -> str:
     rows = []
     for r in running:
         flags = (
@@ -246,7 +287,7 @@ def _running_section(running: Sequence[Mapping[str, Any]]) -> str:
         eta = r.get("eta")
         rows.append(
             [
-                run_link(r.get("id")),
+                run_link(r.get("id"), v),
                 esc(r.get("kind")),
                 esc(r.get("key") or ""),
                 progress(r.get("processed_units"), r.get("total_units")) + flags,
@@ -273,33 +314,55 @@ def _running_section(running: Sequence[Mapping[str, Any]]) -> str:
     return f'<section id="running"><h2>Running</h2>{table(headers, rows, empty="nothing running")}</section>'
 
 
-def _queue_section(by_kind: Mapping[str, Mapping[str, int]]) -> str:
+def _queue_section(by_kind: Mapping[str, Mapping[str, int]], paused: set[str]) -> str:
     rows = [
-        [esc(kind)] + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
+        [esc(kind) + (" " + status_badge("paused") if kind in paused else "")]
+        + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
         for kind, per in sorted(by_kind.items())
     ]
     headers = ["kind", *(f"#{s}" for s in STATUS_ORDER)]
     return f'<section id="queue"><h2>Runs by kind</h2>{table(headers, rows, empty="no runs")}</section>'
 
 
-def _workers_section(workers: Sequence[Mapping[str, Any]]) -> str:
+def _pools_section(pools: Sequence[Mapping[str, Any]]) -> str:
+    """The live workers by host and pool (config `pools`); nothing when no worker has a pool."""
+    if not pools:
+        return ""
+    rows = [
+        [
+            esc(p.get("host")),
+            esc(p.get("pool")),
+            esc(", ".join(p["kinds"]) if p.get("kinds") is not None else "every other kind"),
+            esc(p.get("workers")),
+            esc(p.get("busy")),
+        ]
+        for p in pools
+    ]
+    headers = ["host", "pool", "kinds", "#workers", "#busy"]
+    return f'<section id="pools"><h2>Pools</h2>{table(headers, rows, empty="no pools")}</section>'
+
+
+def _workers_section(workers: Sequence[Mapping[str, Any]], v: View) -> str:
     rows = [
         [
             status_badge("alive" if w.get("alive") else "gone"),
             esc(w.get("host")),
             esc(w.get("pid")),
-            run_link(w.get("current_run")) or '<span class="muted">idle</span>',
+            esc(w.get("pool") or "-"),
+            run_link(w.get("current_run"), v) or '<span class="muted">idle</span>',
             esc(ago(w.get("heartbeat_age"))) + " ago",
             esc(when(w.get("started_at"))),
             esc(w.get("id")),
         ]
         for w in workers
     ]
-    headers = ["state", "host", "#pid", "current run", "heartbeat", "started (UTC)", "worker id"]
+    headers = [
+        "state", "host", "#pid", "pool", "current run", "heartbeat", "started (UTC)", "worker id"
+    ]  # fmt: skip
     return f'<section id="workers"><h2>Workers</h2>{table(headers, rows, empty="no workers")}</section>'
 
 
-def _connections_section(connections: Sequence[Mapping[str, Any]]) -> str:
+def _connections_section(connections: Sequence[Mapping[str, Any]], v: View = PLAIN) -> str:
     if not connections:
         return ""
     rows = []
@@ -309,7 +372,7 @@ def _connections_section(connections: Sequence[Mapping[str, Any]]) -> str:
             f"{esc(name)}: {_table_result(t)}" for name, t in sorted(tables.items())
         )
         last = (
-            f"{run_link(c.get('last_run_id'))} {esc(c.get('last_run_kind'))} "
+            f"{run_link(c.get('last_run_id'), v)} {esc(c.get('last_run_kind'))} "
             f"{status_badge(c.get('last_run_status'))}"
             if c.get("last_run_id")
             else '<span class="muted">never run</span>'
@@ -348,10 +411,10 @@ def _table_result(t: object) -> str:
     return esc(f"+{t.get('upserted', 0)} upserted, -{t.get('tombstoned', 0)} tombstoned")
 
 
-def _failures_section(failures: Sequence[Mapping[str, Any]]) -> str:
+def _failures_section(failures: Sequence[Mapping[str, Any]], v: View) -> str:
     rows = [
         [
-            run_link(f.get("id")),
+            run_link(f.get("id"), v),
             esc(f.get("kind")),
             esc(f.get("key") or ""),
             status_badge("will retry" if f.get("will_retry") else f.get("status", "failed")),
@@ -365,10 +428,10 @@ def _failures_section(failures: Sequence[Mapping[str, Any]]) -> str:
     return f'<section id="failures"><h2>Recent failures</h2>{table(headers, rows, empty="no failures")}</section>'
 
 
-def _recent_section(recent: Sequence[Mapping[str, Any]]) -> str:
+def _recent_section(recent: Sequence[Mapping[str, Any]], v: View) -> str:
     rows = [
         [
-            run_link(r.get("id")),
+            run_link(r.get("id"), v),
             esc(r.get("kind")),
             esc(r.get("key") or ""),
             esc(r.get("tenant") or ""),
@@ -396,9 +459,10 @@ def last_change(r: Mapping[str, Any]) -> object:
     return due
 
 
-def run_page(run: Mapping[str, Any], *, now: datetime | None) -> str:
+def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -> str:
     """The `/runs/<id>` page: fields, progress, attempt history, per-table results, payload,
-    result and error. Refreshes itself while the run is live."""
+    result and error; with actions on, the run's actions (cancel, retry, delete) and its kind's
+    pause or resume. Refreshes itself while the run is live."""
     rid = run.get("id")
     status = run.get("status")
     lease_left = ""
@@ -430,9 +494,12 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None) -> str:
         fields.append(("lease left", esc(lease_left)))
     if run.get("cancel_requested_at"):
         fields.append(("cancel requested (UTC)", esc(when(run.get("cancel_requested_at")))))
-    dl = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in fields)
+    if run.get("kind_paused"):
+        fields.append(("kind paused", status_badge("paused")))
+    dl = "".join(f"<dt>{esc(k)}</dt><dd>{value}</dd>" for k, value in fields)
     parts = [
         f'<section id="run"><h2>Run #{esc(rid)}</h2><dl>{dl}</dl></section>',
+        _run_actions(run, v),
         _history_section(run.get("history") or [], run, now),
         _tables_section(run.get("result")),
     ]
@@ -456,7 +523,86 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None) -> str:
         + "</section>"
     )
     live = status in LIVE_STATUSES
-    return layout(f"run #{rid}", "".join(parts), refresh=REFRESH_SECONDS if live else None)
+    return layout(f"run #{rid}", "".join(parts), refresh=REFRESH_SECONDS if live else None, v=v)
+
+
+# -- actions: POST forms carrying the CSRF token, drawn only when actions are on ---------------
+
+CANCELLABLE = frozenset({"waiting", "queued", "running"})
+RETRYABLE = frozenset({"failed", "cancelled", "partial"})
+TERMINAL = frozenset({"succeeded", "partial", "failed", "cancelled"})
+
+
+def action_form(
+    v: View,
+    path: str,
+    label: str,
+    *,
+    back: str,
+    fields: Mapping[str, str] | None = None,
+    danger: bool = False,
+    confirm: str | None = None,
+) -> str:
+    """One POST form with one button: the CSRF token, where to go back to (a path under the
+    root) and any hidden fields. `confirm`: a required checkbox (a second click, without script)."""
+    if v.csrf is None:
+        return ""
+    hidden = "".join(
+        f'<input type="hidden" name="{esc(k)}" value="{esc(value)}">'
+        for k, value in {"csrf": v.csrf, "back": back, **(fields or {})}.items()
+    )
+    check = (
+        f'<label><input type="checkbox" name="confirm" value="yes" required> {esc(confirm)}</label>'
+        if confirm
+        else ""
+    )
+    cls = ' class="danger"' if danger else ""
+    name = path.rsplit("/", 1)[-1]
+    return (
+        f'<form class="action" data-action="{esc(name)}" method="post" action="{esc(v.url(path))}">'
+        f"{hidden}{check}<button type=\"submit\"{cls}>{esc(label)}</button></form>"
+    )
+
+
+def run_actions(run: Mapping[str, Any], v: View, *, back: str, full: bool) -> str:
+    """The buttons a run's status allows: cancel (live, not already requested), retry (failed,
+    cancelled or partial); on the run's own page (`full`) also delete (finished)."""
+    rid, status = run.get("id"), run.get("status")
+    if not v.actions or not isinstance(rid, int):
+        return ""
+    out = []
+    if status in CANCELLABLE and not run.get("cancel_requested_at"):
+        out.append(action_form(v, f"/runs/{rid}/cancel", "cancel", back=back, danger=True))
+    if status in RETRYABLE:
+        out.append(action_form(v, f"/runs/{rid}/retry", "retry", back=back))
+    if full and status in TERMINAL:
+        out.append(
+            action_form(
+                v, f"/runs/{rid}/delete", "delete", back="/runs", danger=True, confirm="sure"
+            )
+        )
+    return "".join(out)
+
+
+def kind_action(kind: str, paused: bool, v: View, *, back: str) -> str:
+    if paused:
+        return action_form(v, "/kinds/resume", "resume", back=back, fields={"kind": kind})
+    return action_form(v, "/kinds/pause", "pause", back=back, fields={"kind": kind}, danger=True)
+
+
+def _run_actions(run: Mapping[str, Any], v: View) -> str:
+    if not v.actions:
+        return ""
+    rid, kind = run.get("id"), str(run.get("kind"))
+    back = f"/runs/{rid}"
+    buttons = run_actions(run, v, back=back, full=True) or (
+        '<span class="muted">none for a run in this state</span>'
+    )
+    kind_button = kind_action(kind, bool(run.get("kind_paused")), v, back=back)
+    return (
+        f'<section id="actions"><h2>Actions</h2><p>{buttons}</p>'
+        f"<p>kind {esc(kind)}: {kind_button}</p></section>"
+    )
 
 
 def _duration(start: object, end: object) -> str:
@@ -529,11 +675,14 @@ def _tables_section(result: object) -> str:
     )
 
 
-def error_page(code: int, message: str) -> str:
+def error_page(code: int, message: str, v: View = PLAIN) -> str:
     return layout(
         str(code),
-        f'<section><h2>{code}</h2><p class="error">{esc(message)}</p></section>',
+        f'<section><h2>{code}</h2><p class="error" id="error-line">{esc(message)}</p>'
+        f'<p><a href="{esc(v.url("/"))}">overview</a> \u00b7 '
+        f'<a href="{esc(v.url("/runs"))}">runs</a></p></section>',
         refresh=None,
+        v=View(v.root),
     )
 
 
@@ -546,9 +695,12 @@ def runs_page(
     filters: Mapping[str, str],
     next_before: int | None,
     paused: Sequence[Mapping[str, Any]] = (),
+    back: str = "/runs",
+    v: View = PLAIN,
 ) -> str:
     """The `/runs` page: every run, newest first, filtered by status, kind, key and tenant (a
-    plain GET form: no script) and paged by id (`before`)."""
+    plain GET form: no script) and paged by id (`before`); with actions on, each row's cancel or
+    retry (`back`: this page, where the action returns to) and paused kinds' resume."""
     options = "".join(
         f'<option value="{esc(s)}"{" selected" if filters.get("status") == s else ""}>{esc(s)}</option>'
         for s in ("", *STATUS_ORDER)
@@ -558,13 +710,13 @@ def runs_page(
         for name in ("kind", "key", "tenant")
     )
     form = (
-        '<form class="filters" method="get" action="/runs">'
+        f'<form class="filters" method="get" action="{esc(v.url("/runs"))}">'
         f'<label>status<select name="status">{options}</select></label>{fields}'
-        '<button type="submit">filter</button> <a href="/runs">clear</a></form>'
+        f'<button type="submit">filter</button> <a href="{esc(v.url("/runs"))}">clear</a></form>'
     )
     body = [
         [
-            run_link(r.get("id")),
+            run_link(r.get("id"), v),
             esc(r.get("kind")),
             esc(r.get("key") or ""),
             esc(r.get("tenant") or ""),
@@ -575,6 +727,7 @@ def runs_page(
             f'<span class="error">{esc(first_line(r.get("error")))}</span>'
             if r.get("error")
             else "",
+            *([run_actions(r, v, back=back, full=False)] if v.actions else []),
         ]
         for r in rows
     ]
@@ -588,23 +741,62 @@ def runs_page(
         "created (UTC)",
         "last change (UTC)",
         "error",
+        *(["actions"] if v.actions else []),
     ]
     pager = ""
     if next_before is not None:
-        query = urlencode({**{k: v for k, v in filters.items() if v}, "before": next_before})
-        pager = f'<p class="pager"><a id="next-page" href="/runs?{esc(query)}">older runs &rarr;</a></p>'
+        query = urlencode({**{k: f for k, f in filters.items() if f}, "before": next_before})
+        pager = (
+            f'<p class="pager"><a id="next-page" href="{esc(v.url("/runs"))}?{esc(query)}">'
+            "older runs &rarr;</a></p>"
+        )
     note = ""
     if paused:
-        names = ", ".join(esc(p.get("kind")) for p in paused)
+        names = ", ".join(
+            esc(p.get("kind")) + " " + kind_action(str(p.get("kind")), True, v, back=back)
+            for p in paused
+        )
         note = f'<p class="muted" id="paused">paused kinds: {names}</p>'
     section = (
         f'<section id="runs"><h2>Runs</h2>{form}{note}'
         f"{table(headers, body, empty='no runs match')}{pager}</section>"
     )
-    return layout("runs", section, refresh=None)
+    return layout("runs", section, refresh=None, v=v)
 
 
-def schedules_page(rows: Sequence[Mapping[str, Any]]) -> str:
+def kinds_page(
+    by_kind: Mapping[str, Mapping[str, int]],
+    paused: Sequence[Mapping[str, Any]],
+    registered: Iterable[str] = (),
+    v: View = PLAIN,
+) -> str:
+    """The `/kinds` page: every kind (registered with the app, or seen in a run) with its runs by
+    status and whether it is paused; with actions on, pause or resume."""
+    paused_at = {str(p.get("kind")): p.get("paused_at") for p in paused}
+    kinds = sorted({*by_kind, *paused_at, *registered})
+    rows = []
+    for kind in kinds:
+        per = by_kind.get(kind) or {}
+        is_paused = kind in paused_at
+        state = status_badge("paused") if is_paused else status_badge("active")
+        if is_paused and paused_at[kind]:
+            state += f' <span class="muted">since {esc(when(paused_at[kind]))}</span>'
+        link = f'<a href="{esc(v.url("/runs"))}?{esc(urlencode({"kind": kind}))}">{esc(kind)}</a>'
+        rows.append(
+            [link, state]
+            + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
+            + ([kind_action(kind, is_paused, v, back="/kinds")] if v.actions else [])
+        )
+    headers = ["kind", "state", *(f"#{s}" for s in STATUS_ORDER), *(["action"] if v.actions else [])]
+    note = (
+        '<p class="muted">a paused kind is claimed by no worker (batch claims and reclaims '
+        "included) until it is resumed; runs already running finish</p>"
+    )
+    section = f'<section id="kinds"><h2>Kinds</h2>{note}{table(headers, rows, empty="no kinds")}</section>'
+    return layout("kinds", section, refresh=None, v=v)
+
+
+def schedules_page(rows: Sequence[Mapping[str, Any]], v: View = PLAIN) -> str:
     """The `/schedules` page: periodic tasks, their next run and their last run."""
     body = [
         [
@@ -617,7 +809,7 @@ def schedules_page(rows: Sequence[Mapping[str, Any]]) -> str:
             ),
             esc(when(r.get("next_run_at"))),
             (
-                f"{run_link(r.get('last_run_id'))} {status_badge(r.get('last_run_status'))}"
+                f"{run_link(r.get('last_run_id'), v)} {status_badge(r.get('last_run_status'))}"
                 if r.get("last_run_id")
                 else '<span class="muted">never</span>'
             ),
@@ -626,12 +818,12 @@ def schedules_page(rows: Sequence[Mapping[str, Any]]) -> str:
     ]
     headers = ["name", "kind", "schedule", "next run (UTC)", "last run"]
     section = f'<section id="schedules"><h2>Schedules</h2>{table(headers, body, empty="no schedules")}</section>'
-    return layout("schedules", section, refresh=None)
+    return layout("schedules", section, refresh=None, v=v)
 
 
-def connections_page(connections: Sequence[Mapping[str, Any]]) -> str:
+def connections_page(connections: Sequence[Mapping[str, Any]], v: View = PLAIN) -> str:
     """The `/connections` page: every connection with its last run and per-table results."""
-    section = _connections_section(connections) or (
+    section = _connections_section(connections, v) or (
         '<section id="connections"><h2>Connections</h2><p class="empty">no connections</p></section>'
     )
-    return layout("connections", section, refresh=REFRESH_SECONDS)
+    return layout("connections", section, refresh=REFRESH_SECONDS, v=v)

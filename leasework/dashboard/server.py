@@ -1,72 +1,40 @@
-"""The dashboard's HTTP server: the standard library's threading server, GET and HEAD only, one
-read-only database session per request (at most four at once). Never writes: the sessions refuse
-writes, and every other method is answered 405."""
+"""`leasework dashboard`: the dashboard's WSGI application (web.py) served by the standard
+library's threading HTTP server, hardened for a socket of its own: loopback by default with a
+guard on the Host header, a token required beyond loopback, a whole-request deadline, a cap on
+connections, and the security headers on every answer, the server's own errors included. Reads
+go through read-only database sessions; only the actions (when enabled) write."""
 
 from __future__ import annotations
 
-import base64
-import hmac
 import ipaddress
 import logging
-import re
 import socket
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 
-from .. import __version__, db, log, operations, status
+from .. import log
+from ..app import App
 from ..config import Config
-from ..errors import ConfigError, LeaseworkError, SchemaMissing
-from ..queries import load
-from . import metrics, pages
+from ..errors import ConfigError
+from .web import SECURITY_HEADERS, DashboardApp
 
-Q = load("leasework.dashboard", "dashboard.sql")
-RUNS = load("leasework", "runs.sql")
-
-# A session per request: a database that is down is reported at once (a pool would wait out its
-# timeout), and no connection is left stale across a database restart. A refresh storm still
-# cannot take more than SESSIONS connections from Postgres.
-SESSIONS = 4
-SESSION_WAIT = 5.0  # seconds a request waits for a free session before answering 503
-STATEMENT_TIMEOUT = "10s"
-RECENT_RUNS = 25
-RUNS_PAGE = 50
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_CONNECTIONS = 32  # open connections at once; more are answered 503 and closed
 REQUEST_DEADLINE = 30.0  # seconds from a request's first byte to its answer, however it trickles
 
-_RUN_PATH = re.compile(r"^/runs/([0-9]{1,18})/?$")
-
-# No script anywhere; styles only from our own stylesheet; not to be framed.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; base-uri 'none'; "
-        "form-action 'self'; frame-ancestors 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
-
-
-class BadRequest(Exception):
-    """A query parameter that makes no sense: 400 with one line."""
-
-
-class Unavailable(Exception):
-    """The database did not answer (or has no leasework schema): 503, with a password-free line."""
-
 
 class Dashboard:
-    """Owns the listening socket. `serve_forever()` in the foreground (the CLI) or
-    `start()` on a thread (tests); `close()` stops both."""
+    """Owns the listening socket and serves a DashboardApp on it. `serve_forever()` in the
+    foreground (the CLI) or `start()` on a thread (tests); `close()` stops both. `actions`,
+    `app`: as DashboardApp (actions default to config `dashboard_actions`)."""
 
     def __init__(
         self,
@@ -76,6 +44,8 @@ class Dashboard:
         port: int = 8080,
         allow_hosts: Iterable[str] = (),
         token: str | None = None,
+        actions: bool | None = None,
+        app: App | None = None,
     ) -> None:
         self.cfg = cfg
         self.token = token or None
@@ -85,7 +55,7 @@ class Dashboard:
                 "could read every run's payload: give a token requests must carry "
                 "(LEASEWORK_DASHBOARD_TOKEN or --token-file FILE), or listen on 127.0.0.1"
             )
-        self._sessions = threading.BoundedSemaphore(SESSIONS)
+        self.wsgi = DashboardApp(cfg, app=app, actions=actions, token=self.token)
         try:
             server = _Server6 if ":" in host else _Server
             self.httpd = server((host, port), _Handler)
@@ -97,6 +67,10 @@ class Dashboard:
         self.host, self.port = host, int(self.httpd.server_address[1])
         self.allowed_hosts = _allowed_hosts(host, self.port, allow_hosts)
         self._thread: threading.Thread | None = None
+
+    @property
+    def actions(self) -> bool:
+        return self.wsgi.actions
 
     @property
     def url(self) -> str:
@@ -123,117 +97,10 @@ class Dashboard:
             self._thread = None
         self.httpd.server_close()
 
-    # -- pages: each opens one read-only session for the length of one request ---------------
-
-    def overview(self) -> str:
-        with self.session() as conn:
-            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
-            with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-                recent = cur.execute(Q["dashboard_recent_runs"], {"limit": RECENT_RUNS}).fetchall()
-                now = cur.execute(Q["dashboard_clock"]).fetchone()
-                oldest = cur.execute(Q["metrics_oldest_queued"]).fetchall()
-        oldest_age = max((r["age"] for r in oldest), default=None)
-        return pages.overview(
-            snap, recent, oldest_queued=oldest_age, now=now["now"] if now else None
-        )
-
-    def runs(self, query: dict[str, str]) -> str:
-        """`/runs?status=&kind=&key=&tenant=&before=`: every run, newest first, filtered, paged."""
-        filters = {k: query[k] for k in pages.RUN_FILTERS if query.get(k)}
-        before = query.get("before") or None
-        if before is not None and not before.isdigit():
-            raise BadRequest(f"before must be a run id, got {before!r}")
-        status_filter = filters.get("status")
-        if status_filter is not None and status_filter not in operations.STATUSES:
-            raise BadRequest(f"status must be one of {', '.join(operations.STATUSES)}")
-        with self.session() as conn:
-            page = operations.list_runs(
-                conn,
-                operations.Filters(
-                    statuses=[status_filter] if status_filter else None,
-                    kind=filters.get("kind"),
-                    key=filters.get("key"),
-                    tenant=filters.get("tenant"),
-                ),
-                limit=RUNS_PAGE,
-                before=int(before) if before else None,
-            )
-            paused = operations.paused(conn)
-        return pages.runs_page(
-            page.runs, filters=filters, next_before=page.next_before, paused=paused
-        )
-
-    def schedules(self) -> str:
-        from ..stages.schedule import list_schedules
-
-        with self.session() as conn:
-            return pages.schedules_page(list_schedules(conn))
-
-    def connections(self) -> str:
-        with self.session() as conn:
-            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
-        return pages.connections_page(snap.get("connections") or [])
-
-    def run(self, run_id: int) -> str | None:
-        with self.session() as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-            row = cur.execute(RUNS["get_run"], {"id": run_id}).fetchone()
-            now = cur.execute(Q["dashboard_clock"]).fetchone()
-        if row is None:
-            return None
-        return pages.run_page(row, now=now["now"] if now else None)
-
-    def metrics(self) -> bytes:
-        try:
-            with self.session() as conn:
-                snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
-                fams = metrics.families(
-                    conn,
-                    snap,
-                    heartbeat_interval=self.cfg.heartbeat_interval,
-                    version=__version__,
-                )
-        except Unavailable:
-            fams = metrics.database_down(__version__)
-        return metrics.exposition(fams)
-
-    def health(self) -> None:
-        """Raises Unavailable unless the database answers and has the leasework schema."""
-        with self.session() as conn:
-            conn.execute("SELECT 1")
-
     @contextmanager
-    def session(self) -> Iterator[psycopg.Connection[Any]]:
-        """A read-only session with the leasework schema checked. The database being down, busy
-        or without the schema is Unavailable, with the reason on one password-free line."""
-        if not self._sessions.acquire(timeout=SESSION_WAIT):
-            raise Unavailable(f"busy: all {SESSIONS} database sessions are in use")
-        try:
-            try:
-                conn = db.connect(
-                    self.cfg.dsn,
-                    application_name="leasework-dashboard",
-                    connect_timeout=5,
-                    pooler=self.cfg.pooler,
-                )
-            except LeaseworkError as exc:  # down, or a malformed DSN
-                raise Unavailable(log.redact_dsn(str(exc))) from None
-            with conn:
-                try:
-                    # One read-only transaction per request, its settings local to it (through a
-                    # pooler in transaction mode a session setting would outlive the request on
-                    # a server session someone else gets). Belt and braces: even a bug in a page
-                    # cannot write through it.
-                    conn.read_only = True
-                    conn.autocommit = False
-                    conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
-                    db.check_schema(conn)
-                    yield conn
-                except SchemaMissing as exc:
-                    raise Unavailable(str(exc)) from None
-                except psycopg.OperationalError as exc:
-                    raise Unavailable(f"database unavailable: {log.first_line(exc)}") from None
-        finally:
-            self._sessions.release()
+    def session(self, *, write: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        with self.wsgi.session(write=write) as conn:
+            yield conn
 
 
 def _address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -368,139 +235,86 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         super().end_headers()
 
-    # -- read-only: GET and HEAD; everything else is refused ---------------------------------
+    # -- every method goes to the WSGI application, which serves GET and HEAD, and POST to an
+    # action when actions are on; the standard library answers methods it has no do_X for 501.
 
     def do_GET(self) -> None:
-        self._route(head=False)
+        self._serve()
 
-    def do_HEAD(self) -> None:
-        self._route(head=True)
+    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_GET
 
-    def _refuse(self) -> None:
-        self.close_connection = True  # its body, if any, is never read
-        self._send(
-            HTTPStatus.METHOD_NOT_ALLOWED,
-            b"the dashboard is read-only: GET and HEAD only\n",
-            "text/plain; charset=utf-8",
-            head=False,
-            extra={"Allow": "GET, HEAD", "Connection": "close"},
-        )
-
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _refuse
-
-    def _authorized(self, token: str) -> bool:
-        """A bearer token, or HTTP Basic with the token as password (any user name), so that
-        both scripts and browsers can pass it."""
-        given = self.headers.get("Authorization") or ""
-        scheme, _, value = given.partition(" ")
-        secret = ""
-        if scheme.lower() == "bearer":
-            secret = value.strip()
-        elif scheme.lower() == "basic":
-            try:
-                secret = base64.b64decode(value.strip(), validate=True).decode().partition(":")[2]
-            except (ValueError, UnicodeDecodeError):
-                secret = ""
-        return hmac.compare_digest(secret.encode(), token.encode())
-
-    def _route(self, *, head: bool) -> None:
+    def _serve(self) -> None:
         d = self.server.dashboard
-        if d.token is not None and not self._authorized(d.token):
-            self._send(
-                HTTPStatus.UNAUTHORIZED,
-                b"a token is required (Authorization: Bearer TOKEN, or the password)\n",
-                "text/plain; charset=utf-8",
-                head=head,
-                extra={"WWW-Authenticate": 'Basic realm="leasework", charset="UTF-8"'},
-            )
-            return
+        body = _Body(self.rfile, self.headers.get("Content-Length"))
+        if self.headers.get("Transfer-Encoding") or body.invalid:
+            self.close_connection = True  # a body we will not read to its end
         host = self.headers.get("Host") or ""
         if d.allowed_hosts is not None and not host_allowed(host, d.allowed_hosts, d.port):
+            self.close_connection = self.close_connection or body.left > 0
+            page = b"unexpected Host header (see --allow-host)\n"
             self._send(
                 HTTPStatus.MISDIRECTED_REQUEST,
-                b"unexpected Host header (see --allow-host)\n",
-                "text/plain; charset=utf-8",
-                head=head,
+                [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(page)))],
+                b"" if self.command == "HEAD" else page,
             )
             return
         parts = urlsplit(self.path)
-        path = parts.path
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        environ = self._environ(parts.path, parts.query, body)
+        answer: list[Any] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            answer[:] = [status, headers]
+            return lambda data: None
+
+        result = d.wsgi(environ, start_response)
         try:
-            if path == "/":
-                self._html(HTTPStatus.OK, d.overview(), head=head)
-            elif path in ("/runs", "/runs/"):
-                self._html(HTTPStatus.OK, d.runs(query), head=head)
-            elif path == "/schedules":
-                self._html(HTTPStatus.OK, d.schedules(), head=head)
-            elif path == "/connections":
-                self._html(HTTPStatus.OK, d.connections(), head=head)
-            elif (m := _RUN_PATH.match(path)) is not None:
-                page = d.run(int(m.group(1)))
-                if page is None:
-                    self._html(
-                        HTTPStatus.NOT_FOUND,
-                        pages.error_page(404, f"no run {m.group(1)} (it may have been pruned)"),
-                        head=head,
-                    )
-                else:
-                    self._html(HTTPStatus.OK, page, head=head)
-            elif path == "/metrics":
-                self._send(HTTPStatus.OK, d.metrics(), metrics.CONTENT_TYPE, head=head)
-            elif path == "/healthz":
-                d.health()
-                self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8", head=head)
-            elif path == "/static/dashboard.css":
-                self._send(HTTPStatus.OK, pages.CSS.encode(), "text/css; charset=utf-8", head=head)
-            elif path == "/static/favicon.svg":
-                self._send(HTTPStatus.OK, pages.FAVICON.encode(), "image/svg+xml", head=head)
-            else:
-                self._html(HTTPStatus.NOT_FOUND, pages.error_page(404, "no such page"), head=head)
-        except BadRequest as exc:
-            self._html(HTTPStatus.BAD_REQUEST, pages.error_page(400, str(exc)), head=head)
-        except Unavailable as exc:
-            message = log.redact_dsn(str(exc))
-            if path == "/healthz":
-                body = f"unavailable: {message}\n".encode()
-                self._send(
-                    HTTPStatus.SERVICE_UNAVAILABLE, body, "text/plain; charset=utf-8", head=head
-                )
-            else:
-                self._html(
-                    HTTPStatus.SERVICE_UNAVAILABLE, pages.error_page(503, message), head=head
-                )
-        except Exception as exc:
-            log.event(
-                "dashboard_error",
-                logging.ERROR,
-                path=path,
-                error=log.redact_dsn(f"{type(exc).__name__}: {exc}"),
-            )
-            self._html(
-                HTTPStatus.INTERNAL_SERVER_ERROR,
-                pages.error_page(500, "internal error (logged)"),
-                head=head,
-            )
+            data = b"".join(result)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        status, headers = answer
+        if body.left > 0:  # the application refused before reading the body: do not parse it
+            self.close_connection = True
+        self._send(HTTPStatus(int(status.split(" ", 1)[0])), headers, data)
 
-    def _html(self, code: HTTPStatus, page: str, *, head: bool) -> None:
-        self._send(code, page.encode(), "text/html; charset=utf-8", head=head)
+    def _environ(self, path: str, query: str, body: _Body) -> dict[str, Any]:
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": self.command,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": unquote(path, encoding="latin-1"),
+            "QUERY_STRING": query,
+            "CONTENT_TYPE": self.headers.get("Content-Type") or "",
+            "CONTENT_LENGTH": self.headers.get("Content-Length") or "",
+            "SERVER_NAME": self.server.dashboard.host,
+            "SERVER_PORT": str(self.server.dashboard.port),
+            "SERVER_PROTOCOL": self.request_version,
+            "REMOTE_ADDR": self.client_address[0],
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "http",
+            "wsgi.input": body,
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+        }
+        for name, value in self.headers.items():
+            key = name.upper().replace("-", "_")
+            if key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+                continue
+            key = "HTTP_" + key
+            environ[key] = f"{environ[key]},{value}" if key in environ else value
+        return environ
 
-    def _send(
-        self,
-        code: HTTPStatus,
-        body: bytes,
-        content_type: str,
-        *,
-        head: bool,
-        extra: dict[str, str] | None = None,
-    ) -> None:
+    def _send(self, code: HTTPStatus, headers: list[tuple[str, str]], body: bytes) -> None:
         self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (extra or {}).items():
-            self.send_header(name, value)
+        for name, value in headers:
+            if name not in SECURITY_HEADERS:  # end_headers adds them, to every answer
+                self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        if not head:
+        if self.command != "HEAD":
             self.wfile.write(body)
 
     def version_string(self) -> str:
@@ -513,3 +327,22 @@ class _Handler(BaseHTTPRequestHandler):
             client=self.client_address[0],
             request=format % args,
         )
+
+
+class _Body:
+    """wsgi.input: reads at most Content-Length bytes of the request body, never past it, and
+    knows how many are left unread (then the connection is closed after the answer)."""
+
+    def __init__(self, rfile: Any, length: str | None) -> None:
+        self.rfile = rfile
+        text = (length or "").strip()
+        self.invalid = bool(text) and not text.isdigit()
+        self.left = int(text) if text.isdigit() else 0
+
+    def read(self, size: int = -1) -> bytes:
+        n = self.left if size is None or size < 0 else min(size, self.left)
+        if n <= 0:
+            return b""
+        data: bytes = self.rfile.read(n)
+        self.left -= len(data)
+        return data

@@ -14,17 +14,27 @@ import psycopg
 from ..app import App, Family
 from ..config import Config
 from ..stages.maintenance import Pruner
+from ..stages.maintenance import settings as maintenance
 from ..workers.stage import Stage
 from . import files
 from .embed import Embedder, HashingEmbedder, load_embedder
 from .expand import ExpandStage
 from .ingest import IngestStage, ingest_task
+from .settings import DocumentSettings, ExpandSettings, IngestSettings
 from .store import FileStore, LocalStore
 
 Conn = psycopg.Connection[Any]
 E = TypeVar("E", bound=Embedder)
 
-__all__ = ["Documents", "Embedder", "FileStore", "LocalStore"]
+__all__ = [
+    "DocumentSettings",
+    "Documents",
+    "Embedder",
+    "ExpandSettings",
+    "FileStore",
+    "IngestSettings",
+    "LocalStore",
+]
 
 
 class Documents(Family):
@@ -35,6 +45,10 @@ class Documents(Family):
     def __init__(self) -> None:
         self._embedder: Embedder | None = None
         self._store: FileStore | None = None
+
+    @property
+    def settings(self) -> DocumentSettings:
+        return self.config.section(DocumentSettings)
 
     # -- the family's side of the app ---------------------------------------------------------
 
@@ -49,15 +63,19 @@ class Documents(Family):
 
     def pruners(self) -> list[Pruner]:
         return [
-            Pruner("prune_uploads", lambda c: c.prune_interval, self._prune_uploads),
-            Pruner("reconcile_files", lambda c: c.reconcile_interval, self._reconcile_files),
+            Pruner("prune_uploads", lambda c: maintenance(c).prune_interval, self._prune_uploads),
+            Pruner(
+                "reconcile_files",
+                lambda c: c.section(DocumentSettings).reconcile_interval,
+                self._reconcile_files,
+            ),
         ]
 
     def _prune_uploads(self, conn: Conn, config: Config, limit: int) -> int:
         """Finished uploads past retention: the archive's bytes, then the row (the files
         expanded from it stay; their upload_id becomes NULL)."""
         rows = conn.execute(
-            files.Q["old_uploads"], {"retention": config.retention_uploads, "limit": limit}
+            files.Q["old_uploads"], {"retention": config.section(DocumentSettings).retention_uploads, "limit": limit}
         ).fetchall()
         if not rows:
             return 0
@@ -82,16 +100,16 @@ class Documents(Family):
     def get_embedder(self) -> Embedder:
         if self._embedder is not None:
             return self._embedder
-        if self.config.embedder:
-            return load_embedder(self.config.embedder)
-        return HashingEmbedder(self.config.embedding_dim)
+        if self.settings.embedder:
+            return load_embedder(self.settings.embedder)
+        return HashingEmbedder(self.settings.embedding_dim)
 
     def use_store(self, store: FileStore) -> None:
         """Keep file bytes in `store` (e.g. an object store) instead of the local directory."""
         self._store = store
 
     def file_store(self) -> FileStore:
-        return self._store if self._store is not None else LocalStore(self.config.file_store)
+        return self._store if self._store is not None else LocalStore(self.settings.file_store)
 
     def add_file(self, conn: Conn, *, project: str, path: str | os.PathLike[str]) -> int:
         """Copy a document into the file store and enqueue its ingest run (in the caller's

@@ -27,6 +27,7 @@ from ..queries import load
 from ..workers.stage import Site
 from .extract import kind_of
 from .files import enqueue_ingest
+from .settings import ExpandSettings
 from .store import FileStore, StoreError, safe_name
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ class ArchiveCaps:
 
     @classmethod
     def from_config(cls, cfg: Config) -> ArchiveCaps:
-        return cls(cfg.archive_max_members, cfg.archive_max_bytes, cfg.archive_max_ratio)
+        s = cfg.section(ExpandSettings)
+        return cls(s.archive_max_members, s.archive_max_bytes, s.archive_max_ratio)
 
 
 @dataclass(frozen=True)
@@ -142,17 +144,18 @@ def member_key(upload_id: int, member: Member) -> str:
 class ExpandStage:
     name = "expand"
     wakes = frozenset({"upload"})  # files.add_upload NOTIFYs it
+    settings = ExpandSettings
 
     def __init__(self, docs: Documents, config: Config, *, limit: int | None = None) -> None:
         self.docs = docs
-        self.config = config
-        self.limit = limit if limit is not None else config.expand_limit
+        self.own = config.section(ExpandSettings)
+        self.limit = limit if limit is not None else self.own.expand_limit
         self.caps = ArchiveCaps.from_config(config)
 
     def step(self, site: Site) -> int:
         params = {
-            "reclaim": self.config.expand_reclaim,
-            "max_attempts": self.config.expand_max_attempts,
+            "reclaim": self.own.expand_reclaim,
+            "max_attempts": self.own.expand_max_attempts,
         }
         with site.conns.pooled() as conn:
             handled = len(conn.execute(Q["fail_stuck_uploads"], params).fetchall())
@@ -199,7 +202,7 @@ class ExpandStage:
             # Worth another try: back to pending now (or left to the reclaim if even this fails).
             log.event("upload_failed", level=40, upload_id=uid, error=str(exc))
             status = (
-                "failed" if upload["attempts"] >= self.config.expand_max_attempts else "pending"
+                "failed" if upload["attempts"] >= self.own.expand_max_attempts else "pending"
             )
             return self._finish(conn, uid, since, status, error=f"{type(exc).__name__}: {exc}")
 

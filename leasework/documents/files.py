@@ -17,6 +17,7 @@ import psycopg
 
 from ..errors import ConfigError
 from ..queries import load
+from .settings import ExpandSettings, IngestSettings
 from .store import FileStore, StoreError, new_key
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def add_file(
 ) -> tuple[int, int]:
     """Store a document and enqueue its ingest run. Returns (file id, run id)."""
     project = _project(project)
-    cap = docs.config.ingest_max_bytes
+    cap = docs.config.section(IngestSettings).ingest_max_bytes
     source = _source(path, cap, "ingest_max_bytes")
     key, size, sha = _put(docs.file_store(), "files", source, cap)
     with conn.transaction():
@@ -134,7 +135,7 @@ def add_upload(
 ) -> int:
     """Store a ZIP archive for the expand stage. Returns the upload id."""
     project = _project(project)
-    cap = docs.config.archive_max_bytes
+    cap = docs.config.section(ExpandSettings).archive_max_bytes
     source = _source(path, cap, "archive_max_bytes")
     key, size, _ = _put(docs.file_store(), "uploads", source, cap)
     with conn.transaction():
@@ -150,7 +151,7 @@ def add_upload(
 def replace_file(docs: Documents, conn: Conn, file_id: int, path: str | os.PathLike[str]) -> int:
     """New bytes for a file; enqueues (or joins) its ingest run, which starts over because the
     content changed. Returns the run id."""
-    cap = docs.config.ingest_max_bytes
+    cap = docs.config.section(IngestSettings).ingest_max_bytes
     source = _source(path, cap, "ingest_max_bytes")
     store = docs.file_store()
     key, size, sha = _put(store, "files", source, cap)

@@ -37,6 +37,7 @@ from . import chunking, extract
 from .chunking import Chunk
 from .embed import Embedder, embed_batch
 from .files import INGEST_KIND
+from .settings import IngestSettings
 from .store import FileStore
 
 if TYPE_CHECKING:
@@ -73,12 +74,13 @@ class Caps:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Caps:
+        s = cfg.section(IngestSettings)
         return cls(
-            batch=cfg.ingest_batch,
-            chunk_chars=cfg.ingest_chunk_chars,
-            max_bytes=cfg.ingest_max_bytes,
-            max_pages=cfg.ingest_max_pages,
-            max_chunks=cfg.ingest_max_chunks,
+            batch=s.ingest_batch,
+            chunk_chars=s.ingest_chunk_chars,
+            max_bytes=s.ingest_max_bytes,
+            max_pages=s.ingest_max_pages,
+            max_chunks=s.ingest_max_chunks,
         )
 
 
@@ -311,11 +313,12 @@ class IngestStage:
 
     name = "ingest"
     wakes = frozenset({INGEST_KIND})
+    settings = IngestSettings
 
     def __init__(self, docs: Documents, config: Config, *, limit: int | None = None) -> None:
         self.docs = docs
         self.config = config
-        self.limit = limit if limit is not None else config.ingest_limit
+        self.limit = limit if limit is not None else config.section(IngestSettings).ingest_limit
         self.caps = Caps.from_config(config)
         self._indexer: Indexer | None = None
 
@@ -326,6 +329,8 @@ class IngestStage:
 
     def step(self, site: Site) -> int:
         handled = 0
+        if not site.claimable([INGEST_KIND]):  # a pool (config `pools`) that does not take it
+            return 0
         for _ in range(self.limit):
             if site.stopping:
                 break

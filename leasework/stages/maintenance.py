@@ -9,8 +9,9 @@ family's `pruners()`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,13 +19,62 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .. import log
-from ..config import Config
+from ..config import DAY, RETENTION, Config, Range, doc, section
 from ..queries import load
 from ..workers import lease
 from ..workers.stage import Site
 
 Q = load("leasework.stages", "maintenance.sql")
 Conn = psycopg.Connection[Any]
+
+
+@section("The `maintenance` stage", order=30)
+@dataclass(frozen=True)
+class MaintenanceSettings:
+    maintenance_limit: int = field(
+        default=1000,
+        metadata=doc(
+            "rows each maintenance handler deletes per poll at most", range=Range(1, 1_000_000)
+        ),
+    )
+    prune_interval: float = field(
+        default=3600.0,
+        metadata=doc(
+            "seconds between prunes of finished runs and uploads", range=Range(1, 30 * DAY)
+        ),
+    )
+    workers_prune_interval: float = field(
+        default=86400.0,
+        metadata=doc("seconds between prunes of stopped worker rows", range=Range(1, 30 * DAY)),
+    )
+    unknown_kind_after: float = field(
+        default=3600.0,
+        metadata=doc(
+            "seconds a queued run of a kind no worker has a handler for waits before maintenance "
+            "ends it failed (0: never)",
+            range=Range(0, 30 * DAY),
+        ),
+    )
+    retention_succeeded: float = field(
+        default=7 * 86400.0, metadata=doc("seconds a succeeded run is kept", range=RETENTION)
+    )
+    retention_partial: float = field(
+        default=30 * 86400.0, metadata=doc("seconds a partial run is kept", range=RETENTION)
+    )
+    retention_failed: float = field(
+        default=30 * 86400.0, metadata=doc("seconds a failed run is kept", range=RETENTION)
+    )
+    retention_cancelled: float = field(
+        default=7 * 86400.0, metadata=doc("seconds a cancelled run is kept", range=RETENTION)
+    )
+    retention_workers: float = field(
+        default=86400.0,
+        metadata=doc("seconds a stopped (or long silent) worker row is kept", range=RETENTION),
+    )
+
+
+def settings(cfg: Config) -> MaintenanceSettings:
+    return cfg.section(MaintenanceSettings)
 
 
 @dataclass(frozen=True)
@@ -44,29 +94,53 @@ def due(last_run_at: datetime | None, backlog: bool, period: float, now: datetim
 
 
 def prune_runs(conn: Conn, cfg: Config, limit: int) -> int:
+    s = settings(cfg)
     retention = {
-        "succeeded": cfg.retention_succeeded,
-        "partial": cfg.retention_partial,
-        "failed": cfg.retention_failed,
-        "cancelled": cfg.retention_cancelled,
+        "succeeded": s.retention_succeeded,
+        "partial": s.retention_partial,
+        "failed": s.retention_failed,
+        "cancelled": s.retention_cancelled,
     }
     params = {**retention, "shortest": min(retention.values()), "limit": limit}
     return len(conn.execute(Q["prune_runs"], params).fetchall())
 
 
 def prune_workers(conn: Conn, cfg: Config, limit: int) -> int:
-    params = {"retention": cfg.retention_workers, "limit": limit}
+    params = {"retention": settings(cfg).retention_workers, "limit": limit}
     return len(conn.execute(Q["prune_workers"], params).fetchall())
 
 
+def fail_unknown_kinds(conn: Conn, cfg: Config, limit: int) -> int:
+    """End `failed` the queued runs whose kind no worker has a handler for (maintenance.sql)."""
+    after = settings(cfg).unknown_kind_after
+    if not after:
+        return 0
+    params = {"after": after, "limit": limit}
+    failed = [r[0] for r in conn.execute(Q["fail_unknown_kinds"], params).fetchall()]
+    if failed:
+        log.event("unknown_kind_failed", level=30, runs=len(failed), first=min(failed))
+    return len(failed)
+
+
+def _unknown_kinds_period(cfg: Config) -> float:
+    # A fraction of the wait, so a run ends not long after it: between one minute and ten.
+    return min(max(settings(cfg).unknown_kind_after / 4, 60.0), 600.0)
+
+
 PRUNERS: tuple[Pruner, ...] = (
-    Pruner("prune_runs", lambda c: c.prune_interval, prune_runs),
-    Pruner("prune_workers", lambda c: c.workers_prune_interval, prune_workers),
+    Pruner("prune_runs", lambda c: settings(c).prune_interval, prune_runs),
+    Pruner("prune_workers", lambda c: settings(c).workers_prune_interval, prune_workers),
+    Pruner("fail_unknown_kinds", _unknown_kinds_period, fail_unknown_kinds),
 )
+
+# How often each worker re-declares its kinds (leasework.kinds); a kind is known while some
+# worker declared it in the last seven days (maintenance.sql, fail_unknown_kinds).
+DECLARE_EVERY = 3600.0
 
 
 class MaintenanceStage:
     name = "maintenance"
+    settings = MaintenanceSettings
     wakes: frozenset[str] = frozenset()
 
     def __init__(
@@ -76,14 +150,20 @@ class MaintenanceStage:
         handlers: Sequence[Pruner] = PRUNERS,
         extra: Sequence[Pruner] = (),
         limit: int | None = None,
+        kinds: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.handlers = (*handlers, *extra)
-        self.limit = limit if limit is not None else config.maintenance_limit
+        self.limit = limit if limit is not None else settings(config).maintenance_limit
+        self.kinds = sorted(kinds)  # the kinds this worker has handlers for
+        self._clock = clock
+        self._declared_at: float | None = None
 
     def step(self, site: Site) -> int:
         done = 0
         with site.conns.pooled() as conn:
+            self._declare(conn)
             rows = conn.execute(Q["read_markers"]).fetchall()
             now = rows[0][3] if rows else lease.db_now(conn)
             markers = {r[0]: (r[1], r[2]) for r in rows}
@@ -99,6 +179,16 @@ class MaintenanceStage:
                     continue  # another worker won this period
                 done += self._run(conn, h)
         return done
+
+    def _declare(self, conn: Conn) -> None:
+        """Record this worker's kinds in leasework.kinds: at the first poll, then hourly."""
+        now = self._clock()
+        if not self.kinds or (
+            self._declared_at is not None and now - self._declared_at < DECLARE_EVERY
+        ):
+            return
+        conn.execute(Q["declare_kinds"], {"kinds": self.kinds})
+        self._declared_at = now
 
     def _run(self, conn: Conn, h: Pruner) -> int:
         """One bounded batch; a failure is logged and recorded on the marker, and the other

@@ -54,3 +54,44 @@ WITH doomed AS MATERIALIZED (
 DELETE FROM leasework.workers w USING doomed WHERE w.id = doomed.id
 RETURNING w.id
 
+
+-- name: declare_kinds
+-- This worker has handlers for these kinds (every worker, at its first poll and hourly after).
+INSERT INTO leasework.kinds (kind, seen_at)
+SELECT k, leasework.now() FROM unnest(%(kinds)s::text[]) AS k
+ON CONFLICT (kind) DO UPDATE SET seen_at = EXCLUDED.seen_at
+
+-- name: fail_unknown_kinds
+-- Queued runs due for longer than `after` seconds whose kind no worker declared in the last
+-- seven days (leasework.kinds) end `failed`, saying which kinds the workers do know: a typo, or a
+-- kind enqueued by a Client or from SQL that no deployed worker has. A kind that some worker
+-- serves is claimed long before it waits that long. Each branch walks one of the claim's
+-- partial indexes of queued runs (status guard re-checked under the row lock).
+WITH known AS (
+    SELECT kind FROM leasework.kinds WHERE seen_at > leasework.now() - interval '7 days'
+), doomed AS MATERIALIZED (
+    SELECT r.id
+      FROM leasework.runs r
+     WHERE r.id IN (SELECT id FROM leasework.runs
+                     WHERE status = 'queued' AND tenant IS NULL
+                       AND queued_at < leasework.now() - make_interval(secs => %(after)s)
+                    UNION ALL
+                    SELECT id FROM leasework.runs
+                     WHERE status = 'queued' AND tenant IS NOT NULL
+                       AND queued_at < leasework.now() - make_interval(secs => %(after)s))
+       AND r.status = 'queued'
+       AND NOT EXISTS (SELECT 1 FROM known k WHERE k.kind = r.kind)
+     ORDER BY r.id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE leasework.runs r
+   SET status = 'failed',
+       finished_at = leasework.now(),
+       error = format('unknown kind %%L: no worker has a handler for it (workers know %%s); '
+                      || 'register it with @app.task(%%L) and retry the run', r.kind,
+                      (SELECT coalesce(string_agg(kind, ', ' ORDER BY kind), 'no kind') FROM known),
+                      r.kind)
+  FROM doomed
+ WHERE r.id = doomed.id AND r.status = 'queued'
+RETURNING r.id

@@ -1,25 +1,48 @@
 """The `runs` stage: claim and execute up to `limit` runs of the app's task kinds, one at a time,
 inline (a kind declared with batch=N: up to `limit` batches of N, claimed in one statement each,
-still executed one at a time), then settle expired and waiting runs. A success is sealed in the
-same statement as the next claim (lease.sql, finish_and_claim)."""
+still executed one at a time), and more while no other stage is due; then settle expired and
+waiting runs. A success is sealed in the same statement as the next claim (lease.sql,
+finish_and_claim)."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import Range, doc, section
 from ..tasks import Registry
 from ..workers import lease
 from ..workers.lease import Claim
 from ..workers.stage import Site
 
 
+@section("The `runs` stage", order=10)
+@dataclass(frozen=True)
+class RunsSettings:
+    runs_limit: int = field(
+        default=10,
+        metadata=doc(
+            "runs the `runs` stage executes per poll before it yields to another stage that is due "
+            "(it goes on while every other stage rests)",
+            range=Range(1, 1000),
+        ),
+    )
+    settle_limit: int = field(
+        default=100,
+        metadata=doc("expired or waiting runs settled per poll at most", range=Range(1, 100_000)),
+    )
+
+
 class RunsStage:
     name = "runs"
+    settings = RunsSettings
 
     def __init__(self, app: Registry, *, limit: int = 10, settle_limit: int = 100) -> None:
         self.app = app
         self.limit = limit
         self.settle_limit = settle_limit
+        self._settled_at = float("-inf")  # monotonic time of the last expire_and_promote
 
     @property
     def wakes(self) -> list[str]:
@@ -27,19 +50,33 @@ class RunsStage:
         return self.app.kinds(stage=self.name)
 
     def step(self, site: Site) -> int:
-        kinds = self.app.kinds(stage=self.name)
+        # Only the kinds of this worker's pool (config `pools`), for every claim below: the
+        # claim on its own, the one riding on a seal, and a batch's (whose kind is one of these).
+        kinds = site.claimable(self.app.kinds(stage=self.name))
         # Claim and settle on the control connection: idle between runs, it spares a pool
         # check-out per claim and keeps the claim's generic plan (worker.control_conn).
         handled = 0
         # A one-at-a-time success whose seal rides on the next claim (finish_and_claim: one
         # round trip and one commit per job instead of two). Sealed on its own when there is no
-        # next claim to make: the stage's limit reached, the worker stopping, a run with a
-        # tenant, or an error.
+        # next claim to make: the step ending, the worker stopping, a run with a tenant, or an
+        # error.
         pending: tuple[Claim, Any] | None = None
+        turns = 0
+        drained = False  # the last claim found nothing
+        # A stage of one kind declared batch=N claims its N in one statement (with several
+        # kinds the first run is claimed across all of them, so priority decides which kind).
+        whole = self.app.tasks[kinds[0]].batch if len(kinds) == 1 else 1
         try:
-            for _ in range(self.limit):
-                if site.stopping:
-                    break
+            while not site.stopping:
+                if turns >= self.limit:
+                    # This stage's share of a poll. Another stage due ends the step; while every
+                    # other stage rests, the chain goes on: ending the step here would cost a seal
+                    # and a claim of their own (two commits) where the next claim carries the seal.
+                    site.conns.drain_notifies()
+                    if site.yield_after_limit(self.name):
+                        break
+                    turns = 0
+                turns += 1
                 claims: list[Claim] | None = None
                 if pending is not None and pending[0].tenant is None:
                     claims = site.executor.seal_and_claim(pending, kinds)
@@ -49,9 +86,14 @@ class RunsStage:
                         site.executor.seal_success(*pending)
                         pending = None
                     claims = lease.claim_runs(
-                        site.conns.control(), kinds, worker=site.worker_id, lease=site.config.lease
+                        site.conns.control(),
+                        kinds,
+                        worker=site.worker_id,
+                        lease=site.config.lease,
+                        limit=whole,
                     )
                 if not claims:
+                    drained = True
                     break
                 first = claims[0]
                 handler = self.app.handler(first.kind)
@@ -67,19 +109,27 @@ class RunsStage:
                     continue
                 # A kind with batch=N: the next N - 1 runs of the same kind in one more statement,
                 # so that which run comes first still follows priority across every kind.
-                claims += lease.claim_runs(
-                    site.conns.control(),
-                    [first.kind],
-                    worker=site.worker_id,
-                    lease=site.config.lease,
-                    limit=batch - 1,
-                )
+                if whole == 1:
+                    claims += lease.claim_runs(
+                        site.conns.control(),
+                        [first.kind],
+                        worker=site.worker_id,
+                        lease=site.config.lease,
+                        limit=batch - 1,
+                    )
                 handled += site.executor.run_batch(claims, handler)
         finally:
             if pending is not None:
                 site.executor.seal_success(*pending)
         # Settle after claiming, so that a worker woken by a NOTIFY spends its first round trip
-        # on the claim (pickup latency). What settle promotes counts as work, so the worker polls
-        # again at once and claims it then.
+        # on the claim (pickup latency); when the queue ran dry, and otherwise at most once per
+        # poll_interval (the period an idle worker polls at: expired leases with no attempt left
+        # and waiting runs need no quicker turn while the queue keeps the worker busy, and a
+        # statement per step would be a commit every `limit` jobs). What settle promotes counts
+        # as work, so the worker polls again at once and claims it then.
+        now = time.monotonic()
+        if not drained and now - self._settled_at < site.config.poll_interval:
+            return handled
+        self._settled_at = now
         ended, promoted = lease.expire_and_promote(site.conns.control(), self.settle_limit)
         return handled + ended + promoted

@@ -5,6 +5,7 @@ downtime never turns into a backlog. Never executes a run; the `runs` stage does
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -12,12 +13,25 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .. import log
+from ..config import Range, doc, section
 from ..queries import load
 from ..tasks import Registry, ScheduleSpec, first_fire, next_fire
 from ..workers.stage import Site
 
 Q = load("leasework.stages", "schedule.sql")
 Conn = psycopg.Connection[Any]
+
+
+@section("The `schedule` stage", order=20)
+@dataclass(frozen=True)
+class ScheduleSettings:
+    schedule_limit: int = field(
+        default=10,
+        metadata=doc(
+            "due connections and due periodic tasks each enqueued per poll at most",
+            range=Range(1, 1000),
+        ),
+    )
 
 
 # -- effects ---------------------------------------------------------------------------------
@@ -80,6 +94,7 @@ def list_schedules(conn: Conn) -> list[dict[str, Any]]:
 
 class ScheduleStage:
     name = "schedule"
+    settings = ScheduleSettings
     wakes: frozenset[str] = frozenset()
 
     def __init__(

@@ -169,13 +169,17 @@ def child_main(
     beat_fd: int,
     parent_pid: int,
     inherited_fds: Iterable[int],
+    pool: str | None = None,
     wake_fd: int | None = None,
 ) -> NoReturn:
-    """Entry point right after fork. Exits with a `ChildExit` code; never returns. `wake_fd`:
-    the read end of its wake pipe, where the parent relays NOTIFYs (wakeup.py)."""
+    """Entry point right after fork. Exits with a `ChildExit` code; never returns. `pool`: the
+    pool (config `pools`) whose kinds this child claims; None: every kind. `wake_fd`: the read
+    end of its wake pipe, where the parent relays NOTIFYs (wakeup.py)."""
     code = int(ChildExit.CRASH)
     try:
-        code = int(_run(app, config, worker_id, beat_fd, parent_pid, inherited_fds, wake_fd))
+        code = int(
+            _run(app, config, worker_id, beat_fd, parent_pid, inherited_fds, pool, wake_fd)
+        )
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             log.event("child_crashed", level=40, worker=worker_id, error=describe_error(exc, 5))
@@ -194,13 +198,20 @@ def _run(
     beat_fd: int,
     parent_pid: int,
     inherited_fds: Iterable[int],
+    pool: str | None = None,
     wake_fd: int | None = None,
 ) -> ChildExit:
     set_parent_death_signal(signal.SIGQUIT)
     _close_fds(inherited_fds)
     beacon = BeatSender(beat_fd, parent_pid, config.max_jobs_per_child)
     worker = Worker(
-        app, config, worker_id=worker_id, on_beat=beacon, register=False, deadman=config.deadman
+        app,
+        config,
+        worker_id=worker_id,
+        on_beat=beacon,
+        register=False,
+        deadman=config.deadman,
+        pool=pool,
     )
     if wake_fd is not None:
         os.set_blocking(wake_fd, False)

@@ -40,6 +40,7 @@ class Row:
     worker_id: str
     pid: int
     run_id: int | None
+    pool: presence.PoolRow = (None, None)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,9 @@ class HostDB:
             conn = self._connection()
             with conn.transaction():
                 for row in rows:
-                    presence.upsert_worker(conn, row.worker_id, self.host, row.pid, row.run_id)
+                    presence.upsert_worker(
+                        conn, row.worker_id, self.host, row.pid, row.run_id, row.pool
+                    )
         except (psycopg.Error, db.DatabaseUnavailable) as exc:
             self._failed("heartbeat", exc, now)
             return False

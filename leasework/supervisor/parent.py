@@ -28,6 +28,7 @@ import psycopg
 from .. import log
 from ..db import DatabaseUnavailable
 from ..errors import is_transient
+from ..workers import presence
 from ..workers.lease import RunRef
 from ..workers.worker import Application
 from . import policy, wakeup
@@ -56,11 +57,13 @@ TICK = 1.0  # the loop wakes at least this often
 
 @dataclass(eq=False)
 class Slot:
-    """A place for one child. `failures` is the slot's crash streak (restart backoff)."""
+    """A place for one child. `failures` is the slot's crash streak (restart backoff); `pool`
+    the pool (config `pools`) whose kinds its child claims, None: every kind."""
 
     child: Child | None = None
     failures: int = 0
     spawn_at: float = 0.0
+    pool: str | None = None
 
 
 @dataclass(eq=False)
@@ -82,6 +85,7 @@ class Child:
     killed: bool = False
     cancel_seen: tuple[int, float] | None = None  # (run id, when) the parent saw its cancel
     kill_run: Killed | None = None  # the run it was killed for, whose outcome the parent writes
+    pool: presence.PoolRow = (None, None)  # its pool and kinds, as its workers row records them
     wake_fd: int = -1  # the parent's end of its wake pipe (wakeup.py), -1 without one
 
     @property
@@ -180,10 +184,13 @@ class Supervisor:
             self.stop(graceful=False, now=now, why="SIGQUIT")
         elif signum == signal.SIGHUP:
             self._reload(now)
-        elif signum == signal.SIGTTIN:
-            self._resize(len(self.slots) + 1, now, "SIGTTIN")
-        elif signum == signal.SIGTTOU:
-            self._resize(len(self.slots) - 1, now, "SIGTTOU")
+        elif signum in (signal.SIGTTIN, signal.SIGTTOU):
+            why = policy.signal_name(signum)
+            if self.config.pools:  # which pool would it mean? The file says, and SIGHUP reads it
+                log.event("resize_ignored", level=30, why=why, note="pools: edit their processes")
+            else:
+                step = 1 if signum == signal.SIGTTIN else -1
+                self._resize(len(self.slots) + step, now, why)
         # SIGCHLD only wakes the loop; reaping happens every pass.
 
     # -- the loop -----------------------------------------------------------------------------
@@ -198,11 +205,12 @@ class Supervisor:
         except BaseException:
             self._restore_signals()
             raise
-        self._resize(self.config.processes, now, "start")
+        self._resize_pools(now, "start")
         log.event(
             "supervisor_started",
             pid=self.pid,
-            processes=self.config.processes,
+            processes=self.config.children,
+            pools={p.name: p.processes for p in self.config.pools} or None,
             graceful_timeout=self.config.graceful_timeout,
         )
         try:
@@ -371,6 +379,7 @@ class Supervisor:
                     beat_fd=write_fd,
                     parent_pid=self.pid,
                     inherited_fds=[fd for fd in inherited if fd >= 0],
+                    pool=slot.pool,
                     wake_fd=None if wake_r < 0 else wake_r,
                 )
         finally:
@@ -389,11 +398,14 @@ class Supervisor:
             generation=self.generation,
             slot=slot,
             last_beat=now,
+            pool=presence.pool_of(self.config, slot.pool),
             wake_fd=wake_w,
         )
         slot.child = child
         self.children[pid] = child
-        log.event("child_spawned", pid=pid, worker=child.worker_id, failures=slot.failures)
+        log.event(
+            "child_spawned", pid=pid, worker=child.worker_id, failures=slot.failures, pool=slot.pool
+        )
 
     def _reap(self, now: float) -> None:
         while True:
@@ -563,7 +575,7 @@ class Supervisor:
                 or run_of(c) != c.row_run
             )
         ]
-        rows = [Row(c.worker_id, c.pid, run_of(c)) for c in due]
+        rows = [Row(c.worker_id, c.pid, run_of(c), c.pool) for c in due]
         if self.hostdb.heartbeat(rows, now):
             for c in due:
                 c.row_at = now
@@ -596,25 +608,44 @@ class Supervisor:
             self._kill(child, signal.SIGKILL)
             log.event("child_killed_at_deadline", level=30, pid=child.pid, worker=child.worker_id)
 
-    def _resize(self, n: int, now: float, why: str) -> None:
-        n = max(1, n)
-        before = len(self.slots)
-        while len(self.slots) < n:
-            self.slots.append(Slot(spawn_at=now))
-        while len(self.slots) > n:
-            empty = [s for s in self.slots if s.child is None]
+    def _resize_pools(self, now: float, why: str) -> None:
+        """As many slots per pool as the config says (config `pools`; without pools, `processes`
+        slots of no pool); a pool no longer configured loses all of its."""
+        want: dict[str | None, int] = (
+            {p.name: p.processes for p in self.config.pools}
+            if self.config.pools
+            else {None: self.config.processes}
+        )
+        for pool in [p for p in dict.fromkeys(s.pool for s in self.slots) if p not in want]:
+            self._resize(0, now, why, pool)
+        for pool, n in want.items():
+            self._resize(n, now, why, pool)
+
+    def _resize(self, n: int, now: float, why: str, pool: str | None = None) -> None:
+        """`n` slots for `pool` (at least one without pools)."""
+        n = max(1, n) if pool is None else max(0, n)
+        mine = [s for s in self.slots if s.pool == pool]
+        before = len(mine)
+        while len(mine) < n:
+            added = Slot(spawn_at=now, pool=pool)
+            self.slots.append(added)
+            mine.append(added)
+        while len(mine) > n:
+            empty = [s for s in mine if s.child is None]
             if empty:  # a slot waiting out a backoff goes first
                 self.slots.remove(empty[-1])
+                mine.remove(empty[-1])
                 continue
-            children = [s.child for s in self.slots if s.child is not None]
+            children = [s.child for s in mine if s.child is not None]
             pid = policy.pick_to_retire([Candidate(c.pid, c.started, c.busy) for c in children])
             child = next(c for c in children if c.pid == pid)
             slot = child.slot
             assert slot is not None
             self._retire(child, why)
             self.slots.remove(slot)
+            mine.remove(slot)
         if before and before != n:
-            log.event("processes_changed", before=before, after=n, why=why)
+            log.event("processes_changed", before=before, after=n, why=why, pool=pool)
 
     def _reload(self, now: float) -> None:
         if self.reload is None:
@@ -636,8 +667,8 @@ class Supervisor:
             self.relay.close()
             self.relay = Relay(config, behind_pooler=self.hostdb.behind_pooler)
         self.generation += 1
-        log.event("config_reloaded", generation=self.generation, processes=config.processes)
-        self._resize(config.processes, now, "SIGHUP")
+        log.event("config_reloaded", generation=self.generation, processes=config.children)
+        self._resize_pools(now, "SIGHUP")
 
     def _roll(self, now: float) -> None:
         """After a reload, replace old-generation children one at a time: retire one only when

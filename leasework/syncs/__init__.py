@@ -15,15 +15,17 @@ from ..app import App, Family
 from ..config import Config
 from ..errors import ConfigError
 from ..stages.maintenance import Pruner
+from ..stages.maintenance import settings as maintenance
 from ..tasks import check_label
 from ..workers.stage import Stage
 from . import kinds
 from .connectors import CheckConfig, Connection, Connector, Extract, Row, Table, TableError
+from .kinds import SyncSettings
 from .local_files import files_connector
 
 Conn = psycopg.Connection[Any]
 
-__all__ = ["Connection", "Connector", "Row", "Syncs", "Table", "TableError"]
+__all__ = ["Connection", "Connector", "Row", "SyncSettings", "Syncs", "Table", "TableError"]
 
 
 def builtin_connectors() -> dict[str, Connector]:
@@ -47,6 +49,10 @@ class Syncs(Family):
         for task in self._kinds.tasks():
             app.register(task)
 
+    @property
+    def settings(self) -> SyncSettings:
+        return self.config.section(SyncSettings)
+
     def stages(self, config: Config) -> list[Stage]:
         return []  # its kinds run in the engine's runs stage
 
@@ -61,11 +67,13 @@ class Syncs(Family):
         return len(rows)
 
     def pruners(self) -> list[Pruner]:
-        return [Pruner("prune_tombstones", lambda c: c.prune_interval, self._prune_tombstones)]
+        return [
+            Pruner("prune_tombstones", lambda c: maintenance(c).prune_interval, self._prune_tombstones)
+        ]
 
     def _prune_tombstones(self, conn: Conn, config: Config, limit: int) -> int:
         """Records tombstoned (gone upstream) longer ago than the retention."""
-        params = {"retention": config.retention_tombstones, "limit": limit}
+        params = {"retention": config.section(SyncSettings).retention_tombstones, "limit": limit}
         return len(conn.execute(kinds.Q["prune_tombstones"], params).fetchall())
 
     # -- the API ------------------------------------------------------------------------------

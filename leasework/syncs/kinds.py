@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import reprlib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -17,6 +18,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from .. import log
+from ..config import RETENTION, SECONDS, Range, doc, section
 from ..errors import Aborted, ConfigError, LeaseLost, LeaseworkError, Partial
 from ..queries import load
 from ..tasks import MAX_EVERY, Task, check_seconds
@@ -249,6 +251,30 @@ def _external_id(row: Row) -> str:
     return str(value)
 
 
+@section("The syncs family", order=50)
+@dataclass(frozen=True)
+class SyncSettings:
+    sync_batch: int = field(
+        default=200,
+        metadata=doc(
+            "records a sync publishes (or a purge deletes) per fenced transaction",
+            range=Range(1, 100_000),
+        ),
+    )
+    sync_timeout: float = field(
+        default=3600.0,
+        metadata=doc(
+            "seconds a sync or purge attempt may run before it is aborted and retried",
+            range=SECONDS,
+        ),
+    )
+    retention_tombstones: float = field(
+        default=30 * 86400.0,
+        metadata=doc("seconds a tombstoned record (deleted upstream) is kept", range=RETENTION),
+    )
+
+
+
 class ConnectionKinds:
     """The `sync` and `purge` handlers of one App (its connectors and config)."""
 
@@ -256,7 +282,7 @@ class ConnectionKinds:
         self.syncs = syncs
 
     def tasks(self) -> list[Task]:
-        timeout = self.syncs.config.sync_timeout
+        timeout = self.syncs.settings.sync_timeout
         return [
             Task(SYNC_KIND, self.sync, timeout=timeout, family="syncs"),
             Task(
@@ -270,7 +296,7 @@ class ConnectionKinds:
 
     @property
     def batch(self) -> int:
-        return self.syncs.config.sync_batch
+        return self.syncs.settings.sync_batch
 
     # -- sync -------------------------------------------------------------------------------
 

@@ -134,6 +134,9 @@ class Context:
         shut down. Also runs whatever lease work is due at once (the keeper does it anyway)."""
         self.refresh()
         if self.signal.reason is not None:
+            # Told here: the keeper's interrupt (at most one Aborted raised asynchronously) must
+            # not land a second one where a handler that caught this one is cleaning up.
+            self._raised = True
             raise Aborted(self.signal.reason)
 
     def refresh(self) -> None:

@@ -153,8 +153,8 @@ class Executor:
         done: list[Done] = []
         executed = 0
         renew_every = self.config.renew_every
-        for claim in claims:
-            self.keeper.hold(claim, sent=claim.sent)
+        if claims:
+            self.keeper.hold_many(claims, sent=min(c.sent for c in claims))
         written_at = time.monotonic()
         try:
             for i, claim in enumerate(claims):
@@ -170,7 +170,8 @@ class Executor:
                     self.seal_successes(done)
                     done.clear()
                     written_at = now
-                self.keeper.tend(now)  # what is due (renewals, control) before the next start
+                if self.keeper.due(now):  # renewals, control, shutdown before the next start
+                    self.keeper.tend(now)
                 held = self.keeper.get(claim.id)
                 if held is not None and held.signal.tripped:
                     self._unstarted(held)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,11 +99,16 @@ class Keeper:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake_at = float("inf")  # when the thread's current wait ends
+        # No renewal or control query is due before this (kept by hold and _query), so that
+        # `due()` answers without walking every held run: a batch asks before each of its runs.
+        self._next_check = float("inf")
         self._closing = False
 
     # -- what the worker tells it ---------------------------------------------------------------
 
-    def hold(self, claim: Claim, now: float | None = None, *, sent: float | None = None) -> Held:
+    def hold(
+        self, claim: Claim, now: float | None = None, *, sent: float | None = None, arm: bool = True
+    ) -> Held:
         """Look after a claimed run's lease from now on. The claim was its first renewal, made
         when the claim statement was `sent` (default: now). A claim whose answer came so late
         that a renewal is already due is confirmed at once, before the dead man's switch counts
@@ -124,11 +129,26 @@ class Keeper:
             self._held[claim.id] = held
             if now - held.renewed >= held.renew_every:
                 self._query([held])
-            self._arm(now)
-            self._changed(
-                min(held.controlled + held.control_every, held.renewed + held.renew_every)
-            )
+            if arm:
+                self._arm(now)
+            due = min(held.controlled + held.control_every, held.renewed + held.renew_every)
+            self._next_check = min(self._next_check, due)
+            self._changed(due)
         return held
+
+    def hold_many(self, claims: Sequence[Claim], *, sent: float) -> None:
+        """`hold` for every run of a batch, the dead man's switch armed once for all of them
+        (arming walks every held run)."""
+        with self._lock:
+            for claim in claims:
+                self.hold(claim, sent=sent, arm=False)
+            self._arm(self._clock())
+
+    def due(self, now: float) -> bool:
+        """Might `tend` have anything to do (a renewal or control query due, or shutdown)? No
+        executing run is counted: asked between the runs of a batch."""
+        stop_at = self._stop_at()
+        return now >= self._next_check or (stop_at is not None and now >= stop_at)
 
     def begin(self, held: Held, now: float | None = None) -> None:
         """Its handler starts now: the attempt's timeout runs from here."""
@@ -227,6 +247,14 @@ class Keeper:
             if state.cancel_requested and not held.signal.tripped:
                 self._trip(held, "cancelled", sent)
                 log.event("cancel_seen", run_id=held.claim.id)
+        self._next_check = min(
+            (
+                min(h.controlled + h.control_every, h.renewed + h.renew_every)
+                for h in self._held.values()
+                if h.signal.reason != "lost"
+            ),
+            default=float("inf"),
+        )
 
     def _failed(self, runs: list[Held], exc: BaseException, now: float) -> None:
         """A renewal or control query failed. Keep going while each lease is surely still ours;
@@ -301,8 +329,12 @@ class Keeper:
             self._thread.start()
 
     def _next_wake(self, now: float) -> float:
-        """Seconds until something is due: a control query, a renewal, a timeout, shutdown."""
-        times = [now + self.config.heartbeat_interval]
+        """Seconds until something is due: a control query, a renewal, a timeout, shutdown.
+        With nothing held, at most control_every: a run held meanwhile is due no sooner than
+        that after its claim (at the default lease), so `_changed` need not wake the thread for
+        it. Otherwise one-at-a-time mode, where nothing is held while a seal and the next claim
+        are in flight, woke the thread for every run (a thread switch per job)."""
+        times = [now + min(self.config.heartbeat_interval, self.config.control_every)]
         stop_at = self._stop_at()
         for held in list(self._held.values()):
             if held.signal.reason == "lost":

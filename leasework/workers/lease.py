@@ -23,11 +23,17 @@ from ..errors import PayloadError, ResultError
 from ..queries import load
 
 Q = load("leasework.workers", "lease.sql")
-# finish_and_claim embeds finish_run and claim_runs as they are (lease.sql).
+# finish_and_claim embeds finish_run and claim_runs as they are (lease.sql), with the parameters
+# that never vary there written in: a success (no error) and one run claimed, the claim skipping
+# the run it seals. Four parameters fewer to adapt on every job of one-at-a-time mode.
 FINISH_AND_CLAIM = (
     Q["finish_and_claim"]
     .replace(b"<finish_run>", Q["finish_run"])
     .replace(b"<claim_runs>", Q["claim_runs"])
+    .replace(b"%(status)s::text", b"'succeeded'::text")
+    .replace(b"%(error)s::text", b"NULL::text")
+    .replace(b"%(limit)s", b"1")
+    .replace(b"%(finishing)s::bigint", b"%(id)s::bigint")
 )
 
 Conn = psycopg.Connection[Any]
@@ -179,14 +185,10 @@ def finish_and_claim(
     params = {
         "id": claim.id,
         "owner": claim.owner,
-        "status": "succeeded",
         "result": encode_result(result),
-        "error": None,
-        "kinds": list(kinds),
+        "kinds": kinds if isinstance(kinds, list) else list(kinds),
         "worker": worker,
         "lease": lease,
-        "limit": 1,
-        "finishing": claim.id,
     }
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
     sent = time.monotonic()

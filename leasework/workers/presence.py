@@ -7,17 +7,42 @@ from typing import Any
 
 import psycopg
 
+from ..config import Config
 from ..queries import load
 
 Q = load("leasework.workers", "presence.sql")
 
 
+# A worker's pool as its row records it: (name, kinds); kinds None is the pool that takes every
+# kind no other pool of its host names. (None, None): no pool, every kind.
+PoolRow = tuple[str | None, list[str] | None]
+
+
+def pool_of(config: Config, pool: str | None) -> PoolRow:
+    if pool is None:
+        return None, None
+    kinds = config.pool(pool).kinds
+    return pool, None if kinds is None else list(kinds)
+
+
 def upsert_worker(
-    conn: psycopg.Connection[Any], worker_id: str, host: str, pid: int, current_run: int | None
+    conn: psycopg.Connection[Any],
+    worker_id: str,
+    host: str,
+    pid: int,
+    current_run: int | None,
+    pool: PoolRow = (None, None),
 ) -> None:
     conn.execute(
         Q["upsert_worker"],
-        {"id": worker_id, "host": host, "pid": pid, "current_run": current_run},
+        {
+            "id": worker_id,
+            "host": host,
+            "pid": pid,
+            "current_run": current_run,
+            "pool": pool[0],
+            "pool_kinds": pool[1],
+        },
         prepare=True,
     )
 

@@ -4,7 +4,7 @@ package (leasework/stages/ and the families); this package imports none of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,16 +22,36 @@ class Site:
     conns: Connections
     executor: Executor
     is_stopping: Callable[[], bool]
+    # Whether a stage other than the one named is due for its turn (it found work last time, or
+    # its idle period has passed, or a NOTIFY asked for it). Default: always, so a stage ends its
+    # step at its limit.
+    others_due: Callable[[str], bool] = lambda name: True
+    # The worker's pool (config `pools`): whether it claims a kind. Every kind without a pool.
+    serves: Callable[[str], bool] = lambda kind: True
 
     @property
     def stopping(self) -> bool:
         """The worker is stopping: claim nothing more (a claim in hand still runs)."""
         return self.is_stopping()
 
+    def yield_after_limit(self, name: str) -> bool:
+        """Asked by a stage that has done its `limit` and has more: should it end its step now?
+        Yes if another stage is due; if every other stage is resting (it found nothing a moment
+        ago), the stage may go on, so a busy queue is not cut into polls for nothing."""
+        return self.others_due(name)
+
+    def claimable(self, kinds: Iterable[str]) -> list[str]:
+        """The kinds among `kinds` this worker claims: a stage passes its kinds through this
+        before every claim (claim_runs, finish_and_claim, a batch's), so a child of a pool never
+        takes another pool's runs."""
+        return [k for k in kinds if self.serves(k)]
+
 
 class Stage(Protocol):
     """One bounded step of a poll. `wakes`: the NOTIFY payloads (task kinds, `upload`) whose
-    arrival asks this stage at once rather than at its next turn."""
+    arrival asks this stage at once rather than at its next turn. A stage with settings of its
+    own declares them beside it as a config section (`config.section`) and names it in a
+    `settings` class attribute; its `limit` usually comes from there."""
 
     name: str
     limit: int

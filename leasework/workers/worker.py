@@ -62,10 +62,15 @@ class Worker:
         register: bool = True,
         deadman: bool = False,
         keeper_thread: bool = True,
+        pool: str | None = None,
     ) -> None:
         self.app = app
         self.config = config or app.config
         self.id = worker_id or new_worker_id()
+        # A pool (config `pools`) claims only its kinds; None: every kind of the app.
+        self.pool = pool
+        if pool is not None:
+            self.config.pool(pool)  # an unknown pool is a ConfigError here, before any claim
         self.stages: list[Stage] = list(stages) if stages is not None else app.stages(self.config)
         self.on_beat = on_beat
         self.running = False
@@ -97,7 +102,8 @@ class Worker:
             stopping=lambda: self.stopping,
             rand=rand,
         )
-        self.site = Site(self.id, self.config, self.conns, self.executor, lambda: self.stopping)
+        site = (self.id, self.config, self.conns, self.executor, lambda: self.stopping)
+        self.site = Site(*site, self.others_due, self.serves)
         self._want_deadman = deadman
         self._keeper_thread = keeper_thread
         self._main_ident: int | None = None
@@ -115,8 +121,8 @@ class Worker:
     # -- opening and closing --------------------------------------------------------------------
 
     def open(self) -> Worker:
-        """Connections first (a bad or missing database fails in one line), then the dead man's
-        switch, the interrupt signal, the first heartbeat and the keeper's thread."""
+        """Connections (a bad database fails in one line), the dead man's switch, the interrupt
+        signal, the first heartbeat, the keeper's thread."""
         self.conns.open()
         if self._want_deadman and self.keeper.deadman is None:
             self.keeper.deadman = Deadman()
@@ -175,8 +181,7 @@ class Worker:
     # -- liveness -------------------------------------------------------------------------------
 
     def beat(self, ctx: Context | None) -> None:
-        """Liveness: called after each poll, each ctx.check() and each keeper tick; the
-        supervisor listens."""
+        """Liveness, after each poll, run, ctx.check() and keeper tick; the supervisor listens."""
         self.heartbeat()
         if self.on_beat is not None:
             self.on_beat(self, ctx)
@@ -195,19 +200,20 @@ class Worker:
         host, pid = socket.gethostname(), os.getpid()
         try:
             # On the keeper's connection: it beats from the keeper's thread while a handler runs.
-            self.keeper.run(lambda c: presence.upsert_worker(c, self.id, host, pid, run_id))
+            self.keeper.run(
+                lambda c: presence.upsert_worker(
+                    c, self.id, host, pid, run_id, presence.pool_of(self.config, self.pool)
+                )
+            )
         except (psycopg.Error, db.DatabaseUnavailable, ConfigError) as exc:
             log.event("heartbeat_failed", level=30, error=log.first_line(exc))
 
     # -- the loop -------------------------------------------------------------------------------
 
     def poll(self, *, skip_idle: bool = False) -> int:
-        """Run every stage once, in order. Returns how many items the stages handled.
-
-        skip_idle (used by `run()` between back-to-back polls while work keeps coming): a stage
-        that found nothing is not asked again until poll_interval has passed, the seed's own poll
-        period, so a busy queue of short runs does not pay every idle stage's queries per batch.
-        """
+        """Run every stage once, in order; how many items they handled. skip_idle (`run()`,
+        between back-to-back polls): a stage that found nothing rests until poll_interval has
+        passed, so a busy queue does not pay every idle stage's queries per batch."""
         done = 0
         now = time.monotonic()
         for stage in self.stages:
@@ -232,13 +238,23 @@ class Worker:
         self.beat(None)
         return done
 
+    def others_due(self, name: str) -> bool:
+        """Is a stage other than `name` due: not resting, or asked for by a NOTIFY?"""
+        now, rest = time.monotonic(), self._idle_until
+        due = any(s.name != name and now >= rest.get(s.name, 0.0) for s in self.stages)
+        return due or any(self.stage_for(p) not in (None, name) for p in self.conns.woken)
+
     def run(self, *, once: bool = False) -> None:
         """Poll until stopped. Does not sleep after a poll that found work; an idle sleep wakes
         at once on a NOTIFY from enqueue (polling stays the fallback)."""
         self.open()
         self.running = True
         log.event(
-            "worker_started", worker=self.id, pid=os.getpid(), stages=[s.name for s in self.stages]
+            "worker_started",
+            worker=self.id,
+            pid=os.getpid(),
+            stages=[s.name for s in self.stages],
+            pool=self.pool,
         )
         skip_idle = False
         try:
@@ -266,9 +282,14 @@ class Worker:
             log.event("worker_stopped", worker=self.id, jobs=self.jobs_done)
             self.close()
 
+    def serves(self, kind: str) -> bool:
+        """Whether this worker claims `kind` (its pool's rule; every kind without a pool)."""
+        return self.config.pool_serves(self.pool, kind)
+
     def stage_for(self, payload: str | None) -> str | None:
-        """The stage a NOTIFY's payload wakes (a task kind, or `upload`); None if none does."""
-        if payload is None:
+        """The stage a NOTIFY's payload wakes (a task kind, or `upload`); None if none does, or
+        if it names a kind this worker's pool does not claim."""
+        if payload is None or not self.serves(payload):
             return None
         for stage in self.stages:
             if payload in stage.wakes:

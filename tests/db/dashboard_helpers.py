@@ -3,7 +3,9 @@ checkpoint, poll), and a running dashboard on a free port."""
 
 from __future__ import annotations
 
+import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -146,3 +148,69 @@ def running_dashboard(cfg: Config, **kwargs: Any) -> Iterator[Dashboard]:
         yield dash
     finally:
         dash.close()
+
+
+class Client:
+    """A browser's part over plain HTTP: keeps the dashboard's cookies, follows no redirect, and
+    reads the CSRF token from a page's forms."""
+
+    TOKEN = re.compile(r'name="csrf" value="([^"]+)"')
+
+    def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
+        self.base = base.rstrip("/")
+        self.cookies: dict[str, str] = {}
+        self.headers = headers or {}
+
+    def _opener(self) -> urllib.request.OpenerDirector:
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+                return None
+
+        return urllib.request.build_opener(NoRedirect)
+
+    def send(
+        self,
+        path: str,
+        *,
+        method: str = "GET",
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        hdrs = {**self.headers, **(headers or {})}
+        if self.cookies:
+            hdrs["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        req = urllib.request.Request(self.base + path, method=method, headers=hdrs, data=data)
+        try:
+            resp = self._opener().open(req, timeout=20)
+            status, msg, body = resp.status, resp.headers, resp.read()
+        except urllib.error.HTTPError as err:
+            status, msg, body = err.code, err.headers, err.read()
+        for value in msg.get_all("Set-Cookie") or []:
+            name, _, rest = value.partition("=")
+            val = rest.split(";", 1)[0]
+            if "Max-Age=0" in value:
+                self.cookies.pop(name, None)
+            else:
+                self.cookies[name] = val
+        return Response(status, dict(msg.items()), body)
+
+    def get(self, path: str) -> Response:
+        return self.send(path)
+
+    def token(self, path: str) -> str:
+        page = self.get(path)
+        assert page.status == 200, page.text
+        found = self.TOKEN.search(page.text)
+        assert found, "no action form on " + path
+        return found.group(1)
+
+    def post(
+        self, path: str, fields: dict[str, str], headers: dict[str, str] | None = None
+    ) -> Response:
+        body = urllib.parse.urlencode(fields).encode()
+        return self.send(
+            path,
+            method="POST",
+            data=body,
+            headers={"Content-Type": "application/x-www-form-urlencoded", **(headers or {})},
+        )

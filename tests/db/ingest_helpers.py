@@ -46,7 +46,7 @@ class Env:
     def __init__(self, tmp_path: Path, make_worker: Callable[..., Worker], **settings: Any) -> None:
         self.tmp = tmp_path
         self.settings = {"file_store": str(tmp_path / "store"), **settings}
-        self.app = App(Config(**self.settings))
+        self.app = App(Config.make(**self.settings))
         self.docs = self.app.use(Documents())
         self.embedder = CountingEmbedder()
         self.docs.embedder(self.embedder)

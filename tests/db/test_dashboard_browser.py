@@ -107,7 +107,7 @@ def test_runs_page_filters_and_pages_in_chromium(
     """/runs in a real browser: the filter form (a plain GET form, no script) narrows the list,
     the pager walks older runs, and the schedules and connections pages are one click away."""
     from leasework import App
-    from leasework.dashboard import server
+    from leasework.dashboard import web as server
 
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     app = App()

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from leasework import App
+from leasework import App, config
 
 Conn = psycopg.Connection[Any]
 DOC = Path(__file__).resolve().parents[2] / "ARCHITECTURE.md"
@@ -21,12 +21,19 @@ def example() -> dict[str, Any]:
     block = re.search(r"```python\n(.*?)```", section, re.S)
     assert block is not None, "ARCHITECTURE.md has no example stage"
     namespace: dict[str, Any] = {"__name__": "example_stage"}
-    exec(compile(block.group(1), str(DOC), "exec"), namespace)
+    exec(compile(block.group(1), str(DOC), "exec", dont_inherit=True), namespace)
     return namespace
 
 
 def test_the_documented_example_stage_is_polled_by_a_worker(conn: Conn, make_worker: Any) -> None:
     ns = example()
+    try:
+        polled(ns, conn, make_worker)
+    finally:
+        config.forget(ns["BumpSettings"])  # the rest of the suite knows only leasework's sections
+
+
+def polled(ns: dict[str, Any], conn: Conn, make_worker: Any) -> None:
     app: App = ns["app"]
     app.task("report")(lambda ctx, payload: None)
     stages = app.stages()
@@ -38,7 +45,8 @@ def test_the_documented_example_stage_is_polled_by_a_worker(conn: Conn, make_wor
         "UPDATE leasework.runs SET created_at = created_at - interval '2 hours' WHERE id = %s",
         (old,),
     )
-    worker = make_worker(app)
+    worker = make_worker(app, bump_limit=1)  # its own setting, through the config as any other
+    assert worker.stages[2].limit == 1
     assert "bump" in [s.name for s in worker.stages]
     worker.poll()
 

@@ -308,3 +308,30 @@ def test_a_late_claim_still_ours_is_renewed_before_it_starts(
     assert before is not None and after is not None and after[0] > before[0]
     assert worker.executor.run(claim, app.handler("job")) == "succeeded"
     assert get_run(conn, run_id)["status"] == "succeeded"
+
+
+def test_a_handler_told_by_check_is_not_interrupted_again_while_it_cleans_up(
+    make_worker: MakeWorker, conn: Conn
+) -> None:
+    """The keeper interrupts a handler at most once, and not at all once `ctx.check()` has told
+    it: a handler that catches the `Aborted` of its check and writes its last effect is not hit
+    by the keeper's signal landing a moment later (the supervisor's SIGSTOP test saw this race:
+    the cleanup's fenced write never got to be refused)."""
+    app = App()
+    seen: list[str] = []
+
+    @app.task("tidy")
+    def tidy(ctx: Context, payload: Any) -> dict[str, str]:
+        ctx.held.signal.trip("cancelled")
+        try:
+            ctx.check()
+        except Aborted as exc:
+            seen.append(exc.reason)
+        ctx.interrupt()  # what the keeper's signal runs in the main thread: must not raise now
+        seen.append("cleaned up")
+        raise Aborted("cancelled")
+
+    run_id = app.enqueue(conn, "tidy")
+    make_worker(app, **QUICK).poll()
+    assert seen == ["cancelled", "cleaned up"]
+    assert get_run(conn, run_id)["status"] == "cancelled"

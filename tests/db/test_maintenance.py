@@ -12,6 +12,7 @@ from leasework.syncs import Syncs
 
 HANDLERS = (
     "prune_runs",
+    "fail_unknown_kinds",
     "prune_uploads",
     "prune_workers",
     "prune_tombstones",
@@ -68,6 +69,7 @@ def test_each_handler_runs_once_per_period_across_workers(conn, workers):
         "prune_workers": 1,
         "prune_tombstones": 2,
         "reconcile_files": 2,
+        "fail_unknown_kinds": 2,
     }
 
 

@@ -1,8 +1,8 @@
 """The runs stage through a worker's poll on real Postgres: a poll claims at most the stage's
 limit and only the kinds the app serves, and the same poll settles expired runs (cancel beats
 reclaim; expiry on the last attempt fails the run). The lease statements themselves are tested
-in the test_lease*.py files; batches in test_batch.py; the combined seal-and-claim in
-test_finish_and_claim.py."""
+in tests/db/lease/, one file per rule (the combined seal-and-claim in test_seal_and_claim.py);
+batches in test_batch.py."""
 
 from __future__ import annotations
 

@@ -70,6 +70,21 @@ APP = textwrap.dedent(
     @app.task("crash", max_attempts=3)
     def crash(ctx, payload):
         os._exit(1)
+
+
+    # For pools: `reports` holds its child until the file release-reports exists; `short`
+    # returns at once. Both say which process ran them.
+    @app.task("reports")
+    def reports(ctx, payload):
+        while not (HERE / "release-reports").exists():
+            ctx.check()
+            time.sleep(0.02)
+        return {"pid": os.getpid()}
+
+
+    @app.task("short")
+    def short(ctx, payload):
+        return {"pid": os.getpid()}
     """
 )
 
@@ -90,16 +105,24 @@ BASE_CONFIG: dict[str, Any] = {
 
 def _toml(values: dict[str, Any]) -> str:
     out = []
+    tables: list[str] = []  # a list of dicts is an array of tables ([[pools]]), after the keys
     for key, value in values.items():
         if value is None:  # unset: the default (e.g. timings derived from the lease)
+            continue
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for table in value:
+                tables.append(f"[[{key}]]")
+                tables.append(_toml(table).rstrip("\n"))
             continue
         if isinstance(value, bool):
             out.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, str):
             out.append(f'{key} = "{value}"')
+        elif isinstance(value, list):
+            out.append(f"{key} = {orjson.dumps(value).decode()}")
         else:
             out.append(f"{key} = {value}")
-    return "\n".join(out) + "\n"
+    return "\n".join(out + tables) + "\n"
 
 
 def alive(pid: int) -> bool:

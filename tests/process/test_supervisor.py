@@ -358,3 +358,39 @@ def test_an_unreachable_database_at_boot_is_retried(app_dir: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_the_workers_row_follows_a_childs_run_from_claim_to_finish(
+    supervise: Start, pconn: Conn, app_dir: Path
+) -> None:
+    """The supervisor writes a child's workers row when its current run changes, not only on the
+    heartbeat: with a 60 s heartbeat (so a periodic write cannot explain either change within
+    these deadlines) the row shows the run while its handler is still blocked, and clears once
+    it finished, the child alive and idle."""
+    sup = supervise(processes=1, heartbeat_interval=60.0)
+    (child,) = sup.wait_children(1)
+
+    def current_run() -> tuple[int | None] | None:
+        row = pconn.execute(
+            "SELECT current_run FROM leasework.workers WHERE pid = %s AND stopped_at IS NULL",
+            (child,),
+        ).fetchone()
+        return None if row is None else (row[0],)
+
+    assert wait_for(current_run, timeout=30) == (None,)  # booted, idle
+    run_id = _hold(pconn, app_dir)
+    claimed_at = time.monotonic()
+    wait_for(lambda: current_run() == (run_id,), timeout=30)
+    shown = time.monotonic() - claimed_at
+    # still running: the handler waits for its marker, which only this test removes
+    run = get_run(pconn, run_id)
+    assert run["status"] == "running" and holder_pid(run["lease_worker"]) == child
+    assert (app_dir / f"hold-{run_id}").exists()
+
+    (app_dir / f"hold-{run_id}").unlink()
+    _wait_status(pconn, run_id, "succeeded")
+    finished_at = time.monotonic()
+    wait_for(lambda: current_run() == (None,), timeout=30)
+    cleared = time.monotonic() - finished_at
+    assert sup.children() == [child]  # cleared by the finish, not by the child going away
+    print(f"workers row: run shown {shown:.2f} s after enqueue, cleared {cleared:.2f} s after finish")

@@ -181,3 +181,94 @@ def test_pooler_takes_auto_on_or_off_from_the_environment() -> None:
     assert load(env={"LEASEWORK_POOLER": "on"}).pooler == "on"
     with pytest.raises(ConfigError, match="pooler must be one of auto, on, off"):
         load(env={"LEASEWORK_POOLER": "pgbouncer"})
+
+
+# -- sections: each stage and family declares its own settings beside it -----------------------
+
+
+def test_a_sections_keys_are_flat_in_file_and_env_and_read_through_the_section(
+    tmp_path: Path,
+) -> None:
+    from leasework.documents import IngestSettings
+    from leasework.stages.maintenance import MaintenanceSettings
+
+    path = write(tmp_path, "ingest_limit = 3\nretention_failed = 100\n")
+    cfg = load(path, env={"LEASEWORK_INGEST_BATCH": "50"})
+    assert cfg.section(IngestSettings).ingest_limit == 3
+    assert cfg.section(IngestSettings).ingest_batch == 50
+    assert cfg.section(MaintenanceSettings).retention_failed == 100.0
+    assert cfg.section(MaintenanceSettings).retention_succeeded == 7 * 86400.0  # its default
+    # Not an attribute of Config: the error says where the setting lives.
+    with pytest.raises(AttributeError, match=r"config.section\(IngestSettings\).ingest_limit"):
+        cfg.ingest_limit  # noqa: B018
+
+
+def test_a_sections_values_are_checked_like_the_engines(tmp_path: Path) -> None:
+    import leasework.documents  # noqa: F401 - registers its sections
+
+    with pytest.raises(ConfigError, match=r"ingest_limit must be 1 to 100, got 0"):
+        load(write(tmp_path, "ingest_limit = 0\n"), env={})
+    with pytest.raises(ConfigError, match=r"file_store must be a directory path"):
+        load(env={"LEASEWORK_FILE_STORE": ""}, overrides={"file_store": ""})
+    with pytest.raises(ConfigError, match=r"unknown key 'ingest_limt'; did you mean `ingest_limit`"):
+        load(write(tmp_path, "ingest_limt = 2\n"), env={})
+
+
+def test_make_and_replace_route_keys_to_their_sections() -> None:
+    from leasework.stages.runs import RunsSettings
+
+    cfg = Config.make(lease=30, runs_limit=4)
+    assert (cfg.lease, cfg.section(RunsSettings).runs_limit) == (30, 4)
+    other = cfg.replace(runs_limit=5)
+    assert other.section(RunsSettings).runs_limit == 5
+    assert cfg.section(RunsSettings).runs_limit == 4  # frozen: the first is unchanged
+    with pytest.raises(ConfigError, match=r"unknown setting 'runs_limt'; did you mean `runs_limit`"):
+        cfg.replace(runs_limt=5)
+
+
+def test_a_new_section_is_registered_by_its_decorator_and_refuses_a_taken_key(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import dataclass, field
+
+    from leasework.config import Range, doc, forget, section
+
+    def declare() -> Any:
+        @section("A test family", order=900)
+        @dataclass(frozen=True)
+        class BumpSettings:
+            bump_limit: int = field(default=100, metadata=doc("bumped per poll", range=Range(1, 10)))
+
+        return BumpSettings
+
+    # A user's family declares its section when its module is imported: `prepare` (the CLI
+    # imports the app there) runs before any key is checked.
+    declared: list[Any] = []
+    cfg = load(
+        write(tmp_path, "bump_limit = 7\n"),
+        env={},
+        overrides={"app": "someapp:app"},
+        prepare=lambda app: declared.append(declare()),
+    )
+    try:
+        assert cfg.section(declared[0]).bump_limit == 7
+        with pytest.raises(ConfigError, match=r"bump_limit must be 1 to 10, got 11"):
+            load(env={"LEASEWORK_BUMP_LIMIT": "11"})
+    finally:
+        forget(declared[0])
+    with pytest.raises(ConfigError, match=r"unknown key 'bump_limit'"):
+        load(write(tmp_path, "bump_limit = 7\n"), env={})
+
+    with pytest.raises(TypeError, match=r"setting 'lease' is already the engine's"):
+
+        @section("Another")
+        @dataclass(frozen=True)
+        class Clash:
+            lease: float = 1.0
+
+    with pytest.raises(TypeError, match=r"frozen dataclass"):
+
+        @section("Mutable")
+        @dataclass
+        class Mutable:
+            thing: int = 1

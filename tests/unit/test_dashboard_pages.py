@@ -16,9 +16,13 @@ from leasework.dashboard.server import _allowed_hosts, host_allowed
 ALLOWED_TAGS = {
     "html", "head", "meta", "title", "link", "body", "header", "h1", "h2", "a", "span", "main",
     "section", "p", "div", "table", "thead", "tbody", "tr", "th", "td", "progress", "br", "pre",
-    "dl", "dt", "dd", "nav",
+    "dl", "dt", "dd", "nav", "form", "input", "button", "label", "select", "option",
 }  # fmt: skip
-ALLOWED_ATTRS = {"lang", "charset", "name", "content", "http-equiv", "rel", "href", "type", "class", "id", "value", "max", "data-card"}  # fmt: skip
+ALLOWED_ATTRS = {"lang", "charset", "name", "content", "http-equiv", "rel", "href", "type", "class", "id", "value", "max", "data-card",
+                 "method", "action", "data-action", "required", "selected"}  # fmt: skip
+FORM_FIELDS = {"csrf", "back", "kind", "confirm"}
+ROOT = "/ops/lw"
+ACTIONS = pages.View(ROOT, csrf="t0ken", flash="run 1 cancelled")
 
 
 class _Tags(HTMLParser):
@@ -27,6 +31,8 @@ class _Tags(HTMLParser):
         self.tags: set[str] = set()
         self.attrs: set[str] = set()
         self.hrefs: set[str] = set()
+        self.forms: list[dict[str, str | None]] = []
+        self.fields: set[str] = set()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.tags.add(tag)
@@ -34,6 +40,10 @@ class _Tags(HTMLParser):
             self.attrs.add(name)
             if name == "href":
                 self.hrefs.add(value or "")
+        if tag == "form":
+            self.forms.append(dict(attrs))
+        if tag == "input" and dict(attrs).get("type") in ("hidden", "checkbox"):
+            self.fields.add(dict(attrs).get("name") or "")
 
 
 def parse(page: str) -> _Tags:
@@ -43,14 +53,25 @@ def parse(page: str) -> _Tags:
     return p
 
 
-def check_markup(page: str) -> None:
+def check_markup(page: str, root: str = "") -> _Tags:
+    """Only our own tags and attributes; every link and form action under `root` (a mounted
+    dashboard's prefix), every POST form carrying the CSRF token."""
     found = parse(page)
     assert found.tags <= ALLOWED_TAGS, found.tags - ALLOWED_TAGS
     assert found.attrs <= ALLOWED_ATTRS, found.attrs - ALLOWED_ATTRS
     for href in found.hrefs:
-        assert href in ("/", "/runs", "/schedules", "/connections") or href.startswith(
-            ("/runs/", "/static/")
+        local = href.removeprefix(root)
+        assert href.startswith(root + "/"), (root, href)
+        assert local in ("/", "/runs", "/kinds", "/schedules", "/connections") or local.startswith(
+            ("/runs/", "/runs?", "/static/")
         ), href
+    for form in found.forms:
+        action = form.get("action") or ""
+        assert action.startswith(root + "/"), (root, action)
+        if form.get("method") == "post":
+            assert "csrf" in found.fields
+    assert found.fields <= FORM_FIELDS, found.fields
+    return found
 
 
 hostile = st.text(alphabet=st.sampled_from('<>"\'&=/ ab\n\u2028;:'), max_size=40) | st.sampled_from(
@@ -117,6 +138,7 @@ def test_overview_carries_only_its_own_markup(t: str, n: int) -> None:
     recent = [{"id": n, "kind": t, "key": t, "tenant": t, "status": t, "attempts": 1,
                "max_attempts": 3, "processed_units": 1, "total_units": None, "queued_at": None}]  # fmt: skip
     check_markup(pages.overview(snapshot(t, n), recent, oldest_queued=4.0, now=t))
+    check_markup(pages.overview(snapshot(t, n), recent, oldest_queued=4.0, now=t, v=ACTIONS), ROOT)
 
 
 @settings(max_examples=200, deadline=None)
@@ -132,8 +154,48 @@ def test_run_page_carries_only_its_own_markup(t: str, n: int) -> None:
         "processed_units": 5, "total_units": 10,
         "history": [{"attempt": 1, "worker": t, "started_at": t, "ended_at": t, "outcome": t, "error": t}, t],
     }  # fmt: skip
-    check_markup(pages.run_page(run, now=now))
+    assert not parse(pages.run_page(run, now=now)).forms
+    for status in ("queued", "running", "failed", "succeeded", t):
+        page = pages.run_page({**run, "status": status, "cancel_requested_at": None}, now=now, v=ACTIONS)
+        check_markup(page, ROOT)
     check_markup(pages.error_page(503, t))
+    check_markup(pages.error_page(409, t, ACTIONS), ROOT)
+
+
+@settings(max_examples=100, deadline=None)
+@given(hostile, st.integers(min_value=1, max_value=10**12))
+def test_lists_carry_only_their_own_markup_and_stay_under_the_root(t: str, n: int) -> None:
+    runs = [{"id": n, "kind": t, "key": t, "tenant": t, "status": s, "attempts": 1, "max_attempts": 3,
+             "created_at": t, "error": t} for s in (*pages.STATUS_ORDER, t)]  # fmt: skip
+    paused = [{"kind": t, "paused_at": t, "queued": n}]
+    for v, root in ((pages.PLAIN, ""), (ACTIONS, ROOT)):
+        listing = check_markup(
+            pages.runs_page(runs, filters={"kind": t}, next_before=n, paused=paused, v=v), root
+        )
+        kinds = check_markup(pages.kinds_page({t: {"queued": n}, "b": {}}, paused, ["c"], v), root)
+        check_markup(pages.schedules_page([], v), root)
+        check_markup(pages.connections_page(snapshot(t, n)["connections"], v), root)
+        posts = [f for f in listing.forms + kinds.forms if f.get("method") == "post"]
+        assert bool(posts) is (v is ACTIONS)
+
+
+def test_action_forms_follow_the_run_status() -> None:
+    def actions(status: str, **extra: Any) -> list[str]:
+        run = {"id": 7, "kind": "mail", "status": status, **extra}
+        found = parse(pages.run_page(run, now=None, v=ACTIONS))
+        return sorted(str(f.get("data-action")) for f in found.forms if f.get("method") == "post")
+
+    assert actions("queued") == ["cancel", "pause"]
+    assert actions("running") == ["cancel", "pause"]
+    assert actions("running", cancel_requested_at="2026-01-01") == ["pause"]
+    assert actions("failed", kind_paused=True) == ["delete", "resume", "retry"]
+    assert actions("succeeded") == ["delete", "pause"]
+    assert actions("partial") == ["delete", "pause", "retry"]
+    page = pages.run_page({"id": 7, "kind": "mail", "status": "failed"}, now=None, v=ACTIONS)
+    assert 'action="/ops/lw/runs/7/retry"' in page and 'value="t0ken"' in page
+    assert '<p class="flash" id="flash">run 1 cancelled</p>' in page
+    # read-only: no form at all, whatever the status
+    assert "<form" not in pages.run_page({"id": 7, "kind": "m", "status": "failed"}, now=None)
 
 
 def test_progress_bars() -> None:

@@ -183,7 +183,7 @@ def test_the_scan_finds_the_known_writers() -> None:
         ("release_run", "workers/lease.sql"),
         ("schema", "schema.sql"),  # leasework.enqueue(), which enqueue_run calls
         ("prune_runs", "stages/maintenance.sql"),
-        ("_copy_many", "app.py"),
+        ("_copy_many", "client.py"),
     } <= status_writers()
     lease_only = {k for k in status_writers() if k[1] == "workers/lease.sql"}
     assert ("renew_lease", "workers/lease.sql") not in lease_only

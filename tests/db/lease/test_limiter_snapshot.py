@@ -10,8 +10,8 @@ from typing import Any
 
 import psycopg
 
-from ..conftest import wait_for
-from .checks import make_app
+from ...conftest import wait_for
+from ..checks import make_app
 
 Conn = psycopg.Connection[Any]
 

@@ -15,7 +15,7 @@ from leasework import App, Context
 from leasework.workers import lease
 from leasework.workers.worker import Worker
 
-from ..conftest import expire_lease, fast_config, get_run
+from ...conftest import expire_lease, fast_config, get_run
 
 Conn = psycopg.Connection[Any]
 MakeWorker = Callable[..., Worker]

@@ -16,8 +16,8 @@ import pytest
 from leasework import App
 from leasework.workers import lease
 
-from ..conftest import get_run, wait_for
-from .checks import KINDS, LEASE, make_app
+from ...conftest import get_run, wait_for
+from ..checks import KINDS, LEASE, make_app
 
 Conn = psycopg.Connection[Any]
 

@@ -1,0 +1,619 @@
+"""The dashboard as a WSGI application: every page, /metrics, /healthz and, when enabled, the
+operator's actions (cancel, retry, delete, pause, resume) as POST forms with a CSRF token.
+
+`leasework dashboard` serves it (server.py); `wsgi_app()` returns it for mounting inside your own
+web application, behind your own authentication, under any path prefix (SCRIPT_NAME starts every
+link, form action and redirect). No framework: the standard library only.
+
+Reads go through read-only database sessions (at most four at once, one per request). Only an
+action opens a writable session, and only when actions are on; each action calls the same code as
+the CLI (`App.cancel`, `operations` through `App`), which refuses bad input with one line and
+changes nothing: that line is answered as a 4xx page. A success answers 303 to a page (POST,
+redirect, GET) with the outcome in a signed one-time cookie."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hmac
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode
+
+import psycopg
+
+from .. import __version__, db, log, operations, status
+from .. import documents as _documents  # noqa: F401 - its settings section, for load_config
+from .. import syncs as _syncs  # noqa: F401 - its settings section, for load_config
+from ..app import App
+from ..config import Config
+from ..config import load as load_config
+from ..errors import ConfigError, LeaseworkError, NotFound, SchemaMissing
+from ..queries import load
+from ..stages.schedule import list_schedules
+from . import csrf, metrics, pages
+from .settings import DashboardSettings
+
+Q = load("leasework.dashboard", "dashboard.sql")
+
+# A session per request: a database that is down is reported at once (a pool would wait out its
+# timeout), and no connection is left stale across a database restart. A refresh storm still
+# cannot take more than SESSIONS connections from Postgres.
+SESSIONS = 4
+SESSION_WAIT = 5.0  # seconds a request waits for a free session before answering 503
+STATEMENT_TIMEOUT = "10s"
+RECENT_RUNS = 25
+RUNS_PAGE = 50
+MAX_FORM = 8192  # bytes of an action's form body
+TOKEN_LENGTH = (16, 4096)
+
+_RUN_PATH = re.compile(r"^/runs/([0-9]{1,19})/?$")
+_RUN_ACTION = re.compile(r"^/runs/([0-9]{1,19})/(cancel|retry|delete)$")
+_KIND_ACTION = re.compile(r"^/kinds/(pause|resume)$")
+_BACK = re.compile(r"^/(?!/)[^\x00-\x20\x7f\\]{0,1000}$")
+
+# No script anywhere; styles only from our own stylesheet; forms only to ourselves; not framed.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+TEXT = "text/plain; charset=utf-8"
+HTML = "text/html; charset=utf-8"
+
+StartResponse = Callable[..., Any]
+
+
+class BadRequest(Exception):
+    """A query parameter or form field that makes no sense: 400 with one line."""
+
+
+class Unavailable(Exception):
+    """The database did not answer (or has no leasework schema): 503, with a password-free line."""
+
+
+class Refused(Exception):
+    """An action refused before it ran: its status (403, 404, 409, 411, 413, 415) and one line."""
+
+    def __init__(self, code: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Response:
+    code: HTTPStatus
+    body: bytes
+    content_type: str = HTML
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Request:
+    """What a handler needs from the WSGI environ."""
+
+    method: str
+    path: str
+    root: str
+    query: dict[str, str]
+    cookies: dict[str, str]
+    environ: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, environ: Mapping[str, Any]) -> Request:
+        path = _text(environ.get("PATH_INFO") or "") or "/"
+        root = _text(environ.get("SCRIPT_NAME") or "").rstrip("/")
+        try:
+            pairs = parse_qs(
+                environ.get("QUERY_STRING") or "", max_num_fields=50, keep_blank_values=False
+            )
+        except ValueError:
+            pairs = {}
+        return cls(
+            method=str(environ.get("REQUEST_METHOD") or "GET").upper(),
+            path=path,
+            root=root,
+            query={k: v[-1] for k, v in pairs.items()},
+            cookies=_cookies(str(environ.get("HTTP_COOKIE") or "")),
+            environ=environ,
+        )
+
+    @property
+    def secure(self) -> bool:
+        return self.environ.get("wsgi.url_scheme") == "https"
+
+    def header(self, name: str) -> str:
+        return str(self.environ.get("HTTP_" + name.upper().replace("-", "_")) or "")
+
+
+def _text(value: str) -> str:
+    """A WSGI string (bytes as latin-1, PEP 3333) as the UTF-8 text the client sent."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
+
+
+def _cookies(header: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in header.split(";")[:50]:
+        name, sep, value = part.strip().partition("=")
+        if sep and name and name not in out:
+            out[name] = value.strip().strip('"')
+    return out
+
+
+def _url(text: str) -> str:
+    """A path (and query) safe for a Location or Set-Cookie header: percent-encoded ASCII."""
+    return quote(text, safe="/?&=%:+,@!$'()*~-._")
+
+
+class DashboardApp:
+    """The dashboard as a WSGI callable (`app(environ, start_response)`).
+
+    `actions`: draw the action forms and accept their POSTs (default: config `dashboard_actions`).
+    `token`: every request must carry it (`Authorization: Bearer TOKEN`, or HTTP Basic with it as
+    the password); leave it unset when the dashboard sits behind your own authentication.
+    `secret`: the key of the CSRF tokens and flash cookies (16+ bytes); random per process when
+    unset, so give one when several processes serve the same dashboard.
+    `app`: your App, so that a retry gets each task's attempt budget and pause knows your kinds.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        app: App | None = None,
+        actions: bool | None = None,
+        token: str | None = None,
+        secret: str | bytes | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.app = app if app is not None else App(cfg)
+        if actions is None:
+            actions = cfg.section(DashboardSettings).dashboard_actions
+        self.actions = bool(actions)
+        self.token = token or None
+        if self.token is not None and not TOKEN_LENGTH[0] <= len(self.token) <= TOKEN_LENGTH[1]:
+            raise ConfigError("dashboard: the token must be 16-4096 characters long")
+        try:
+            self.secret = csrf.as_secret(secret)
+        except ValueError as exc:
+            raise ConfigError(f"dashboard: {exc}") from None
+        self._sessions = threading.BoundedSemaphore(SESSIONS)
+
+    # -- WSGI ------------------------------------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        req = Request.of(environ)
+        resp = self.respond(req)
+        headers = [
+            ("Content-Type", resp.content_type),
+            ("Content-Length", str(len(resp.body))),
+            *resp.headers,
+            *SECURITY_HEADERS.items(),
+        ]
+        start_response(f"{resp.code.value} {resp.code.phrase}", headers)
+        return [b"" if req.method == "HEAD" else resp.body]
+
+    def respond(self, req: Request) -> Response:
+        if self.token is not None and not authorized(req.header("Authorization"), self.token):
+            return Response(
+                HTTPStatus.UNAUTHORIZED,
+                b"a token is required (Authorization: Bearer TOKEN, or the password)\n",
+                TEXT,
+                [("WWW-Authenticate", 'Basic realm="leasework", charset="UTF-8"')],
+            )
+        v = pages.View(req.root)
+        try:
+            if req.method in ("GET", "HEAD"):
+                return self.get(req)
+            if req.method == "POST" and self.actions:
+                return self.post(req)
+            allow = "GET, HEAD, POST" if self.actions else "GET, HEAD"
+            why = (
+                f"{req.method} is not served here"
+                if self.actions
+                else "the dashboard is read-only: actions are off (enable them with "
+                "`leasework dashboard --actions` or dashboard_actions = true); nothing changed"
+            )
+            return Response(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                pages.error_page(405, why, v).encode(),
+                headers=[("Allow", allow)],
+            )
+        except BadRequest as exc:
+            return self._error(HTTPStatus.BAD_REQUEST, str(exc), v)
+        except Refused as exc:
+            return self._error(exc.code, str(exc), v)
+        except Unavailable as exc:
+            message = log.redact_dsn(str(exc))
+            if req.path == "/healthz":
+                return Response(
+                    HTTPStatus.SERVICE_UNAVAILABLE, f"unavailable: {message}\n".encode(), TEXT
+                )
+            return self._error(HTTPStatus.SERVICE_UNAVAILABLE, message, v)
+        except Exception as exc:
+            log.event(
+                "dashboard_error",
+                logging.ERROR,
+                path=req.path,
+                error=log.redact_dsn(f"{type(exc).__name__}: {exc}"),
+            )
+            return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error (logged)", v)
+
+    @staticmethod
+    def _error(code: HTTPStatus, message: str, v: pages.View) -> Response:
+        return Response(code, pages.error_page(code.value, message, v).encode())
+
+    # -- GET ---------------------------------------------------------------------------------------
+
+    def get(self, req: Request) -> Response:
+        path = req.path
+        if path == "/metrics":
+            return Response(HTTPStatus.OK, self.metrics(), metrics.CONTENT_TYPE)
+        if path == "/healthz":
+            self.health()
+            return Response(HTTPStatus.OK, b"ok\n", TEXT)
+        if path == "/static/dashboard.css":
+            return Response(HTTPStatus.OK, pages.CSS.encode(), "text/css; charset=utf-8")
+        if path == "/static/favicon.svg":
+            return Response(HTTPStatus.OK, pages.FAVICON.encode(), "image/svg+xml")
+        v, cookies = self.view(req)
+        code, page = HTTPStatus.OK, None
+        if path == "/":
+            page = self.overview(v)
+        elif path in ("/runs", "/runs/"):
+            page = self.runs(req.query, v)
+        elif path == "/kinds":
+            page = self.kinds(v)
+        elif path == "/schedules":
+            page = self.schedules(v)
+        elif path == "/connections":
+            page = self.connections(v)
+        elif (m := _RUN_PATH.match(path)) is not None:
+            page = self.run(int(m.group(1)), v)
+            if page is None:
+                code = HTTPStatus.NOT_FOUND
+                page = pages.error_page(404, f"no run {m.group(1)} (it may have been pruned)", v)
+        else:
+            code, page = HTTPStatus.NOT_FOUND, pages.error_page(404, "no such page", v)
+        return Response(code, page.encode(), HTML, cookies)
+
+    def view(self, req: Request) -> tuple[pages.View, list[tuple[str, str]]]:
+        """The page's view: its root, and with actions on the CSRF token for this browser (a new
+        nonce cookie when it has none) and the flash message left by the last action."""
+        if not self.actions:
+            return pages.View(req.root), []
+        headers: list[tuple[str, str]] = []
+        nonce = req.cookies.get(csrf.COOKIE)
+        if not csrf.valid_nonce(nonce):
+            nonce = csrf.new_nonce()
+            headers.append(("Set-Cookie", self._cookie(req, csrf.COOKIE, nonce)))
+        assert nonce is not None
+        flash = None
+        if csrf.FLASH_COOKIE in req.cookies:
+            flash = csrf.unsign(self.secret, req.cookies[csrf.FLASH_COOKIE])
+            headers.append(("Set-Cookie", self._cookie(req, csrf.FLASH_COOKIE, "", max_age=0)))
+        return pages.View(req.root, csrf.token_for(self.secret, nonce), flash), headers
+
+    @staticmethod
+    def _cookie(req: Request, name: str, value: str, *, max_age: int | None = None) -> str:
+        parts = [f"{name}={value}", f"Path={_url(req.root or '/')}", "HttpOnly", "SameSite=Strict"]
+        if max_age is not None:
+            parts.append(f"Max-Age={max_age}")
+        if req.secure:
+            parts.append("Secure")
+        return "; ".join(parts)
+
+    def overview(self, v: pages.View = pages.PLAIN) -> str:
+        with self.session() as conn:
+            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+            with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+                recent = cur.execute(Q["dashboard_recent_runs"], {"limit": RECENT_RUNS}).fetchall()
+                now = cur.execute(Q["dashboard_clock"]).fetchone()
+                oldest = cur.execute(Q["metrics_oldest_queued"]).fetchall()
+        oldest_age = max((r["age"] for r in oldest), default=None)
+        return pages.overview(
+            snap, recent, oldest_queued=oldest_age, now=now["now"] if now else None, v=v
+        )
+
+    def runs(self, query: Mapping[str, str], v: pages.View = pages.PLAIN) -> str:
+        """`/runs?status=&kind=&key=&tenant=&before=`: every run, newest first, filtered, paged."""
+        filters = {k: query[k] for k in pages.RUN_FILTERS if query.get(k)}
+        before = query.get("before") or None
+        if before is not None and not (before.isdigit() and 0 < int(before) < 2**63):
+            raise BadRequest(f"before must be a run id, got {before!r}")
+        status_filter = filters.get("status")
+        if status_filter is not None and status_filter not in operations.STATUSES:
+            raise BadRequest(f"status must be one of {', '.join(operations.STATUSES)}")
+        with self.session() as conn:
+            page = operations.list_runs(
+                conn,
+                operations.Filters(
+                    statuses=[status_filter] if status_filter else None,
+                    kind=filters.get("kind"),
+                    key=filters.get("key"),
+                    tenant=filters.get("tenant"),
+                ),
+                limit=RUNS_PAGE,
+                before=int(before) if before else None,
+            )
+            paused = operations.paused(conn)
+        here = {**filters, **({"before": before} if before else {})}
+        back = "/runs" + (f"?{urlencode(here)}" if here else "")
+        return pages.runs_page(
+            page.runs,
+            filters=filters,
+            next_before=page.next_before,
+            paused=paused,
+            back=back,
+            v=v,
+        )
+
+    def kinds(self, v: pages.View = pages.PLAIN) -> str:
+        with self.session() as conn:
+            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+        return pages.kinds_page(
+            snap.get("runs_by_kind") or {}, snap.get("paused") or [], self.app.kinds(), v
+        )
+
+    def schedules(self, v: pages.View = pages.PLAIN) -> str:
+        with self.session() as conn:
+            return pages.schedules_page(list_schedules(conn), v)
+
+    def connections(self, v: pages.View = pages.PLAIN) -> str:
+        with self.session() as conn:
+            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+        return pages.connections_page(snap.get("connections") or [], v)
+
+    def run(self, run_id: int, v: pages.View = pages.PLAIN) -> str | None:
+        if not 0 < run_id < 2**63:
+            return None
+        with self.session() as conn:
+            row = operations.get_run(conn, run_id)
+            now = operations.db_now(conn)
+        if row is None:
+            return None
+        return pages.run_page(row, now=now, v=v)
+
+    def metrics(self) -> bytes:
+        try:
+            with self.session() as conn:
+                snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+                fams = metrics.families(
+                    conn,
+                    snap,
+                    heartbeat_interval=self.cfg.heartbeat_interval,
+                    version=__version__,
+                )
+        except Unavailable:
+            fams = metrics.database_down(__version__)
+        return metrics.exposition(fams)
+
+    def health(self) -> None:
+        """Raises Unavailable unless the database answers and has the leasework schema."""
+        with self.session() as conn:
+            conn.execute("SELECT 1")
+
+    # -- POST: the actions -------------------------------------------------------------------------
+
+    def post(self, req: Request) -> Response:
+        run_match = _RUN_ACTION.match(req.path)
+        kind_match = _KIND_ACTION.match(req.path)
+        if run_match is None and kind_match is None:
+            raise Refused(HTTPStatus.NOT_FOUND, f"no action at {req.path[:200]!r}; nothing changed")
+        site = req.header("Sec-Fetch-Site")
+        if site and site not in ("same-origin", "none"):
+            raise Refused(
+                HTTPStatus.FORBIDDEN, f"a form posted from another site ({site}); nothing changed"
+            )
+        form = self.read_form(req)
+        if not csrf.check(self.secret, req.cookies.get(csrf.COOKIE), form.get(csrf.FIELD)):
+            raise Refused(
+                HTTPStatus.FORBIDDEN,
+                "missing or wrong CSRF token: reload the page and submit the form from it; "
+                "nothing changed",
+            )
+        back = form.get("back") or ""
+        if run_match is not None:
+            run_id = int(run_match.group(1))
+            if not 0 < run_id < 2**63:
+                raise BadRequest(f"run id must be a positive 64-bit integer, got {run_id}")
+            action = run_match.group(2)
+            message = self.act_on_run(action, run_id)
+            if action == "delete" or not _BACK.match(back):
+                back = "/runs" if action == "delete" else f"/runs/{run_id}"
+        else:
+            assert kind_match is not None
+            kind = form.get("kind") or ""
+            if not kind or len(kind) > 200:
+                raise BadRequest("kind must be 1-200 characters; nothing changed")
+            message = self.act_on_kind(kind_match.group(1), kind)
+            if not _BACK.match(back):
+                back = "/kinds"
+        log.event(
+            "dashboard_action",
+            path=req.path,
+            client=str(req.environ.get("REMOTE_ADDR") or ""),
+            outcome=message,
+        )
+        cookie = self._cookie(req, csrf.FLASH_COOKIE, csrf.sign(self.secret, message))
+        return Response(
+            HTTPStatus.SEE_OTHER,
+            f"{message}\n".encode(),
+            TEXT,
+            [("Location", _url(req.root + back)), ("Set-Cookie", cookie)],
+        )
+
+    @staticmethod
+    def read_form(req: Request) -> dict[str, str]:
+        """The urlencoded form body, whole and small, or a 4xx."""
+        length = str(req.environ.get("CONTENT_LENGTH") or "").strip()
+        if not length:
+            raise Refused(HTTPStatus.LENGTH_REQUIRED, "a form needs a Content-Length")
+        if not length.isdigit():
+            raise BadRequest(f"Content-Length {length[:20]!r} is not a number")
+        if int(length) > MAX_FORM:
+            raise Refused(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"a form is at most {MAX_FORM} bytes"
+            )
+        kind = str(req.environ.get("CONTENT_TYPE") or "").split(";")[0].strip().lower()
+        if kind != "application/x-www-form-urlencoded":
+            raise Refused(
+                HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                "a form must be application/x-www-form-urlencoded",
+            )
+        raw = req.environ["wsgi.input"].read(int(length)) if int(length) else b""
+        try:
+            pairs = parse_qs(
+                raw.decode("ascii"),
+                keep_blank_values=True,
+                max_num_fields=20,
+                encoding="utf-8",
+                errors="strict",
+            )
+        except (ValueError, UnicodeDecodeError):
+            raise BadRequest("the form is not valid urlencoded UTF-8") from None
+        return {k: v[-1] for k, v in pairs.items()}
+
+    def act_on_run(self, action: str, run_id: int) -> str:
+        with self.session(write=True) as conn:
+            if action == "cancel":
+                with conn.transaction():
+                    row = conn.execute(Q["dashboard_lock_run"], {"id": run_id}).fetchone()
+                    if row is None:
+                        raise NotFound(f"no run with id {run_id} (it may have been pruned)")
+                    was, requested = str(row[0]), row[1]
+                    if was not in pages.CANCELLABLE:
+                        raise ConfigError(f"run {run_id} is already {was}: nothing to cancel")
+                    if requested is not None:
+                        raise ConfigError(
+                            f"run {run_id}: a cancel is already requested; it stops at its next "
+                            "control check"
+                        )
+                    now = self.app.cancel(conn, run_id)
+                if now == "running":
+                    return f"run {run_id}: cancel requested; it stops at its next control check"
+                return f"run {run_id} cancelled"
+            if action == "retry":
+                self.app.retry(conn, [run_id])
+                return f"run {run_id} retried: queued again with a fresh attempt budget"
+            self.app.delete(conn, [run_id])
+            return f"run {run_id} deleted"
+
+    def act_on_kind(self, action: str, kind: str) -> str:
+        with self.session(write=True) as conn:
+            if action == "pause":
+                newly = self.app.pause(conn, kind)
+                if not newly:
+                    return f"kind {kind} was already paused"
+                return f"kind {kind} paused: no worker claims its runs until it is resumed"
+            self.app.resume(conn, kind)
+            return f"kind {kind} resumed"
+
+    # -- sessions ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def session(self, *, write: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        """A read-only session with the leasework schema checked (`write`: an action's session,
+        the only kind that may write). The database being down, busy or without the schema is
+        Unavailable, with the reason on one password-free line; an action's own refusal
+        (ConfigError) is a 404 or 409 with its line, and a role without the right a 403."""
+        if not self._sessions.acquire(timeout=SESSION_WAIT):
+            raise Unavailable(f"busy: all {SESSIONS} database sessions are in use")
+        try:
+            try:
+                conn = db.connect(
+                    self.cfg.dsn,
+                    application_name="leasework-dashboard",
+                    connect_timeout=5,
+                    pooler=self.cfg.pooler,
+                )
+            except LeaseworkError as exc:  # down, or a malformed DSN
+                raise Unavailable(log.redact_dsn(str(exc))) from None
+            with conn:  # commits at the end of the request (an action's), or rolls back
+                try:
+                    # One transaction per request, its settings local to it: through a pooler in
+                    # transaction mode a session setting would outlive the request on a server
+                    # session someone else gets. Belt and braces: read-only unless an action's,
+                    # so even a bug in a page cannot write through a read session.
+                    conn.read_only = not write
+                    conn.autocommit = False
+                    conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
+                    db.check_schema(conn)
+                    yield conn
+                except NotFound as exc:
+                    raise Refused(HTTPStatus.NOT_FOUND, _one_line(exc)) from None
+                except ConfigError as exc:
+                    raise Refused(HTTPStatus.CONFLICT, _one_line(exc)) from None
+                except SchemaMissing as exc:
+                    raise Unavailable(str(exc)) from None
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise Refused(
+                        HTTPStatus.FORBIDDEN,
+                        f"the dashboard's database role may not do this: {log.first_line(exc)}; "
+                        "nothing changed",
+                    ) from None
+                except psycopg.OperationalError as exc:
+                    raise Unavailable(f"database unavailable: {log.first_line(exc)}") from None
+        finally:
+            self._sessions.release()
+
+
+def _one_line(exc: Exception) -> str:
+    line = log.first_line(exc)
+    return line if "nothing" in line else f"{line}; nothing changed"
+
+
+def authorized(given: str, token: str) -> bool:
+    """A bearer token, or HTTP Basic with the token as password (any user name), so that both
+    scripts and browsers can pass it."""
+    scheme, _, value = given.partition(" ")
+    secret = ""
+    if scheme.lower() == "bearer":
+        secret = value.strip()
+    elif scheme.lower() == "basic":
+        try:
+            secret = base64.b64decode(value.strip(), validate=True).decode().partition(":")[2]
+        except (ValueError, UnicodeDecodeError):
+            secret = ""
+    return hmac.compare_digest(secret.encode(), token.encode())
+
+
+def wsgi_app(
+    dsn: str | None = None,
+    *,
+    config: Config | None = None,
+    app: App | None = None,
+    actions: bool | None = None,
+    token: str | None = None,
+    secret: str | bytes | None = None,
+) -> DashboardApp:
+    """The dashboard as a WSGI application, to mount in your own web app (behind your own
+    authentication) under any prefix: every link, form and redirect starts with SCRIPT_NAME.
+
+    `dsn` (else `config.dsn`; without either the usual configuration: LEASEWORK_* variables, a
+    config file, DATABASE_URL); `actions=True` enables cancel, retry, delete, pause and resume
+    (default: config `dashboard_actions`); `app`: your App (task attempt budgets, known kinds);
+    `token`: require one on every request as `leasework dashboard` does beyond loopback;
+    `secret`: the CSRF key, to share between several processes serving it (16+ bytes)."""
+    if config is None and app is not None:
+        config = app.config
+    if config is None:
+        config = load_config(None, overrides={"dsn": dsn})
+    elif dsn is not None:
+        db.check_dsn(dsn)
+        config = dataclasses.replace(config, dsn=dsn)
+    return DashboardApp(config, app=app, actions=actions, token=token, secret=secret)

@@ -1,0 +1,200 @@
+"""What `@app.task` returns: the handler, still callable as written, plus a typed enqueue of its
+kind (`send_report.enqueue(conn, week=48)`, checked by mypy against the handler's own
+parameters). Also the checks a handler passes at registration: a plain function (no `async def`,
+no generator), called as `fn(ctx, payload)` or, when its parameters after `ctx` are keyword-only,
+as `fn(ctx, **payload)`."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+
+import psycopg
+
+from .client import Client
+from .errors import ConfigError
+from .workers.context import Context
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Conn = psycopg.Connection[Any]
+AConn = psycopg.AsyncConnection[Any]
+
+__all__ = ["Configured", "TaskHandle", "check_handler", "prepare_handler"]
+
+
+def check_handler(kind: str, fn: object) -> None:
+    """Refuse, in one line, a handler the worker cannot run: not callable, an `async def`, a
+    generator or an async generator function (its call returns without running the body)."""
+    if not callable(fn):
+        raise ConfigError(f"task {kind!r}: the handler must be a function, got {type(fn).__name__}")
+    inner = inspect.unwrap(fn)
+    name = getattr(inner, "__qualname__", type(inner).__name__)
+    what = None
+    if inspect.isasyncgenfunction(inner):
+        what = "an async generator function"
+    elif inspect.iscoroutinefunction(inner) or inspect.iscoroutinefunction(
+        getattr(inner, "__call__", None)  # noqa: B004 - a callable object's async __call__
+    ):
+        what = "an async def function"
+    elif inspect.isgeneratorfunction(inner):
+        what = "a generator function"
+    if what is not None:
+        raise ConfigError(
+            f"task {kind!r}: handler {name} is {what}; handlers must be plain functions "
+            "`def handler(ctx, payload)` that return their result (async handlers are not "
+            "supported yet)"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """How a handler takes its payload: `keywords` (its parameters after ctx are keyword-only:
+    the payload is a JSON object spread into them) or the payload as one argument, turned into
+    `model` (a dataclass) when its annotation is one."""
+
+    keywords: bool
+    names: tuple[str, ...] = ()
+    model: type | None = None
+
+
+def _shape(fn: Callable[..., Any]) -> _Shape:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or an odd callable: taken as fn(ctx, payload)
+        return _Shape(False)
+    params = list(sig.parameters.values())[1:]  # after ctx
+    kinds = {p.kind for p in params}
+    if params and kinds <= {inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD}:
+        return _Shape(True, tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY))
+    if not params:
+        return _Shape(False)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve here: no conversion
+        hints = {}
+    model = hints.get(params[0].name)
+    if isinstance(model, type) and dataclasses.is_dataclass(model):
+        return _Shape(False, model=model)
+    return _Shape(False)
+
+
+def prepare_handler(kind: str, fn: Callable[..., Any]) -> Callable[[Context, Any], Any]:
+    """What the executor calls, `run(ctx, payload)`, for a checked handler `fn`."""
+    check_handler(kind, fn)
+    shape = _shape(fn)
+    if shape.keywords:
+        names = ", ".join(shape.names) or "**kwargs"
+
+        def spread(ctx: Context, payload: Any) -> Any:
+            if not isinstance(payload, dict):
+                raise TypeError(
+                    f"task {kind!r} takes keyword arguments ({names}): its payload must be a "
+                    f"JSON object, got {type(payload).__name__}"
+                )
+            return fn(ctx, **payload)
+
+        return spread
+    model = shape.model
+    if model is not None:
+
+        def build(ctx: Context, payload: Any) -> Any:
+            return fn(ctx, model(**payload) if isinstance(payload, dict) else payload)
+
+        return build
+    return fn
+
+
+def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The payload stored for `handle.enqueue(conn, *args, **kwargs)`: the arguments bound to the
+    handler's parameters after ctx (a TypeError names a wrong one, as a call would)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return args[0] if args else None
+    try:
+        bound = sig.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{getattr(fn, '__name__', 'task')}.enqueue(): {exc}") from None
+    if _shape(fn).keywords:
+        return dict(kwargs)
+    names = list(sig.parameters)[1:]
+    value = bound.arguments.get(names[0]) if names else None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Configured(Generic[P]):
+    """A task's typed enqueue with options: `task.configure(key="acct-7").enqueue(conn, ...)`."""
+
+    client: Client
+    kind: str
+    fn: Callable[..., Any]
+    options: dict[str, Any]
+
+    def enqueue(self, conn: Conn, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        payload = _payload(self.fn, args, kwargs)
+        return self.client.enqueue(conn, self.kind, payload, **self.options)
+
+    async def enqueue_async(self, conn: AConn, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        payload = _payload(self.fn, args, kwargs)
+        return await self.client.enqueue_async(conn, self.kind, payload, **self.options)
+
+
+class TaskHandle(Generic[P, R]):
+    """What `@app.task(kind)` returns. Calling it calls the handler as written; `.enqueue(conn,
+    ...)` enqueues a run of its kind with the handler's own arguments after ctx, so mypy checks
+    them: `def send_report(ctx, *, week: int)` gives `send_report.enqueue(conn, week=48)`;
+    `def send_report(ctx, payload: Report)` (a TypedDict or a dataclass) gives
+    `send_report.enqueue(conn, Report(...))`."""
+
+    def __init__(self, client: Client, kind: str, fn: Callable[Concatenate[Context, P], R]) -> None:
+        self.client = client
+        self.kind = kind
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", kind)
+        self.__qualname__ = getattr(fn, "__qualname__", kind)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__wrapped__ = fn
+
+    def __call__(self, ctx: Context, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(ctx, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<task {self.kind!r}: {self.__qualname__}>"
+
+    def configure(
+        self,
+        *,
+        key: str | None = None,
+        tenant: str | None = None,
+        group: str | None = None,
+        exclusive: bool = False,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+    ) -> Configured[P]:
+        """The enqueue options (as `app.enqueue` takes them) for the next `.enqueue`."""
+        options = {
+            "key": key,
+            "tenant": tenant,
+            "group": group,
+            "exclusive": exclusive,
+            "priority": priority,
+            "delay": delay,
+            "max_attempts": max_attempts,
+        }
+        return Configured(self.client, self.kind, self.fn, options)
+
+    def enqueue(self, conn: Conn, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a run of this task inside the caller's transaction; returns its id."""
+        return self.configure().enqueue(conn, *args, **kwargs)
+
+    async def enqueue_async(self, conn: AConn, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """`enqueue` on a psycopg AsyncConnection."""
+        return await self.configure().enqueue_async(conn, *args, **kwargs)

@@ -1,0 +1,97 @@
+"""The pytest plugin (entry point `pytest11`, loaded once leasework is installed): fixtures that
+give each test a clean leasework schema in the database you name, with `--leasework-dsn`, the
+LEASEWORK_PYTEST_DSN environment variable or the `leasework_dsn` ini option (in that order). The
+schema is migrated once per session and emptied before each test; your own tables are left
+alone. A database whose name does not contain "test" is refused: the plugin empties it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from . import db
+
+ENV = "LEASEWORK_PYTEST_DSN"
+Conn = psycopg.Connection[Any]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("leasework")
+    group.addoption(
+        "--leasework-dsn",
+        dest="leasework_dsn",
+        default=None,
+        help=f"database for the leasework fixtures (its name must contain 'test'); else ${ENV}, "
+        "else the leasework_dsn ini option",
+    )
+    parser.addini("leasework_dsn", "database for the leasework fixtures (see --leasework-dsn)")
+
+
+def configured_dsn(config: pytest.Config) -> str:
+    """The DSN the user named, checked; a UsageError (one line) when there is none or when its
+    database name does not say it is a test database."""
+    dsn = config.getoption("leasework_dsn") or os.environ.get(ENV) or config.getini("leasework_dsn")
+    if not dsn:
+        raise pytest.UsageError(
+            f"the leasework fixtures need a test database: pass --leasework-dsn, set {ENV}, or "
+            "set leasework_dsn in the pytest ini file"
+        )
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise pytest.UsageError(str(db.malformed(exc))) from None
+    name = params.get("dbname") or params.get("user") or os.environ.get("PGDATABASE") or ""
+    if "test" not in str(name).lower():
+        raise pytest.UsageError(
+            f"--leasework-dsn names database {name!r}: the leasework fixtures empty its "
+            "leasework schema before every test, so they use only a database whose name "
+            "contains 'test'"
+        )
+    return str(dsn)
+
+
+@pytest.fixture(scope="session")
+def leasework_database(pytestconfig: pytest.Config) -> str:
+    """The DSN of the named test database, its leasework schema migrated (once per session)."""
+    dsn = configured_dsn(pytestconfig)
+    with db.connect(dsn) as conn:
+        db.migrate(conn)
+    return dsn
+
+
+def empty(conn: Conn) -> None:
+    """Empty every leasework table (the schema version excepted) and restart its ids."""
+    tables = [
+        r[0]
+        for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'leasework' "
+            "AND tablename <> 'schema_version'"
+        ).fetchall()
+    ]
+    if tables:
+        conn.execute(
+            sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
+                sql.SQL(", ").join(sql.Identifier("leasework", t) for t in tables)
+            )
+        )
+
+
+@pytest.fixture
+def leasework_dsn(leasework_database: str) -> str:
+    """The DSN of the test database, its leasework tables emptied for this test."""
+    with db.connect(leasework_database) as conn:
+        empty(conn)
+    return leasework_database
+
+
+@pytest.fixture
+def leasework_conn(leasework_dsn: str) -> Iterator[Conn]:
+    """An autocommit connection to the test database, its leasework tables empty."""
+    with db.connect(leasework_dsn, application_name="leasework:pytest") as conn:
+        yield conn

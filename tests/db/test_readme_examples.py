@@ -1,0 +1,117 @@
+"""The README's "Testing your tasks" example, run as it stands there: its two files written out
+and run by pytest in a subprocess with the leasework plugin, on a database of their own. Also the
+plugin's refusals (no database named, a database whose name does not say `test`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def section(title: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def files_of(title: str) -> dict[str, str]:
+    """The section's python blocks that start with `# path`: {path: code}."""
+    blocks = re.findall(r"```python\n(# (\S+\.py)\n.*?)```", section(title), re.S)
+    return {path: code for code, path in blocks}
+
+
+@pytest.fixture
+def plugin_db(server_dsn: str) -> Iterator[str]:
+    name = f"lw_plugin_test_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(server_dsn)
+    params["dbname"] = name
+    yield make_conninfo(**params)
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def run_pytest(
+    where: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """pytest in a subprocess, with the plugin loaded as the entry point would load it."""
+    installed = any(ep.value == "leasework.pytest_plugin" for ep in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "leasework.pytest_plugin"]
+    full_env = {k: v for k, v in os.environ.items() if k != "LEASEWORK_PYTEST_DSN"}
+    full_env.update({"PYTHONPATH": f"{where}{os.pathsep}{ROOT}", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, *args],
+        cwd=where,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_the_readme_testing_example_passes_as_written(tmp_path: Path, plugin_db: str) -> None:
+    files = files_of("Testing your tasks")
+    assert set(files) == {"myapp/tasks.py", "tests/test_reports.py"}
+    for path, code in files.items():
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(code, encoding="utf-8")
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    done = run_pytest(tmp_path, "--leasework-dsn", plugin_db, "tests/test_reports.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout
+    # the plugin migrated the named database and emptied its runs before each test: the last
+    # test's three runs are all that is left
+    with psycopg.connect(plugin_db) as conn:
+        kinds = conn.execute("SELECT kind FROM leasework.runs ORDER BY id").fetchall()
+    assert kinds == [("reports.weekly",), ("reports.send",), ("reports.send",)]
+
+
+def test_the_plugin_refuses_a_database_not_named_for_tests(tmp_path: Path, dsn: str) -> None:
+    (tmp_path / "test_x.py").write_text("def test_x(leasework_conn):\n    pass\n")
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = "production"
+    done = run_pytest(tmp_path, "--leasework-dsn", make_conninfo(**params), "test_x.py")
+    assert done.returncode != 0
+    assert "names database 'production'" in done.stdout + done.stderr
+    assert "contains 'test'" in done.stdout + done.stderr
+
+
+def test_the_plugin_without_a_database_says_how_to_name_one(tmp_path: Path) -> None:
+    (tmp_path / "test_x.py").write_text("def test_x(leasework_conn):\n    pass\n")
+    done = run_pytest(tmp_path, "test_x.py")
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "pass --leasework-dsn, set LEASEWORK_PYTEST_DSN" in out
+
+
+def test_the_plugin_takes_the_dsn_from_the_environment(tmp_path: Path, plugin_db: str) -> None:
+    (tmp_path / "test_x.py").write_text(
+        "def test_x(leasework_conn):\n"
+        "    assert leasework_conn.execute('SELECT count(*) FROM leasework.runs').fetchone() == (0,)\n"
+    )
+    done = run_pytest(tmp_path, "test_x.py", env={"LEASEWORK_PYTEST_DSN": plugin_db})
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_entry_point_is_declared() -> None:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert '[project.entry-points.pytest11]\nleasework = "leasework.pytest_plugin"' in text

@@ -1,0 +1,160 @@
+"""Enqueue from SQL: leasework.enqueue called from psql (a subprocess) and from a user table's
+trigger gives what app.enqueue gives (same row, same key rule, same NOTIFY at commit), refuses
+what the Python path refuses, and a rolled-back insert enqueues nothing."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors as pgerrors
+
+from leasework import Client, ConfigError, Context
+from leasework.testing import drain
+
+Conn = psycopg.Connection[Any]
+COLUMNS = (
+    'kind, key, tenant, "group", exclusive, priority, status, payload, max_attempts, '
+    "lease_seconds, timeout_seconds, attempts"
+)
+
+
+def psql(dsn: str, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["psql", dsn, "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=terse", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def row(conn: Conn, run_id: int) -> tuple[Any, ...]:
+    found = conn.execute(
+        f"SELECT {COLUMNS} FROM leasework.runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert found is not None
+    return found
+
+
+def test_psql_enqueue_matches_the_python_path(dsn: str, conn: Conn) -> None:
+    conn.execute("LISTEN leasework")
+    done = psql(
+        dsn,
+        "SELECT leasework.enqueue('report', '{\"week\": 48}', key => 'w48', tenant => 't1', "
+        "\"group\" => 'g', priority => 2, max_attempts => 5)",
+    )
+    assert done.returncode == 0, done.stderr
+    sql_id = int(done.stdout.strip())
+    assert [n.payload for n in conn.notifies(timeout=5, stop_after=1)] == ["report"]
+    # the key rule: a second enqueue for the busy key returns the active run
+    again = psql(dsn, "SELECT leasework.enqueue('report', '{\"week\": 49}', key => 'w48')")
+    assert int(again.stdout.strip()) == sql_id
+    py_id = Client().enqueue(
+        conn,
+        "report",
+        {"week": 48},
+        key="w48b",
+        tenant="t1",
+        group="g",
+        priority=2,
+        max_attempts=5,
+    )
+    sql_row, py_row = row(conn, sql_id), row(conn, py_id)
+    assert sql_row[0] == py_row[0] and sql_row[2:] == py_row[2:]
+    # JSON null and no payload are stored as {} by both paths
+    null_id = int(psql(dsn, "SELECT leasework.enqueue('report', 'null')").stdout.strip())
+    none_id = Client().enqueue(conn, "report", None)
+    assert row(conn, null_id)[7] == row(conn, none_id)[7] == {}
+
+
+BAD = [
+    # (what Python is given, what SQL is given, the words both refusals share)
+    ({"kind": "bad kind"}, "'bad kind'", "is not valid"),
+    ({"kind": "report\n"}, "E'report\\n'", "is not valid"),
+    ({"key": ""}, "'report', key => ''", "key"),
+    ({"key": "k" * 201}, f"'report', key => '{'k' * 201}'", "key"),
+    ({"tenant": "a\x07b"}, "'report', tenant => E'a\\x07b'", "control characters"),
+    ({"delay": -1}, "'report', delay => -1", "delay must be a number of seconds from 0"),
+    ({"delay": math.nan}, "'report', delay => 'NaN'", "delay must be a number of seconds from 0"),
+    ({"delay": 366 * 86400}, "'report', delay => 31622400", "delay must be a number of seconds"),
+    (
+        {"max_attempts": 0},
+        "'report', max_attempts => 0",
+        "max_attempts must be an integer from 1 to 1000",
+    ),
+    (
+        {"max_attempts": 1001},
+        "'report', max_attempts => 1001",
+        "max_attempts must be an integer from 1 to 1000",
+    ),
+]
+
+
+@pytest.mark.parametrize(("python", "sql", "words"), BAD)
+def test_sql_and_python_refuse_the_same_input_and_write_nothing(
+    dsn: str, conn: Conn, python: dict[str, Any], sql: str, words: str
+) -> None:
+    args = {"kind": "report", **python}
+    kind = args.pop("kind")
+    with pytest.raises(ConfigError) as py_error:
+        Client().enqueue(conn, kind, {}, **args)
+    assert words in str(py_error.value)
+    call = sql
+    with pytest.raises(pgerrors.InvalidParameterValue) as sql_error:
+        conn.execute(f"SELECT leasework.enqueue({call})")
+    assert words in str(sql_error.value)
+    done = psql(dsn, f"SELECT leasework.enqueue({call})")
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ERROR:") and words in lines[0], done.stderr
+    assert conn.execute("SELECT count(*) FROM leasework.runs").fetchone() == (0,)
+
+
+TRIGGER = """
+CREATE TABLE sql_users (id bigint PRIMARY KEY, email text NOT NULL);
+CREATE FUNCTION sql_users_welcome() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM leasework.enqueue('email.welcome', jsonb_build_object('user', NEW.id),
+                              key => 'welcome:' || NEW.id);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER sql_users_welcome AFTER INSERT ON sql_users
+    FOR EACH ROW EXECUTE FUNCTION sql_users_welcome();
+"""
+
+
+def test_a_trigger_enqueues_with_its_row_and_a_rollback_enqueues_nothing(
+    dsn: str, conn: Conn
+) -> None:
+    conn.execute("DROP TABLE IF EXISTS sql_users CASCADE")
+    conn.execute("DROP FUNCTION IF EXISTS sql_users_welcome")
+    conn.execute(TRIGGER)
+    with pytest.raises(RuntimeError), conn.transaction():
+        conn.execute("INSERT INTO sql_users VALUES (1, 'a@example.com')")
+        assert conn.execute("SELECT count(*) FROM leasework.runs").fetchone() == (1,)
+        raise RuntimeError("roll back")
+    assert conn.execute("SELECT count(*) FROM leasework.runs").fetchone() == (0,)
+    # committed from psql: the run commits with the row and wakes listeners at commit
+    conn.execute("LISTEN leasework")
+    done = psql(dsn, "INSERT INTO sql_users VALUES (2, 'b@example.com'), (3, 'c@example.com')")
+    assert done.returncode == 0, done.stderr
+    assert [n.payload for n in conn.notifies(timeout=5, stop_after=1)] == ["email.welcome"]
+    # a failing statement rolls its runs back too
+    bad = psql(dsn, "INSERT INTO sql_users VALUES (4, 'd@example.com'), (2, 'dup@example.com')")
+    assert bad.returncode != 0 and "duplicate key" in bad.stderr
+    runs = conn.execute("SELECT key, payload FROM leasework.runs ORDER BY id").fetchall()
+    assert runs == [("welcome:2", {"user": 2}), ("welcome:3", {"user": 3})]
+
+    # and a worker with the handler runs them
+    from leasework import App
+
+    app = App()
+
+    @app.task("email.welcome")
+    def welcome(ctx: Context, payload: dict[str, int]) -> int:
+        return payload["user"]
+
+    assert [r.result for r in drain(app, conn)] == [2, 3]

@@ -1,0 +1,74 @@
+"""@app.task refuses handlers the worker cannot run (async def, generators) in one line and
+registers nothing; the handle it returns is the handler, callable as written, and the executor
+calls a keyword-only handler with the payload's keys."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+from leasework import App, ConfigError, Context, Task, TaskHandle
+
+
+async def coro(ctx: Context, payload: Any) -> None: ...
+
+
+def gen(ctx: Context, payload: Any) -> Any:
+    yield payload
+
+
+async def agen(ctx: Context, payload: Any) -> Any:
+    yield payload
+
+
+class AsyncCallable:
+    async def __call__(self, ctx: Context, payload: Any) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("fn", "what"),
+    [
+        (coro, "an async def function"),
+        (gen, "a generator function"),
+        (agen, "an async generator function"),
+        (functools.wraps(coro)(lambda ctx, p: None), "an async def function"),
+        (AsyncCallable(), "an async def function"),
+    ],
+)
+def test_a_handler_that_would_return_without_running_is_refused(fn: Any, what: str) -> None:
+    app = App()
+    with pytest.raises(ConfigError) as info:
+        app.task("x")(fn)
+    message = str(info.value)
+    assert "task 'x': handler " in message and f" is {what}; handlers must be plain" in message
+    assert "async handlers are not supported yet" in message and "\n" not in message
+    assert app.tasks == {}  # nothing registered
+    with pytest.raises(ConfigError, match=what):
+        app.register(Task("y", fn))
+    assert app.tasks == {}
+
+
+def test_the_handle_is_the_handler_and_keyword_handlers_get_the_payload_spread() -> None:
+    app = App()
+
+    @app.task("spread")
+    def spread(ctx: Context, *, week: int, final: bool = False) -> tuple[int, bool]:
+        return week, final
+
+    @app.task("plain")
+    def plain(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+        return payload
+
+    assert isinstance(spread, TaskHandle) and spread.__name__ == "spread"
+    assert spread(None, week=3) == (3, False)  # type: ignore[arg-type]
+    run = app.handler("spread")
+    assert run(None, {"week": 4, "final": True}) == (4, True)  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError,
+        match=r"task 'spread' takes keyword arguments \(week, final\): its payload must be a JSON object, got list",
+    ):
+        run(None, [1])  # type: ignore[arg-type]
+    assert app.handler("plain") is plain.fn  # unchanged: called as fn(ctx, payload)
+    assert app.handler("plain")(None, {"a": 1}) == {"a": 1}  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from psycopg import errors
 
 from leasework import App, Context, db
 from leasework.config import Config
-from leasework.dashboard import Dashboard
+from leasework.dashboard.web import DashboardApp
 from leasework.supervisor import wakeup
 from leasework.workers.worker import Worker
 from tests.pgbouncer import Bouncer, pgbouncer
@@ -195,14 +195,17 @@ def test_the_dashboard_leaves_no_setting_on_the_pooled_session(
     """Every page through the pooler; afterwards the one server session is as it was (a session
     `SET default_transaction_read_only` would now refuse the next client's writes)."""
     pooled = bouncer.dsn(dsn)
-    dash = Dashboard(Config(dsn=pooled), port=0)
-    try:
-        for _ in range(6):  # past psycopg's prepare threshold
-            dash.overview()
-            dash.runs({})
-            dash.metrics()
-    finally:
-        dash.close()
+    cfg = Config(dsn=pooled)
+    app = App(cfg)
+    app.task("job")(lambda ctx, payload: None)
+    web = DashboardApp(cfg, app=app, actions=True)
+    for _ in range(6):  # past psycopg's prepare threshold
+        web.overview()
+        web.runs({})
+        web.metrics()
+    # An action's session writes, in its own transaction, through the pooler too.
+    assert "paused" in web.act_on_kind("pause", "job")
+    assert "resumed" in web.act_on_kind("resume", "job")
     with db.connect(pooled) as c:
         assert c.execute("SHOW default_transaction_read_only").fetchone() == ("off",)
         assert c.execute("SHOW statement_timeout").fetchone() == ("0",)

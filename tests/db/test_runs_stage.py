@@ -6,6 +6,7 @@ batches in test_batch.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,10 @@ def test_poll_claims_at_most_its_limit_and_only_its_kinds(
         "INSERT INTO leasework.runs (kind) VALUES ('somebody_elses_kind')"
     )  # a kind this app does not serve
     worker = make_worker(app, runs_limit=2)
+    # Another stage is always due, so the runs stage ends its step at its limit (with every other
+    # stage resting it may go on: Site.yield_after_limit; whether they rest would otherwise
+    # depend on how long the polls took against poll_interval).
+    worker.site = dataclasses.replace(worker.site, others_due=lambda name: True)
     assert worker.poll() == 2
     assert [get_run(conn, i)["status"] for i in ids] == ["succeeded"] * 2 + ["queued"] * 3
     assert worker.poll() == 2 and worker.poll() == 1 and worker.poll() == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import operations
 from .app import App, Enqueued, Task
-from .client import Client
+from .client import Client, KindDefaults
 from .config import Config
 from .errors import (
     Aborted,
@@ -32,6 +32,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "Enqueued",
+    "KindDefaults",
     "LeaseLost",
     "LeaseworkError",
     "Partial",

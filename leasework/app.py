@@ -123,6 +123,11 @@ class App(Client):
         runs them one at a time, each under its own lease, and finishes the successes in one
         statement at the end of the batch. A crash re-runs the successes not yet written, and
         runs claimed but not started hold their leases meanwhile (README, "Batches")."""
+        if callable(kind):  # `@app.task` without its parentheses
+            raise ConfigError(
+                f"@app.task needs the kind: write @app.task({getattr(kind, '__name__', 'kind')!r})"
+                " above the handler"
+            )
         check_kind(kind)
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1000:
             raise ConfigError(f"batch must be an integer from 1 to 1000, got {batch!r}")

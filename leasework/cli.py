@@ -609,12 +609,21 @@ def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
         page = operations.list_runs(conn, filters, limit=args.limit, before=args.before)
     if args.json:
         doc = {"runs": [_plain_row(r) for r in page.runs], "next_before": page.next_before}
-        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(json_text(doc) + "\n")
         return EXIT_OK
     sys.stdout.write(render_runs(page.runs))
     if page.next_before is not None:
         sys.stdout.write(f"(more: leasework runs ... --before {page.next_before})\n")
     return EXIT_OK
+
+
+def json_text(value: Any) -> str:
+    """Indented JSON of a row's values. A payload written outside Python (SQL, another language)
+    may hold integers past 64 bits, which orjson refuses: the standard library prints those."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(value, indent=2, default=str, ensure_ascii=False)
 
 
 def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -641,7 +650,7 @@ def render_runs(rows: Sequence[dict[str, Any]]) -> str:
             f"{r['id']:>8}  {r['kind'][:20]:<20} {r['status']:<10} {tries:>5}  "
             f"{_when(r['created_at']):<19}  {note}"
         )
-        out.append(line[:160])
+        out.append(terminal_safe(line)[:160])
     return "\n".join(out) + "\n"
 
 
@@ -655,7 +664,7 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
     if run is None:
         raise ConfigError(f"no run with id {args.run_id} (it may have been pruned)")
     if args.json:
-        sys.stdout.write(orjson.dumps(_plain_row(run), option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(json_text(_plain_row(run)) + "\n")
         return EXIT_OK
     sys.stdout.write(render_run(run, now))
     return EXIT_OK
@@ -684,7 +693,9 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         ("attempts", f"{run['attempts']} of {run['max_attempts']}"),
         (
             "progress",
-            f"{run['processed_units']} / {run['total_units'] if run['total_units'] is not None else '?'}",
+            "none reported"
+            if not run["processed_units"] and run["total_units"] is None
+            else f"{run['processed_units']} / {run['total_units'] if run['total_units'] is not None else '?'}",
         ),
         ("created", _when(run["created_at"])),
         ("due", _when(run["queued_at"])),
@@ -710,7 +721,7 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         text = (
             value
             if isinstance(value, str)
-            else orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
+            else json_text(value)
         )
         out.extend("  " + line for line in text.splitlines())
 
@@ -731,7 +742,9 @@ def render_run(run: dict[str, Any], now: Any) -> str:
             f"  #{h.get('attempt')} {h.get('outcome')!s:<10} {str(h.get('started_at') or '')[:19]} -> "
             f"{str(h.get('ended_at') or '')[:19]}  {h.get('worker') or '-'}{err}"
         )
-    return "\n".join(out) + "\n"
+    # Every value from the database is shown with its control characters escaped (as `status`
+    # does): an error text or a payload cannot move the cursor or forge a line.
+    return "\n".join(terminal_safe(line) for line in out) + "\n"
 
 
 def _ids_or_filters(args: argparse.Namespace, action: str) -> None:
@@ -1052,7 +1065,8 @@ def cmd_config(args: argparse.Namespace, cfg: Config) -> int:
                 text = '"(malformed, not shown: any command that connects says why)"'
             else:
                 text = configmod.toml_value(log.redact_dsn(value))
-        print(f"{name} = {text}")
+        # Valid TOML as printed (an unset key is a comment), so the output can seed a file.
+        print(f"# {name} is unset" if value is None else f"{name} = {text}")
     return EXIT_OK
 
 

@@ -5,7 +5,7 @@ kinds. Imports no handler, no stage and no worker: a web process enqueues with i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,13 +138,33 @@ class Client:
     worker's lease and a one-hour timeout. `App` is a Client that knows its kinds and their
     settings, and refuses any other kind."""
 
-    def __init__(self, config: Config | None = None) -> None:
+    def __init__(
+        self, config: Config | None = None, *, kinds: Mapping[str, KindDefaults] | None = None
+    ) -> None:
+        """`kinds`: the settings of the tasks this client enqueues, where they are not the
+        defaults (`{"reports.send": KindDefaults(max_attempts=5, timeout=600)}`), so that a
+        process without the handlers still gives their runs the task's attempts, lease and
+        timeout."""
         self.config = config or Config()
+        self.kind_defaults: dict[str, KindDefaults] = {}
+        for kind, given in (kinds or {}).items():
+            if not isinstance(given, KindDefaults):
+                raise ConfigError(
+                    f"kinds[{kind!r}] must be a KindDefaults(max_attempts=, lease=, timeout=), "
+                    f"got {type(given).__name__}"
+                )
+            check_kind(kind)
+            check_attempts(given.max_attempts)
+            if given.lease is not None:
+                check_seconds("lease", given.lease, allow_zero=False)
+            if given.timeout is not None:
+                check_seconds("timeout", given.timeout, allow_zero=False)
+            self.kind_defaults[kind] = given
 
     def defaults(self, kind: str) -> KindDefaults:
         """What a run of `kind` gets unless the enqueue says; raises for a kind refused here."""
         check_kind(kind)
-        return KindDefaults()
+        return self.kind_defaults.get(kind, KindDefaults())
 
     # -- checks (shared by the sync and async paths; nothing is sent before they pass) ---------
 

@@ -556,9 +556,9 @@ def parse_pools(value: Any, where: str) -> tuple[Pool, ...]:
 
 
 def _pool_spec(text: str, label: str) -> dict[str, Any]:
-    """NAME:PROCESSES[:KIND,KIND or *] as a [[pools]] table."""
+    """NAME:PROCESSES:KIND,KIND (or NAME:PROCESSES:*) as a [[pools]] table."""
     parts = text.strip().split(":")
-    if len(parts) not in (2, 3):
+    if len(parts) != 3:  # kinds left off: `*` says "every other kind", never a guess
         raise ConfigError(
             f"{label} must look like NAME:PROCESSES:KIND,KIND (or NAME:PROCESSES:* for every "
             f"other kind), got {short(text)}"
@@ -568,13 +568,10 @@ def _pool_spec(text: str, label: str) -> dict[str, Any]:
     except ValueError:
         processes = parts[1]
     table: dict[str, Any] = {"name": parts[0], "processes": processes}
-    if len(parts) == 3:
-        kinds = parts[2].strip()
-        table["kinds"] = (
-            EVERY_OTHER
-            if kinds == EVERY_OTHER
-            else [k.strip() for k in kinds.split(",") if k.strip()]
-        )
+    kinds = parts[2].strip()
+    table["kinds"] = (
+        EVERY_OTHER if kinds == EVERY_OTHER else [k.strip() for k in kinds.split(",") if k.strip()]
+    )
     return table
 
 
@@ -748,6 +745,12 @@ def load(
         app = overrides.get("app") or env.get(ENV_PREFIX + "APP") or raw.get("app")
         prepare(app if isinstance(app, str) else None)
     for key, value in raw.items():
+        if not known(key) and isinstance(value, dict):
+            inner = ", ".join(f"`{k} = ...`" for k in list(value)[:3])
+            raise ConfigError(
+                f"{path}: unknown table [{short(key)[1:-1]}]: the keys are flat, even where the "
+                f"reference groups them; write {inner or 'its keys'} at the top level"
+            )
         if not known(key):
             raise ConfigError(f"{path}: unknown key {short(key)}{did_you_mean(key)}")
         values[key] = _coerce(key, value, str(path))

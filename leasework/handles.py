@@ -7,6 +7,7 @@ as `fn(ctx, **payload)`."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import typing
 from collections.abc import Callable
@@ -115,6 +116,17 @@ def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return args[0] if args else None
+    params = list(sig.parameters.values())[1:]
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        names = [p.name for p in params if p.kind is not p.VAR_POSITIONAL]
+        for key in kwargs:
+            if key not in names:  # named before a missing one: the typo is what went wrong
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise TypeError(
+                    f"{getattr(fn, '__name__', 'task')}.enqueue(): got an unexpected keyword "
+                    f"argument {key!r}{hint}; it takes {', '.join(names) or 'no arguments'}"
+                )
     try:
         bound = sig.bind(None, *args, **kwargs)
     except TypeError as exc:

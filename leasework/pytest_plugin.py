@@ -15,7 +15,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from . import db
+from . import db, log
+from .errors import LeaseworkError
 
 ENV = "LEASEWORK_PYTEST_DSN"
 Conn = psycopg.Connection[Any]
@@ -59,9 +60,22 @@ def configured_dsn(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def leasework_database(pytestconfig: pytest.Config) -> str:
     """The DSN of the named test database, its leasework schema migrated (once per session)."""
-    dsn = configured_dsn(pytestconfig)
-    with db.connect(dsn) as conn:
-        db.migrate(conn)
+    # Any refusal ends the session with one line (exit 4, pytest's usage error), once, rather
+    # than as an error with a traceback per test (which would also print the DSN, password and
+    # all, among the fixture's arguments).
+    try:
+        dsn = configured_dsn(pytestconfig)
+    except pytest.UsageError as exc:
+        pytest.exit(f"leasework: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    try:
+        with db.connect(dsn) as conn:
+            db.migrate(conn)
+    except (LeaseworkError, psycopg.Error) as exc:
+        pytest.exit(
+            f"leasework: cannot prepare the test database {log.redact_dsn(dsn)}: "
+            f"{log.redact_dsn(log.first_line(exc))}",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
     return dsn
 
 

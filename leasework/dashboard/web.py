@@ -432,6 +432,9 @@ class DashboardApp:
             if not 0 < run_id < 2**63:
                 raise BadRequest(f"run id must be a positive 64-bit integer, got {run_id}")
             action = run_match.group(2)
+            if action == "delete" and form.get("confirm") != "yes":
+                # The checkbox is `required` in the page; a hand-made POST must tick it too.
+                raise BadRequest("delete needs its confirm box ticked (confirm=yes); nothing changed")
             message = self.act_on_run(action, run_id)
             if action == "delete" or not _BACK.match(back):
                 back = "/runs" if action == "delete" else f"/runs/{run_id}"

@@ -16,7 +16,7 @@ and the executor (workers/executor.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
@@ -308,6 +308,13 @@ class Indexer:
         return len(batch)
 
 
+def _raising(exc: Exception) -> Callable[[Context, Any], Any]:
+    def handler(ctx: Context, payload: Any) -> Any:
+        raise exc
+
+    return handler
+
+
 class IngestStage:
     """Claims `ingest` runs (one at a time, up to `limit` per poll) and runs the Indexer."""
 
@@ -331,6 +338,9 @@ class IngestStage:
         handled = 0
         if not site.claimable([INGEST_KIND]):  # a pool (config `pools`) that does not take it
             return 0
+        # Before any claim: an embedder that cannot be loaded fails the stage (logged each poll)
+        # and strands no run under a lease nobody works on.
+        indexer = self.indexer()
         for _ in range(self.limit):
             if site.stopping:
                 break
@@ -341,11 +351,19 @@ class IngestStage:
             if not claims:
                 break
             claim = claims[0]
-            why = self._precheck(site, claim)
+            try:
+                why = self._precheck(site, claim)
+            except Exception as exc:
+                # A claimed run is never left to its lease: the error goes through the executor
+                # as if the handler had raised it (retried with backoff, failed on the last
+                # attempt, the error on the run).
+                site.executor.run(claim, _raising(exc))
+                handled += 1
+                continue
             if why is not None:
                 self._reject(site, claim, why)
             else:
-                site.executor.run(claim, self.indexer())
+                site.executor.run(claim, indexer)
             handled += 1
         return handled
 

@@ -225,3 +225,28 @@ def test_a_handlers_own_log_records_reach_the_workers_output_with_its_run(
         assert " INFO  opsapp.handlers: working on week 48 " in mine[0] + " "
         assert f"run_id={run_id}" in mine[0] and "kind=chatty" in mine[0]
         assert "attempt=1" in mine[1] and "WARNING" in mine[1]
+
+
+def test_runs_and_show_escape_control_characters_and_show_payloads_from_sql(
+    conn: Conn, cli: Any
+) -> None:
+    """What runs and show print comes from the database: an error text's escape sequence is
+    shown escaped, never sent to the terminal; a payload written through SQL with an integer
+    past 64 bits (Python's enqueue refuses one; jsonb keeps it) is still shown, as text and as
+    JSON."""
+    run_id = conn.execute(
+        "SELECT leasework.enqueue('odd', '{\"a\": 1180591620717411303424}'::jsonb)"
+    ).fetchone()[0]
+    conn.execute(
+        "UPDATE leasework.runs SET status = 'failed', finished_at = leasework.now(), "
+        "error = %s WHERE id = %s",
+        ("kaboom \x1b[31mred\x07", run_id),
+    )
+    listed = ok(cli("runs"))
+    shown = ok(cli("show", str(run_id)))
+    for text in (listed, shown):
+        assert "\x1b" not in text and "\x07" not in text
+        assert "kaboom \\x1b[31mred\\x07" in text
+    assert "1180591620717411303424" in shown
+    doc = ok(cli("show", str(run_id), "--json"))
+    assert '"a": 1180591620717411303424' in doc and "\\u001b[31mred" in doc

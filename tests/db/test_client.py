@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework import App, Client, Context, UnknownKind, WrongConnection
+from leasework import App, Client, ConfigError, Context, UnknownKind, WrongConnection
 from leasework.testing import drain
 
 Conn = psycopg.Connection[Any]
@@ -145,6 +145,24 @@ def test_a_client_enqueues_by_kind_without_handlers(dsn: str, conn: Conn) -> Non
         client.enqueue(conn, "bad kind")
     with pytest.raises(UnknownKind, match="unknown kind 'reprot'; known kinds: report"):
         make_app().enqueue(conn, "reprot")
+
+
+def test_a_client_told_a_kinds_settings_gives_them_to_its_runs(conn: Conn) -> None:
+    from leasework import KindDefaults
+
+    client = Client(kinds={"report": KindDefaults(max_attempts=5, timeout=2.0)})
+    client.enqueue(conn, "report", {"n": 1})
+    client.enqueue_many(conn, "report", [{"n": 2}])
+    client.enqueue(conn, "other", {"n": 3})  # not told: the defaults
+    assert runs(conn) == [
+        ("report", {"n": 1}, None, "queued", 5, 2.0),
+        ("report", {"n": 2}, None, "queued", 5, 2.0),
+        ("other", {"n": 3}, None, "queued", 3, 3600.0),
+    ]
+    with pytest.raises(ConfigError, match=r"kinds\['report'\] must be a KindDefaults"):
+        Client(kinds={"report": {"max_attempts": 5}})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="timeout"):
+        Client(kinds={"report": KindDefaults(timeout=-1)})
 
 
 @dataclasses.dataclass

@@ -106,7 +106,9 @@ def test_every_action_changes_the_database_and_redirects(
     assert run is not None and run[0] == "queued" and run[2] > run[1] >= 1 and run[3] >= 1
 
     # delete a finished run: gone, back to the list (its own page would be a 404)
-    done = c.post(f"/runs/{s.report}/delete", {"csrf": token, "back": f"/runs/{s.report}"})
+    done = c.post(
+        f"/runs/{s.report}/delete", {"csrf": token, "back": f"/runs/{s.report}", "confirm": "yes"}
+    )
     assert done.status == 303 and done.headers["Location"] == "/runs"
     assert status_of(conn, s.report) is None
     assert f"run {s.report} deleted" in c.get("/runs").text
@@ -174,10 +176,12 @@ def test_bad_input_is_a_one_line_4xx_and_changes_nothing(
     cases = [
         (f"/runs/{10**12}/cancel", {}, 404, "no run with id"),
         (f"/runs/{10**12}/retry", {}, 404, "no run with id"),
-        (f"/runs/{10**12}/delete", {}, 404, "no run with id"),
+        (f"/runs/{10**12}/delete", {"confirm": "yes"}, 404, "no run with id"),
         (f"/runs/{queued}/retry", {}, 409, "is queued: only a finished run can be retried"),
-        (f"/runs/{s.indexing}/delete", {}, 409, "is running: only a finished run can be deleted"),
-        (f"/runs/{queued}/delete", {}, 409, "cancel it first"),
+        (f"/runs/{s.indexing}/delete", {"confirm": "yes"}, 409, "is running: only a finished"),
+        (f"/runs/{queued}/delete", {"confirm": "yes"}, 409, "cancel it first"),
+        (f"/runs/{s.report}/delete", {}, 400, "delete needs its confirm box ticked"),
+        (f"/runs/{s.report}/delete", {"confirm": "no"}, 400, "delete needs its confirm box"),
         (f"/runs/{s.report}/cancel", {}, 409, "is already succeeded: nothing to cancel"),
         (f"/runs/{s.report}/retry", {}, 409, "only failed, cancelled, partial runs"),
         ("/kinds/pause", {"kind": "no-such-kind"}, 404, "unknown kind 'no-such-kind'"),

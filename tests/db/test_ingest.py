@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from leasework.documents import files
+from leasework.documents import LocalStore, files
 from leasework.documents.files import INGEST_KIND
 from leasework.documents.ingest import Q as INGEST_Q
 from leasework.workers import lease
@@ -280,3 +280,32 @@ def test_runs_stage_does_not_serve_ingest(conn, env):
     w.poll()
     assert get_run(conn, run_id)["status"] == "queued"
     assert run_of(conn, 1) == run_id
+
+
+def test_an_embedder_that_cannot_be_loaded_fails_the_stage_before_any_claim(conn, env):
+    """A misconfigured embedder is the stage's failure, logged at every poll; no run is claimed
+    and left under a lease nobody works on."""
+    _, run_id = env.add(conn, "notes.txt", document(50))
+    env.docs._embedder = None  # no registered callable: the `embedder` setting is used
+    ingest_only(env.worker(embedder="leasework_no_such_module:embed")).poll()
+    run = get_run(conn, run_id)
+    assert (run["status"], run["attempts"], run["lease_owner"]) == ("queued", 0, None)
+
+
+class UnreachableStore(LocalStore):
+    """An object store that stops answering after the upload (the user's plug-in)."""
+
+    def size(self, key):
+        raise OSError("store unreachable")
+
+
+def test_a_failure_between_the_claim_and_the_handler_is_recorded_not_stranded(conn, env, tmp_path):
+    """The pre-check after the claim raising (a store that does not answer) goes through the
+    executor like a handler's failure: the attempt is charged, the error is on the run and it is
+    queued for a retry, never left `running` until its lease expires."""
+    _, run_id = env.add(conn, "notes.txt", document(50))
+    env.docs.use_store(UnreachableStore(env.settings["file_store"]))
+    ingest_only(env.worker()).poll()
+    run = get_run(conn, run_id)
+    assert (run["status"], run["attempts"]) == ("queued", 1)
+    assert "store unreachable" in run["error"]

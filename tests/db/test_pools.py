@@ -201,6 +201,7 @@ def run_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     [
         (["--pool", "r:2:reprots"], "pool 'r' names kind 'reprots', which the app does not"),
         (["--pool", "r:2:"], "pool 'r' names no kind"),
+        (["--pool", "reports:2"], "must look like NAME:PROCESSES:KIND,KIND (or NAME:PROCESSES:*"),
         (["--pool", "r:0:reports"], "processes must be 1 to 1024, got 0"),
         (["--pool", "a:1:reports", "--pool", "b:1:reports"], "both claim kind 'reports'"),
         (["--processes", "3", "--pool", "r:1:reports"], "--processes and pools both"),

@@ -89,16 +89,31 @@ def test_the_plugin_refuses_a_database_not_named_for_tests(tmp_path: Path, dsn: 
     (tmp_path / "test_x.py").write_text("def test_x(leasework_conn):\n    pass\n")
     params = conninfo_to_dict(dsn)
     params["dbname"] = "production"
+    params["password"] = "hunter2secret"
     done = run_pytest(tmp_path, "--leasework-dsn", make_conninfo(**params), "test_x.py")
-    assert done.returncode != 0
-    assert "names database 'production'" in done.stdout + done.stderr
-    assert "contains 'test'" in done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert done.returncode == 4, out  # pytest's usage error, once for the session
+    assert "names database 'production'" in out and "contains 'test'" in out
+    assert out.count("names database") == 1 and "hunter2secret" not in out
+
+
+def test_the_plugin_reports_an_unreachable_database_once_without_its_password(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_x.py").write_text(
+        "def test_x(leasework_conn):\n    pass\n\ndef test_y(leasework_conn):\n    pass\n"
+    )
+    dsn = "postgresql://postgres:hunter2secret@127.0.0.1:1/x_test?connect_timeout=3"
+    done = run_pytest(tmp_path, "--leasework-dsn", dsn, "test_x.py")
+    out = done.stdout + done.stderr
+    assert done.returncode == 4, out
+    assert out.count("cannot prepare the test database") == 1 and "hunter2secret" not in out
 
 
 def test_the_plugin_without_a_database_says_how_to_name_one(tmp_path: Path) -> None:
     (tmp_path / "test_x.py").write_text("def test_x(leasework_conn):\n    pass\n")
     done = run_pytest(tmp_path, "test_x.py")
-    assert done.returncode != 0
+    assert done.returncode == 4
     out = done.stdout + done.stderr
     assert "pass --leasework-dsn, set LEASEWORK_PYTEST_DSN" in out
 

@@ -6,13 +6,13 @@ batches in test_batch.py."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from leasework import App
+from leasework.stages.runs import RunsStage
 from leasework.workers import lease
 from leasework.workers.worker import Worker
 
@@ -22,7 +22,26 @@ Conn = psycopg.Connection[Any]
 MakeWorker = Callable[..., Worker]
 
 
-def test_poll_claims_at_most_its_limit_and_only_its_kinds(
+class Tick:
+    """A stage that finds `work` items every poll (1: it never rests; 0: it rests a
+    poll_interval after each poll)."""
+
+    name = "tick"
+    wakes: frozenset[str] = frozenset()
+    limit = 1
+
+    def __init__(self, work: int) -> None:
+        self.work = work
+
+    def step(self, site: Any) -> int:
+        return self.work
+
+
+def statuses(conn: Conn, ids: list[int]) -> list[str]:
+    return [get_run(conn, i)["status"] for i in ids]
+
+
+def test_poll_claims_at_most_its_limit_while_another_stage_is_due_and_only_its_kinds(
     conn: Conn, make_worker: MakeWorker
 ) -> None:
     app = App()
@@ -32,17 +51,33 @@ def test_poll_claims_at_most_its_limit_and_only_its_kinds(
         "INSERT INTO leasework.runs (kind) VALUES ('somebody_elses_kind')"
     )  # a kind this app does not serve
     worker = make_worker(app, runs_limit=2)
-    # Another stage is always due, so the runs stage ends its step at its limit (with every other
-    # stage resting it may go on: Site.yield_after_limit; whether they rest would otherwise
-    # depend on how long the polls took against poll_interval).
-    worker.site = dataclasses.replace(worker.site, others_due=lambda name: True)
-    assert worker.poll() == 2
-    assert [get_run(conn, i)["status"] for i in ids] == ["succeeded"] * 2 + ["queued"] * 3
-    assert worker.poll() == 2 and worker.poll() == 1 and worker.poll() == 0
+    worker.stages = [RunsStage(app, limit=2), Tick(1)]  # another stage with work at every poll
+    worker.poll()
+    assert statuses(conn, ids) == ["succeeded"] * 2 + ["queued"] * 3
+    worker.poll()
+    assert statuses(conn, ids) == ["succeeded"] * 4 + ["queued"]
+    worker.poll()
+    assert statuses(conn, ids) == ["succeeded"] * 5
     other = conn.execute(
         "SELECT status FROM leasework.runs WHERE kind = 'somebody_elses_kind'"
     ).fetchone()
     assert other == ("queued",)
+
+
+def test_past_its_limit_the_chain_goes_on_while_every_other_stage_rests(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    """Cutting a busy queue into polls would cost a seal and a claim of their own per cut; while
+    no other stage is due, the runs stage goes on past its limit."""
+    app = App()
+    app.task("job")(lambda ctx, payload: None)
+    ids = [app.enqueue(conn, "job") for _ in range(7)]
+    worker = make_worker(app, runs_limit=2, poll_interval=3600)
+    worker.stages = [RunsStage(app, limit=2), Tick(0)]
+    worker.poll()  # a first poll: the other stage has never run, so it is due
+    assert statuses(conn, ids) == ["succeeded"] * 2 + ["queued"] * 5
+    worker.poll()  # it found nothing and rests for an hour: the chain takes the rest
+    assert statuses(conn, ids) == ["succeeded"] * 7
 
 
 def test_poll_settles_expired_runs(conn: Conn, make_worker: MakeWorker) -> None:

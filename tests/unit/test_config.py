@@ -272,3 +272,8 @@ def test_a_new_section_is_registered_by_its_decorator_and_refuses_a_taken_key(
         @dataclass
         class Mutable:
             thing: int = 1
+
+
+def test_a_table_named_like_a_section_is_refused_with_the_flat_keys_hint(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown table \[runs\]: the keys are flat.*`runs_limit = \.\.\.`"):
+        load(write(tmp_path, "[runs]\nruns_limit = 5\n"), env={})

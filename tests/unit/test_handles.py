@@ -72,3 +72,23 @@ def test_the_handle_is_the_handler_and_keyword_handlers_get_the_payload_spread()
         run(None, [1])  # type: ignore[arg-type]
     assert app.handler("plain") is plain.fn  # unchanged: called as fn(ctx, payload)
     assert app.handler("plain")(None, {"a": 1}) == {"a": 1}  # type: ignore[arg-type]
+
+
+def test_a_bare_task_decorator_says_the_kind_is_missing() -> None:
+    app = App()
+    with pytest.raises(ConfigError, match=r"@app.task needs the kind: write @app.task\('send'\)"):
+
+        @app.task  # type: ignore[arg-type]
+        def send(ctx: Context, payload: Any) -> None: ...
+
+    assert not app.tasks
+
+
+def test_a_misspelt_keyword_of_the_typed_enqueue_is_named() -> None:
+    app = App()
+
+    @app.task("report")
+    def report(ctx: Context, *, week: int, region: str = "eu") -> None: ...
+
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'wek' \(did you mean 'week'\?\); it takes week, region"):
+        report.enqueue(None, wek=48)  # type: ignore[arg-type, call-arg]

@@ -49,3 +49,9 @@ def test_config_command_prints_the_reference_and_hides_the_password(
     out = capsys.readouterr().out
     assert 'dsn = "postgresql://app:***@db/app"' in out and "s3cret" not in out
     assert "lease = 120.0" in out
+    # what it prints is a valid config file: an unset key is a comment
+    assert "# app is unset" in out
+    import tomllib
+
+    printed = tomllib.loads(out.replace('"postgresql://app:***@db/app"', '"dbname=x"'))
+    assert printed["lease"] == 120.0 and "app" not in printed

@@ -409,7 +409,7 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Config:
 
 
 def cmd_migrate(args: argparse.Namespace, cfg: Config) -> int:
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         if args.check:
             have, todo = db.current_version(conn), db.pending(conn)
             if not todo:
@@ -453,7 +453,7 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
     # does not exist, refused credentials or a closed port for its whole 30 s start-up wait,
     # logging each try. This way they are one line within CHECK_TIMEOUT, as for the other
     # commands: exit 2 for a refusal or a missing schema, 1 for a server that cannot be reached.
-    with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT) as conn:
+    with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
     app = load_app(cfg.app, cfg)  # as supervise: a worker of no app would poll for nothing
     check_pools(cfg, app.kinds())
@@ -547,7 +547,7 @@ def _parse_payload(text: str | None, flag: str = "--payload") -> Any:
 def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
     app = load_app(cfg.app, cfg)
     payload = _parse_payload(args.payload)
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         with conn.transaction():
             done = app.enqueue_run(
@@ -573,7 +573,7 @@ def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, cfg: Config) -> int:
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         status = App(cfg).cancel(conn, args.run_id)
     if status == "running":
@@ -620,7 +620,7 @@ def _hint_kind(conn: Any, kind: str) -> None:
 def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         filters = _filters_from(args, conn, operations.STATUSES)
         page = operations.list_runs(conn, filters, limit=args.limit, before=args.before)
@@ -676,7 +676,7 @@ def render_runs(rows: Sequence[dict[str, Any]]) -> str:
 def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         run = operations.get_run(conn, args.run_id)
         now = operations.db_now(conn)
@@ -781,7 +781,7 @@ def cmd_retry(args: argparse.Namespace, cfg: Config) -> int:
 
     _ids_or_filters(args, "retry")
     app = load_app(cfg.app, cfg, required=False)
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         filters = None if args.run_ids else _filters_from(args, conn, operations.RETRYABLE)
         acted = app.retry(
@@ -813,7 +813,7 @@ def cmd_delete(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
     _ids_or_filters(args, "delete")
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         filters = None if args.run_ids else _filters_from(args, conn, operations.TERMINAL)
         acted = operations.delete(conn, args.run_ids or None, filters=filters, dry_run=args.dry_run)
@@ -832,7 +832,7 @@ def cmd_pause(args: argparse.Namespace, cfg: Config) -> int:
     known: list[str] = []
     if cfg.app:
         known = load_app(cfg.app, cfg).kinds()
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         newly = operations.pause(conn, args.kinds, known=known)
     for kind in args.kinds:
@@ -844,7 +844,7 @@ def cmd_pause(args: argparse.Namespace, cfg: Config) -> int:
 def cmd_resume(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         resumed = operations.resume(conn, args.kinds)
     for kind in resumed:
@@ -863,7 +863,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
         )
     tty = sys.stdout.isatty()
     snapshot: dict[str, Any] | None = None
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         while True:
             snapshot = status.collect(
@@ -907,7 +907,7 @@ def cmd_ingest(args: argparse.Namespace, cfg: Config) -> int:
     from .documents import Documents, files
 
     docs = _family(cfg, Documents)
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         file_id, run_id = files.add_file(docs, conn, project=args.project, path=args.path)
     print(f"file {file_id}: ingest run {run_id} queued")
@@ -918,7 +918,7 @@ def cmd_upload(args: argparse.Namespace, cfg: Config) -> int:
     from .documents import Documents
 
     docs = _family(cfg, Documents)
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         upload_id = docs.add_upload(conn, project=args.project, path=args.path)
     print(f"upload {upload_id}: queued for expansion")
@@ -929,7 +929,7 @@ def cmd_connections(args: argparse.Namespace, cfg: Config) -> int:
     from .syncs import Syncs, kinds
 
     syncs = _family(cfg, Syncs)
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         if args.action == "add":
             config = _parse_payload(args.connection_config, "--connector-config")
@@ -991,7 +991,7 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     from .stages.schedule import list_schedules
     from .status import duration
 
-    with db.connect(cfg.dsn) as conn:
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         rows = list_schedules(conn)
     if args.json:
@@ -1029,7 +1029,7 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
         raise ConfigError(f"dashboard: --port must be 0-65535, got {args.port}")
     # A missing schema is bad usage (exit 2); a database that is down is served as 503 until back.
     try:
-        with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT) as conn:
+        with db.connect(cfg.dsn, connect_timeout=CHECK_TIMEOUT, pooler=cfg.pooler) as conn:
             db.check_schema(conn)
     except db.DatabaseUnavailable as exc:
         log.event("dashboard_database_unavailable", logging.WARNING, error=str(exc))
@@ -1081,7 +1081,7 @@ def cmd_config(args: argparse.Namespace, cfg: Config) -> int:
     for name in configmod.all_keys():
         value = configmod.value(cfg, name)
         text = "unset" if value is None else configmod.toml_value(value)
-        if name == "dsn" and value:
+        if name in ("dsn", "listen_dsn") and value:
             try:
                 db.check_dsn(value)
             except ConfigError:  # what libpq cannot parse cannot be redacted reliably: hide it

@@ -93,6 +93,23 @@ class Config:
         default=None,
         metadata=doc("libpq connection string or URL; else DATABASE_URL, else libpq defaults"),
     )
+    pooler: str = field(
+        default="auto",
+        metadata=doc(
+            "auto, on or off: whether dsn goes through a pooler in transaction mode (PgBouncer): "
+            "then no prepared statement, no session state, and wake-up by NOTIFY only over "
+            "listen_dsn; auto detects it on each connection"
+        ),
+    )
+    listen_dsn: str | None = field(
+        default=None,
+        metadata=doc(
+            "a direct (unpooled) connection string for LISTEN when dsn goes through a pooler: "
+            "the supervisor holds one per host and relays wake-ups to its children (a "
+            "standalone worker holds its own); unset: idle workers behind a pooler poll every "
+            "poll_interval"
+        ),
+    )
     app: str | None = field(default=None, metadata=doc("MODULE:ATTR of the user's App"))
     poll_interval: float = field(
         default=2.0,
@@ -131,8 +148,9 @@ class Config:
     pool_size: int = field(
         default=4,
         metadata=doc(
-            "connections per worker process for claims and handlers, one reserved for claims "
-            "and outcomes; its lease keeper holds one more of its own",
+            "connections per worker process at most besides its lease keeper's: the control "
+            "connection (claims, outcomes, stages) and up to pool_size - 1 opened for handlers "
+            "when they ask",
             range=Range(2, 100),
         ),
     )
@@ -393,6 +411,7 @@ def all_keys() -> list[str]:
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _LOG_FORMATS = ("auto", "json", "text")
+_POOLER = ("auto", "on", "off")
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
@@ -619,6 +638,8 @@ def validate(cfg: Config) -> Config:
             "restart_backoff_max",
             f"must be >= restart_backoff ({cfg.restart_backoff:g} s), got {cfg.restart_backoff_max:g}",
         )
+    if cfg.pooler not in _POOLER:
+        raise bad("pooler", f"must be one of {', '.join(_POOLER)}, got {short(cfg.pooler)}")
     if cfg.log_level.lower() not in _LOG_LEVELS:
         raise bad(
             "log_level", f"must be one of {', '.join(_LOG_LEVELS)}, got {short(cfg.log_level)}"

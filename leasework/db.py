@@ -36,13 +36,15 @@ def connect(
     autocommit: bool = True,
     application_name: str = "leasework",
     connect_timeout: int = 10,
+    pooler: str = "auto",
     **libpq: Any,
 ) -> psycopg.Connection[Any]:
     """One connection; raises LeaseworkError with a one-line, password-free message on failure.
-    `libpq` adds connection parameters (they override the DSN's)."""
+    `libpq` adds connection parameters (they override the DSN's). `pooler` (auto, on, off): see
+    `adapt`."""
     check_dsn(dsn)
     try:
-        return psycopg.connect(
+        conn = psycopg.connect(
             dsn or "",
             autocommit=autocommit,
             application_name=application_name,
@@ -56,6 +58,49 @@ def connect(
         if is_refusal(str(exc)):
             raise ConfigError(f"the database refused the connection: {first}") from None
         raise DatabaseUnavailable(f"cannot connect to the database: {first}") from exc
+    try:
+        adapt(conn, pooler)
+    except psycopg.Error as exc:
+        conn.close()
+        raise DatabaseUnavailable(f"cannot connect to the database: {first_line(exc)}") from exc
+    return conn
+
+
+# -- poolers ------------------------------------------------------------------------------------
+# Behind a pooler in transaction mode (PgBouncer's pool_mode = transaction, and the poolers of
+# managed services) each transaction may run on a different server session, so nothing may
+# outlive a transaction: no protocol-level prepared statement (psycopg prepares a statement run
+# often, and lease.py asks for it), no session SET, no LISTEN, no advisory lock held across
+# transactions. leasework holds none of these on a pooled connection; it finds out per
+# connection.
+
+
+def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
+    """True when `conn` reaches Postgres through a pooler. A pooler hands its client a cancel key
+    of its own (BackendKeyData: it must, to route a cancel to whichever server session runs the
+    client's query at the time), so the process id the connection was given is not the one of
+    the server process that answers. Direct, the two are always equal. One round trip; leaves
+    no transaction open."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    if not conn.autocommit:
+        conn.rollback()
+    return row is None or int(row[0]) != conn.info.backend_pid
+
+
+def adapt(conn: psycopg.Connection[Any], pooler: str = "auto") -> bool:
+    """Turn off prepared statements on `conn` if it goes through a pooler: `on` says it does,
+    `off` that it does not, `auto` asks (`behind_pooler`). Returns whether it is pooled
+    (`is_pooled` tells later)."""
+    pooled = pooler == "on" or (pooler == "auto" and behind_pooler(conn))
+    if pooled:
+        conn.prepare_threshold = None  # every statement unnamed, even those asked prepare=True
+    return pooled
+
+
+def is_pooled(conn: psycopg.Connection[Any]) -> bool:
+    """Whether `adapt` found (or was told) that `conn` goes through a pooler: leasework turns
+    prepared statements off on exactly those connections."""
+    return conn.prepare_threshold is None
 
 
 def malformed(exc: BaseException | str) -> ConfigError:
@@ -123,17 +168,30 @@ HANG_GUARD: dict[str, Any] = {
 }
 
 
-def make_pool(dsn: str | None, size: int, name: str) -> ConnectionPool[Any]:
-    """A worker's pool for job work: `size` connections, autocommit, opened after fork."""
+# A pool connection idle this long is closed (a burst of handlers' connections does not stay).
+POOL_MAX_IDLE = 60.0
+
+
+def make_pool(
+    dsn: str | None, size: int, name: str, *, pooler: str = "auto", min_size: int = 0
+) -> ConnectionPool[Any]:
+    """A worker's pool for handlers: up to `size` connections, autocommit, opened after fork;
+    none held until one is asked for (min_size), each closed after POOL_MAX_IDLE idle."""
     check_dsn(dsn)
+
+    def configure(conn: psycopg.Connection[Any]) -> None:
+        adapt(conn, pooler)
+
     pool: ConnectionPool[Any] = ConnectionPool(
         dsn or "",
-        min_size=1,
+        min_size=min_size,
         max_size=size,
         kwargs={"autocommit": True, "application_name": name, "connect_timeout": 10},
+        configure=configure,
         open=False,
         name=name,
         timeout=30.0,
+        max_idle=POOL_MAX_IDLE,
     )
     pool.open(wait=True, timeout=30.0)
     return pool

@@ -539,18 +539,22 @@ class DashboardApp:
         try:
             try:
                 conn = db.connect(
-                    self.cfg.dsn, application_name="leasework-dashboard", connect_timeout=5
+                    self.cfg.dsn,
+                    application_name="leasework-dashboard",
+                    connect_timeout=5,
+                    pooler=self.cfg.pooler,
                 )
             except LeaseworkError as exc:  # down, or a malformed DSN
                 raise Unavailable(log.redact_dsn(str(exc))) from None
-            with conn:
+            with conn:  # commits at the end of the request (an action's), or rolls back
                 try:
-                    # Belt and braces: even a bug in a page cannot write through a read session.
-                    readonly = "off" if write else "on"
-                    conn.execute(
-                        f"SET default_transaction_read_only = {readonly}; "
-                        f"SET statement_timeout = '{STATEMENT_TIMEOUT}'"
-                    )
+                    # One transaction per request, its settings local to it: through a pooler in
+                    # transaction mode a session setting would outlive the request on a server
+                    # session someone else gets. Belt and braces: read-only unless an action's,
+                    # so even a bug in a page cannot write through a read session.
+                    conn.read_only = not write
+                    conn.autocommit = False
+                    conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
                     db.check_schema(conn)
                     yield conn
                 except NotFound as exc:

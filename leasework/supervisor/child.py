@@ -170,12 +170,16 @@ def child_main(
     parent_pid: int,
     inherited_fds: Iterable[int],
     pool: str | None = None,
+    wake_fd: int | None = None,
 ) -> NoReturn:
     """Entry point right after fork. Exits with a `ChildExit` code; never returns. `pool`: the
-    pool (config `pools`) whose kinds this child claims; None: every kind."""
+    pool (config `pools`) whose kinds this child claims; None: every kind. `wake_fd`: the read
+    end of its wake pipe, where the parent relays NOTIFYs (wakeup.py)."""
     code = int(ChildExit.CRASH)
     try:
-        code = int(_run(app, config, worker_id, beat_fd, parent_pid, inherited_fds, pool))
+        code = int(
+            _run(app, config, worker_id, beat_fd, parent_pid, inherited_fds, pool, wake_fd)
+        )
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             log.event("child_crashed", level=40, worker=worker_id, error=describe_error(exc, 5))
@@ -195,6 +199,7 @@ def _run(
     parent_pid: int,
     inherited_fds: Iterable[int],
     pool: str | None = None,
+    wake_fd: int | None = None,
 ) -> ChildExit:
     set_parent_death_signal(signal.SIGQUIT)
     _close_fds(inherited_fds)
@@ -208,6 +213,9 @@ def _run(
         deadman=config.deadman,
         pool=pool,
     )
+    if wake_fd is not None:
+        os.set_blocking(wake_fd, False)
+        worker.conns.relay_fd = wake_fd  # behind a pooler, wake-ups come from the parent
     _install_signals(worker)
     # The parent blocked every signal around fork(); anything that arrived since is delivered
     # now, to the handlers above.

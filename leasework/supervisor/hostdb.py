@@ -64,6 +64,7 @@ class HostDB:
         self._settle: dict[str, Killed] = {}  # worker id -> the run it was killed for
         self._stopped: set[str] = set()
         self._rand = random.Random()
+        self.behind_pooler = False  # what its last connection found (db.is_pooled)
 
     # -- the connection ---------------------------------------------------------------------
 
@@ -74,8 +75,10 @@ class HostDB:
                 self.config.dsn,
                 application_name="leasework:supervisor",
                 connect_timeout=CONNECT_TIMEOUT,
+                pooler=self.config.pooler,
                 **HANG_GUARD,
             )
+            self.behind_pooler = db.is_pooled(self._conn)
         return self._conn
 
     def close(self) -> None:

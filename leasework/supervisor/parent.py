@@ -31,11 +31,12 @@ from ..errors import is_transient
 from ..workers import presence
 from ..workers.lease import RunRef
 from ..workers.worker import Application
-from . import policy
+from . import policy, wakeup
 from .child import child_main
 from .hostdb import HostDB, Killed, Row
 from .liveness import Beat, LineBuffer, decode
 from .policy import Candidate, ExitMeaning, Liveness, Verdict
+from .wakeup import Relay
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -85,6 +86,7 @@ class Child:
     cancel_seen: tuple[int, float] | None = None  # (run id, when) the parent saw its cancel
     kill_run: Killed | None = None  # the run it was killed for, whose outcome the parent writes
     pool: presence.PoolRow = (None, None)  # its pool and kinds, as its workers row records them
+    wake_fd: int = -1  # the parent's end of its wake pipe (wakeup.py), -1 without one
 
     @property
     def busy(self) -> bool:
@@ -131,6 +133,7 @@ class Supervisor:
         self.reload = reload
         self.rand = rand or random.Random()
         self.hostdb = HostDB(config)
+        self.relay = Relay(config)
         self.slots: list[Slot] = []
         self.children: dict[int, Child] = {}
         self.generation = 0
@@ -221,6 +224,7 @@ class Supervisor:
                 self.hostdb.child_gone(child.worker_id, f"supervisor of {child.worker_id} failed")
             self.hostdb.flush(float("inf"))
             self.hostdb.close()
+            self.relay.close()
             self._restore_signals()
         log.event("supervisor_stopped", pid=self.pid, exit_code=self.exit_code)
         return self.exit_code
@@ -244,6 +248,8 @@ class Supervisor:
         self.hostdb.flush(now)
         if self.stopping is None:
             self._boot(now)
+            if self._booted:
+                self.relay.ensure(now)
             self._roll(now)
             self._spawn_due(now)
         else:
@@ -258,13 +264,23 @@ class Supervisor:
         return max(0.0, wake - now)
 
     def _wait(self, timeout: float) -> None:
-        """Sleep in select on the signal wake-up pipe and every child's liveness pipe."""
+        """Sleep in select on the signal wake-up pipe, every child's liveness pipe and the wake-up
+        relay's connection (its NOTIFYs passed on to every child at once)."""
         fds = [self._wake_r, *(c.fd for c in self.children.values())]
+        relay = self.relay.fileno()
+        if relay is not None:
+            fds.append(relay)
         try:
             ready, _, _ = select.select(fds, [], [], timeout)
         except InterruptedError:  # pragma: no cover - PEP 475 retries select itself
             return
         for fd in ready:
+            if fd == relay:
+                data = self.relay.read(time.monotonic())
+                for child in self.children.values():
+                    if child.wake_fd >= 0:
+                        wakeup.send(child.wake_fd, data)
+                continue
             if fd == self._wake_r:
                 try:
                     while os.read(fd, 512):
@@ -326,6 +342,7 @@ class Supervisor:
             )
             return
         self._booted = True
+        self.relay = Relay(self.config, behind_pooler=self.hostdb.behind_pooler)
 
     # -- children -----------------------------------------------------------------------------
 
@@ -339,8 +356,10 @@ class Supervisor:
     def _spawn(self, slot: Slot, now: float) -> None:
         # Never hold a connection across fork(): the child would share the socket.
         self.hostdb.close()
+        self.relay.close()
         suffix = uuid.uuid4().hex[:8]
         read_fd, write_fd = os.pipe()
+        wake_r, wake_w = os.pipe() if self.relay.enabled else (-1, -1)
         sys.stdout.flush()
         sys.stderr.flush()
         # Block signals around fork so that the child never runs the parent's handlers; it
@@ -350,21 +369,27 @@ class Supervisor:
             pid = os.fork()
             if pid == 0:
                 os.close(read_fd)
-                inherited = [self._wake_r, self._wake_w, *(c.fd for c in self.children.values())]
+                inherited = [self._wake_r, self._wake_w, wake_w]
+                for c in self.children.values():
+                    inherited += [c.fd, c.wake_fd]
                 child_main(
                     self.app,
                     self.config,
                     worker_id=f"{self.host}-{os.getpid()}-{suffix}",
                     beat_fd=write_fd,
                     parent_pid=self.pid,
-                    inherited_fds=inherited,
+                    inherited_fds=[fd for fd in inherited if fd >= 0],
                     pool=slot.pool,
+                    wake_fd=None if wake_r < 0 else wake_r,
                 )
         finally:
             if os.getpid() == self.pid:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
+        if wake_r >= 0:
+            os.close(wake_r)
+            os.set_blocking(wake_w, False)
         child = Child(
             pid=pid,
             worker_id=f"{self.host}-{pid}-{suffix}",
@@ -374,6 +399,7 @@ class Supervisor:
             slot=slot,
             last_beat=now,
             pool=presence.pool_of(self.config, slot.pool),
+            wake_fd=wake_w,
         )
         slot.child = child
         self.children[pid] = child
@@ -397,6 +423,9 @@ class Supervisor:
     def _exited(self, child: Child, meaning: ExitMeaning, now: float) -> None:
         self._read(child, now)  # a boot error may still be in the pipe
         os.close(child.fd)
+        if child.wake_fd >= 0:
+            os.close(child.wake_fd)
+            child.wake_fd = -1
         uptime = now - child.started
         fields: dict[str, Any] = {
             "pid": child.pid,
@@ -634,6 +663,9 @@ class Supervisor:
         self.config = config
         self.app = self.app.with_config(config)
         self.hostdb.config = config
+        if config.listen_dsn != self.relay.config.listen_dsn:
+            self.relay.close()
+            self.relay = Relay(config, behind_pooler=self.hostdb.behind_pooler)
         self.generation += 1
         log.event("config_reloaded", generation=self.generation, processes=config.children)
         self._resize_pools(now, "SIGHUP")

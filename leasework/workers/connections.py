@@ -1,9 +1,20 @@
-"""A worker's connections: the control connection (claims, outcomes, checkpoints, LISTEN), the
-pool for handlers and stages, and the NOTIFYs read on the control connection. Opened after any
-fork, reopened when broken. Never runs job code and writes nothing itself."""
+"""A worker's connections: the control connection (claims, outcomes, checkpoints, the stages' own
+statements, LISTEN), the pool for handlers, and the NOTIFYs read on the control connection (or,
+behind a pooler, on a direct connection to `listen_dsn`). Opened after any fork, reopened when
+broken. Never runs job code and writes nothing itself.
+
+The budget per worker process: the control connection (also lent to a handler's
+`ctx.transaction()`, `borrow`), its keeper's (workers/keeper.py), opened for the first lease it
+renews, and the pool's, opened only when a handler needs one the control connection cannot be
+(`ctx.connection()`, a transaction while it is lent) and closed after POOL_MAX_IDLE idle: 1 idle,
+2 while running handlers, at most `pool_size + 1`; plus one for LISTEN behind a pooler with
+`listen_dsn` under no supervisor."""
 
 from __future__ import annotations
 
+import json
+import os
+import select
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -11,6 +22,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool
 
@@ -28,19 +40,30 @@ class Connections:
         self._wanted = wanted
         self._pool: ConnectionPool[Any] | None = None
         self._control: Conn | None = None
+        self._lent = False  # the control connection is lent to a stage (`pooled()`)
+        # Behind a pooler: the direct connection LISTEN runs on (listen_dsn), if any.
+        self._listener: Conn | None = None
+        self._listen_refused = False  # listen_dsn turned out to be pooled too: poll instead
+        # Under the supervisor with listen_dsn: the read end of the pipe where the parent relays
+        # the NOTIFYs it hears on the host's one direct connection (supervisor/wakeup.py); used
+        # instead of a connection of our own when behind a pooler.
+        self.relay_fd: int | None = None
         self._listening = False
         # Payloads of the NOTIFYs received since the run loop last looked (a task kind, or
         # `upload`): at most one entry per payload, however many enqueues sent them.
         self.woken: set[str] = set()
 
     def open(self) -> None:
-        """Open the control connection, check the schema, then the pool (pool_size - 1
-        connections): a bad or missing database fails on the first connection, in one line,
-        instead of in the pool's retries."""
+        """Open the control connection, check the schema, then the pool (up to pool_size - 1
+        connections, none opened yet): a bad or missing database fails on the first connection,
+        in one line, instead of in the pool's retries."""
         db.check_schema(self.control())
         if self._pool is None:
             self._pool = db.make_pool(
-                self.config.dsn, self.config.pool_size - 1, f"leasework:{self.name}"
+                self.config.dsn,
+                self.config.pool_size - 1,
+                f"leasework:{self.name}",
+                pooler=self.config.pooler,
             )
 
     def close(self) -> None:
@@ -48,6 +71,7 @@ class Connections:
             self._pool.close()
             self._pool = None
         self.drop_control()
+        self._drop_listener()
 
     def control(self) -> Conn:
         """The connection reserved for leasework's own statements and LISTEN; reopened if it
@@ -55,23 +79,35 @@ class Connections:
         if self._control is None or self._control.closed or self._control.broken:
             self.drop_control()
             self._control = db.connect(
-                self.config.dsn, application_name=f"leasework:{self.name}:control"
+                self.config.dsn,
+                application_name=f"leasework:{self.name}:control",
+                pooler=self.config.pooler,
             )
-            # Only leasework's own statements run here (claim, settle, outcomes, checkpoints),
-            # each a prepared statement whose generic plan is as good as a custom one: planning
-            # the claim afresh on every call cost more than executing it (bench/README.md).
-            self._control.execute("SET plan_cache_mode = force_generic_plan")
+            if not db.is_pooled(self._control):
+                # Only leasework's own statements run here (claim, settle, outcomes,
+                # checkpoints, the stages'), each a prepared statement whose generic plan is as
+                # good as a custom one: planning the claim afresh on every call cost more than
+                # executing it (bench/README.md). Behind a pooler nothing is prepared, and a
+                # session setting would land on whichever server session ran it.
+                self._control.execute("SET plan_cache_mode = force_generic_plan")
             # Payloads and results decode with orjson, as they were encoded.
             set_json_loads(orjson.loads, self._control)
-            self._listening = False
+            if self._listener is None:
+                self._listening = False
         return self._control
+
+    @property
+    def behind_pooler(self) -> bool:
+        """Whether the control connection goes through a pooler (opens it if needed)."""
+        return db.is_pooled(self.control())
 
     def drop_control(self) -> None:
         if self._control is not None:
             with suppress(Exception):
                 self._control.close()
         self._control = None
-        self._listening = False
+        if self._listener is None:
+            self._listening = False
 
     def pool(self) -> ConnectionPool[Any]:
         """The pool of connections for handlers and stages (opened on first use)."""
@@ -82,8 +118,68 @@ class Connections:
 
     @contextmanager
     def pooled(self) -> Iterator[Conn]:
-        with self.pool().connection() as conn:
+        """A connection for a stage's own statements: the control connection, which nothing else
+        uses while a stage steps (the main thread runs one thing at a time), so an idle worker
+        holds no pool connection; a pool connection if it is lent already (a nested call).
+        Given back with no transaction open."""
+        if self._lent:
+            with self.pool().connection() as conn:
+                yield conn
+            return
+        conn = self.control()
+        self._lent = True
+        set_json_loads(json.loads, conn)  # as on a pool connection: stages read what users wrote
+        try:
             yield conn
+        finally:
+            self.give_back(conn, lent=True)
+
+    def borrow(self) -> tuple[Conn, bool]:
+        """A connection for a handler's fenced transaction, and whether it is the control
+        connection: that one when it is open and free (the main thread runs the handler, so no
+        claim, outcome or stage needs it meanwhile; a checkpoint inside the transaction goes
+        on the transaction's connection), with the stdlib's JSON loader as on every connection
+        a handler gets; else one of the pool's. Give it back with `give_back`."""
+        conn = self._control
+        if (
+            self._lent
+            or conn is None
+            or conn.closed
+            or conn.broken
+            or conn.info.transaction_status != TransactionStatus.IDLE
+        ):
+            return self.pool().getconn(), False
+        self._lent = True
+        set_json_loads(json.loads, conn)
+        return conn, True
+
+    def give_back(self, conn: Conn, lent: bool) -> None:
+        """After `borrow`: a pool connection back to the pool; the control connection back to
+        leasework's own statements (rolled back or dropped if left in a transaction)."""
+        if not lent:
+            self.pool().putconn(conn)
+            return
+        self._lent = False
+        if not conn.closed and not conn.broken:
+            set_json_loads(orjson.loads, conn)
+        self._give_back(conn)
+
+    def _give_back(self, conn: Conn) -> None:
+        """The control connection back from a stage: a transaction it left open is rolled back;
+        one left in the middle of a statement, or broken, is dropped (reopened on next use)."""
+        if conn.closed or conn.broken:
+            self.drop_control()
+            return
+        state = conn.info.transaction_status
+        if state == TransactionStatus.IDLE:
+            return
+        if state in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            try:
+                conn.rollback()
+                return
+            except psycopg.Error:
+                pass
+        self.drop_control()
 
     # -- NOTIFY -----------------------------------------------------------------------------
 
@@ -98,7 +194,10 @@ class Connections:
         one it reads during a claim or a checkpoint) into `woken`. Called after each poll and
         each checkpoint: a busy worker under a steady stream of enqueues would otherwise hold
         one object per enqueue until it next slept, and then wake once for each."""
-        conn = self._control
+        if self.relay_fd is not None:
+            self._read_relay()
+        listener = self._listener is not None
+        conn = self._listener if listener else self._control
         if conn is None or not self._listening or conn.closed or conn.broken:
             return
         try:
@@ -106,7 +205,10 @@ class Connections:
                 self._note(note.payload)
         except psycopg.Error as exc:
             log.event("listen_failed", level=30, error=log.first_line(exc))
-            self.drop_control()
+            if listener:
+                self._drop_listener()
+            else:
+                self.drop_control()
 
     def take_woken(self) -> set[str]:
         woken, self.woken = self.woken, set()
@@ -120,8 +222,18 @@ class Connections:
         return self.take_woken()
 
     def _wait_for_notify(self, seconds: float) -> None:
+        listener = False
         try:
-            conn = self.control()
+            listener = self.behind_pooler
+            if listener and self.relay_fd is not None:
+                self._wait_for_relay(seconds)
+                return
+            conn = self._listen_connection() if listener else self.control()
+            if conn is None:
+                # Behind a pooler without listen_dsn: a LISTEN would be left on whichever server
+                # session ran it, heard by nobody. Polling is the wake-up.
+                time.sleep(seconds)
+                return
             if not self._listening:
                 conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
                 self._listening = True
@@ -133,5 +245,68 @@ class Connections:
             # Reconnecting fails with DatabaseUnavailable while the server is down (a restart):
             # the idle worker waits and tries again, as a busy one does.
             log.event("listen_failed", level=30, error=log.first_line(exc))
-            self.drop_control()
+            if listener:
+                self._drop_listener()
+            else:
+                self.drop_control()
             time.sleep(min(seconds, 1.0))
+
+    def _wait_for_relay(self, seconds: float) -> None:
+        """Wait on the parent's wake pipe: any line ends the wait, as any NOTIFY does."""
+        assert self.relay_fd is not None
+        ready, _, _ = select.select([self.relay_fd], [], [], seconds)
+        if ready:
+            self._read_relay()
+
+    def _read_relay(self) -> None:
+        """The payloads the parent relayed, one per line, read without blocking. A closed pipe
+        (the parent is gone: the child stops on its own) ends relaying: the worker polls."""
+        assert self.relay_fd is not None
+        data = b""
+        while True:
+            try:
+                chunk = os.read(self.relay_fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                with suppress(OSError):
+                    os.close(self.relay_fd)
+                self.relay_fd = None
+                break
+            data += chunk
+        for line in data.split(b"\n")[:-1]:
+            self._note(line.decode(errors="replace"))
+
+    def _listen_connection(self) -> Conn | None:
+        """Behind a pooler: a direct connection to `listen_dsn` for LISTEN (reopened if it
+        broke), or None when there is none (unset, or itself pooled)."""
+        if not self.config.listen_dsn or self._listen_refused:
+            return None
+        conn = self._listener
+        if conn is None or conn.closed or conn.broken:
+            self._drop_listener()
+            conn = db.connect(
+                self.config.listen_dsn,
+                application_name=f"leasework:{self.name}:listen",
+                connect_timeout=db.HANG_CONNECT_TIMEOUT,
+            )
+            if db.is_pooled(conn):
+                conn.close()
+                self._listen_refused = True
+                log.event(
+                    "listen_dsn_pooled",
+                    level=30,
+                    error="listen_dsn goes through a pooler too: idle workers poll instead",
+                )
+                return None
+            self._listener = conn
+        return conn
+
+    def _drop_listener(self) -> None:
+        if self._listener is not None:
+            with suppress(Exception):
+                self._listener.close()
+            self._listener = None
+            self._listening = False

@@ -230,7 +230,7 @@ class Context:
         # must our idea of progress, or a handler resuming from ctx.processed would skip the step
         # whose effect was just undone.
         saved = (self._processed, self._total)
-        with self._pooled() as conn:
+        with self._pooled(transaction=True) as conn:
             block = conn.transaction()
             tx: psycopg.Transaction | None = None
             try:
@@ -267,17 +267,21 @@ class Context:
                 raise
 
     @contextmanager
-    def _pooled(self) -> Iterator[Conn]:
-        """A connection of the worker's pool, taken and given back where no interruption can
-        land half-way (the pool would lose track of it)."""
-        pool = self._runner.conns.pool()
+    def _pooled(self, *, transaction: bool = False) -> Iterator[Conn]:
+        """A connection of the worker's pool (for a transaction, the control connection when it
+        is free: Connections.borrow), taken and given back where no interruption can land
+        half-way (the pool would lose track of it)."""
+        conns = self._runner.conns
         with self._shielded():
-            conn = pool.getconn()
+            if transaction:
+                conn, lent = conns.borrow()
+            else:
+                conn, lent = conns.pool().getconn(), False
         try:
             yield conn
         finally:
             with self._shielded():
-                pool.putconn(conn)
+                conns.give_back(conn, lent)
 
 
 def describe_error(exc: BaseException, limit: int = 8) -> str:

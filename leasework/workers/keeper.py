@@ -377,6 +377,7 @@ class Keeper:
                 self.config.dsn,
                 application_name=f"leasework:{self.name}:keeper",
                 connect_timeout=db.HANG_CONNECT_TIMEOUT,
+                pooler=self.config.pooler,
                 **db.HANG_GUARD,
             )
         return self._conn

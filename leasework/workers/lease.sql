@@ -389,11 +389,14 @@ RETURNING lease_expires_at
 -- a process killed while its socket is black-holed) would otherwise keep the run from reclaim
 -- until the server noticed the dead peer, by TCP keepalive, hours later. A handler idle that long
 -- has stopped renewing and is killed by the watchdog anyway. tests/chaos/test_faults.py.
+-- plan_cache_mode back to the default for the handler's own statements, also local: the
+-- transaction may run on the control connection, which plans leasework's generically.
 SELECT lease_expires_at
   FROM leasework.runs
  WHERE id = %(id)s AND lease_owner = %(owner)s
    AND lease_expires_at > leasework.now()
    AND set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) IS NOT NULL
+   AND set_config('plan_cache_mode', 'auto', true) IS NOT NULL
    FOR KEY SHARE
 
 -- name: db_now

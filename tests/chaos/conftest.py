@@ -25,14 +25,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture
 def chaos(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., ChaosRun]]:
-    """chaos(seed=None, **config) -> a ChaosRun on a fresh private cluster."""
+    """chaos(seed=None, through_pooler=False, **config) -> a ChaosRun on a fresh private cluster
+    (through_pooler: behind a PgBouncer in transaction mode)."""
     runs: list[ChaosRun] = []
     with private_cluster("leasework-chaos-") as cluster:
 
-        def make(seed: int | None = None, **config: Any) -> ChaosRun:
+        def make(seed: int | None = None, through_pooler: bool = False, **config: Any) -> ChaosRun:
             seed = random.randrange(1 << 32) if seed is None else seed
             print(f"chaos seed {seed}")
-            run = ChaosRun(cluster, tmp_path, request.node.name, dict(config), random.Random(seed))
+            run = ChaosRun(
+                cluster,
+                tmp_path,
+                request.node.name,
+                dict(config),
+                random.Random(seed),
+                pooled=through_pooler,
+            )
             runs.append(run)
             return run
 

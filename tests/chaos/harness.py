@@ -22,6 +22,7 @@ import psycopg
 
 from leasework import db
 from tests.conftest import wait_for
+from tests.pgbouncer import Bouncer, pgbouncer
 from tests.pgcluster import Cluster
 from tests.process.conftest import Supervised, alive
 
@@ -73,10 +74,19 @@ class ChaosRun:
     name: str
     config: dict[str, Any] = field(default_factory=dict)
     rand: random.Random = field(default_factory=random.Random)
+    # Children (and their supervisor) reach Postgres through a PgBouncer in transaction mode,
+    # behind the fault proxy: child -> proxy -> pgbouncer -> Postgres.
+    pooled: bool = False
 
     def __post_init__(self) -> None:
         self.cfg = {**CONFIG, **self.config}
-        self.proxy = Proxy(self.cluster.port)
+        self.bouncer: Bouncer | None = None
+        upstream = self.cluster.port
+        if self.pooled:
+            self._bouncer_cm = pgbouncer(self.cluster.dsn)
+            self.bouncer = self._bouncer_cm.__enter__()
+            upstream = self.bouncer.port
+        self.proxy = Proxy(upstream)
         self.supervisors: list[Supervised] = []
         self.spawned: set[int] = set()
         self.faults: list[Fault] = []
@@ -239,7 +249,8 @@ class ChaosRun:
             rows = self.query(
                 "SELECT r.lease_worker, r.id, r.lease_owner::text, a.pid, a.xact_start"
                 "  FROM leasework.runs r"
-                "  JOIN pg_stat_activity a ON a.application_name = 'leasework:' || r.lease_worker"
+                "  JOIN pg_stat_activity a ON a.application_name IN ("
+                "       'leasework:' || r.lease_worker, 'leasework:' || r.lease_worker || ':control')"
                 " WHERE r.id = ANY(%s) AND r.status = 'running' AND r.lease_expires_at > now()"
                 "   AND a.state = 'idle in transaction'"
                 "   AND a.state_change > clock_timestamp() - make_interval(secs => %s)",
@@ -377,6 +388,9 @@ class ChaosRun:
         for sup in self.supervisors:
             sup.stop()
         self.proxy.close()
+        if self.bouncer is not None:
+            self._bouncer_cm.__exit__(None, None, None)
+            self.bouncer = None
 
     def check(self, *, control: bool = False) -> list[str]:
         """Every invariant over the history. Returns the violations (must be empty)."""
@@ -518,8 +532,9 @@ class ChaosRun:
         counts = collections.Counter(f.kind for f in self.faults)
         faults = ",".join(f"{k}={n}" for k, n in sorted(counts.items())) or "none"
         worst = max(self.recovery_times(), default=0.0)
+        via = " via=pgbouncer" if self.pooled else ""
         line = (
-            f"CHAOS {self.name}: runs={len(self.enqueued)} faults[{faults}]"
+            f"CHAOS {self.name}{via}: runs={len(self.enqueued)} faults[{faults}]"
             f" violations={len(violations)} worst_recovery={worst:.2f}s"
             f" elapsed={time.time() - self.started:.1f}s"
         )

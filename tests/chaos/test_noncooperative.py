@@ -220,14 +220,21 @@ class NonCoopRun(ChaosRun):
 
 @pytest.fixture
 def nc(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., NonCoopRun]]:
-    """nc(**config) -> a NonCoopRun on a fresh private cluster."""
+    """nc(through_pooler=False, **config) -> a NonCoopRun on a fresh private cluster."""
     runs: list[NonCoopRun] = []
     with private_cluster("leasework-noncoop-") as cluster:
 
-        def make(**config: Any) -> NonCoopRun:
+        def make(through_pooler: bool = False, **config: Any) -> NonCoopRun:
             seed = random.randrange(1 << 32)
             print(f"chaos seed {seed}")
-            run = NonCoopRun(cluster, tmp_path, request.node.name, config, random.Random(seed))
+            run = NonCoopRun(
+                cluster,
+                tmp_path,
+                request.node.name,
+                config,
+                random.Random(seed),
+                pooled=through_pooler,
+            )
             runs.append(run)
             return run
 

@@ -64,10 +64,10 @@ def play(run: ChaosRun, schedule: list[Step]) -> None:
             run.enqueue(int(arg), steps=3)
 
 
-def _check_schedule(tmp: Path, seed: int, schedule: list[Step]) -> None:
-    print(f"chaos schedule seed={seed} schedule={schedule!r}")
+def _check_schedule(tmp: Path, seed: int, schedule: list[Step], *, pooled: bool = False) -> None:
+    print(f"chaos schedule seed={seed} schedule={schedule!r} pooled={pooled}")
     with private_cluster("leasework-chaos-") as cluster:
-        run = ChaosRun(cluster, tmp, "schedule", {}, random.Random(seed))
+        run = ChaosRun(cluster, tmp, "schedule", {}, random.Random(seed), pooled=pooled)
         try:
             run.start()
             run.enqueue(20, steps=4)
@@ -101,3 +101,14 @@ def test_random_fault_schedules_fast(tmp_path: Path, seed: int, schedule: list[S
 @example(seed=1, schedule=[("pg_pause", 0.0, 1.5), ("kill9", 0.0, 0.0), ("blackhole", 0.1, 2.0)])
 def test_random_fault_schedules(tmp_path: Path, seed: int, schedule: list[Step]) -> None:
     _check_schedule(tmp_path, seed, schedule)
+
+
+@pytest.mark.chaos
+@settings(max_examples=int(os.environ.get("LEASEWORK_CHAOS_EXAMPLES", "20")) // 2, **COMMON)
+@given(seed=st.integers(0, 2**32 - 1), schedule=SCHEDULES)
+def test_random_fault_schedules_through_pgbouncer(
+    tmp_path: Path, seed: int, schedule: list[Step]
+) -> None:
+    """The same schedules with every child behind a PgBouncer in transaction mode
+    (tests/chaos/test_pooler.py)."""
+    _check_schedule(tmp_path, seed, schedule, pooled=True)

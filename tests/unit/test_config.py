@@ -89,6 +89,8 @@ def test_empty_env_values_are_ignored() -> None:
         ("backoff_jitter", 1.0),
         ("backoff_jitter", -0.1),
         ("log_level", "loud"),
+        ("pooler", "yes"),
+        ("pooler", "transaction"),
     ],
 )
 def test_impossible_values_name_their_key(key: str, value: Any) -> None:
@@ -172,6 +174,13 @@ def test_config_is_frozen() -> None:
     with pytest.raises(AttributeError):
         cfg.lease = 1.0  # type: ignore[misc]
     assert cfg.replace(lease=10.0).lease == 10.0
+
+
+def test_pooler_takes_auto_on_or_off_from_the_environment() -> None:
+    assert load(env={}).pooler == "auto"
+    assert load(env={"LEASEWORK_POOLER": "on"}).pooler == "on"
+    with pytest.raises(ConfigError, match="pooler must be one of auto, on, off"):
+        load(env={"LEASEWORK_POOLER": "pgbouncer"})
 
 
 # -- sections: each stage and family declares its own settings beside it -----------------------

@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from .app import App
 from .errors import ConfigError, LeaseworkError, UnknownKind
+from .operations import STATUSES
 from .queries import load
 from .tasks import check_label
 from .workers import lease
@@ -271,6 +272,8 @@ def enqueued(
     """The runs enqueued (in this connection's view, so its uncommitted ones too), oldest
     first, filtered by kind, exact payload, key, tenant and status; each a dict of id, kind,
     status, payload, key, tenant, group, priority, queued_at."""
+    if status is not None and status not in STATUSES:
+        raise ConfigError(f"status {status!r} is not a run status: use one of {', '.join(STATUSES)}")
     params = {
         "kind": kind,
         "payload": None if payload is None else Jsonb(payload),

@@ -173,6 +173,9 @@ def test_assert_enqueued_says_what_was_there(app: App, conn: Conn) -> None:
         assert_enqueued(conn, "other", {"a": 2})
     with pytest.raises(AssertionError, match="expected 2 run"):
         assert_enqueued(conn, "other", count=2)
+    # a misspelt status is refused, not an empty answer
+    with pytest.raises(ConfigError, match=r"status 'queud' is not a run status: use one of waiting, queued"):
+        enqueued(conn, "other", status="queud")
 
 
 def test_a_runner_serves_several_calls(app: App, conn: Conn) -> None:

@@ -16,6 +16,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from leasework import App, Config, db
+from leasework.pytest_plugin import empty
 from leasework.workers.worker import Worker
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -64,19 +65,9 @@ def dsn(server_dsn: str) -> Iterator[str]:
 
 
 def truncate_all(conn: psycopg.Connection[Any]) -> None:
-    """Empty every leasework table except the schema version."""
-    tables = [
-        r[0]
-        for r in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'leasework' AND tablename <> 'schema_version'"
-        ).fetchall()
-    ]
-    if tables:
-        conn.execute(
-            sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
-                sql.SQL(", ").join(sql.Identifier("leasework", t) for t in tables)
-            )
-        )
+    """Empty every leasework table except the schema version (what the pytest plugin shipped to
+    users does before each of their tests)."""
+    empty(conn)
 
 
 @pytest.fixture

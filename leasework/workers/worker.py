@@ -80,6 +80,7 @@ class Worker:
         self.running = False
         self._stop_at: float | None = None  # monotonic time the current job must be aborted by
         self._draining = False  # stop claiming, but let the job in hand finish with no deadline
+        self._handled: dict[str, int] = {}  # stage name -> what it handled in the last poll
         self._idle_until: dict[str, float] = {}  # stage name -> monotonic time to ask it again
         # A standalone worker keeps its own row in the workers table; under the supervisor the
         # parent writes the rows instead (register=False).
@@ -244,6 +245,7 @@ class Worker:
                     "stage_failed", level=level, stage=stage.name, error=describe_error(exc, 3)
                 )
             done += handled
+            self._handled[stage.name] = handled
             if handled:
                 self._idle_until.pop(stage.name, None)
             else:
@@ -303,8 +305,13 @@ class Worker:
             if once and not self.stopping:
                 self.drain()  # one poll's claims, then its runs to their end
             skip_idle = found > 0
-            if ax.ready():
-                await asyncio.sleep(0)  # the runs just started take their first step
+            asynchronous = {s.name for s in self.stages if getattr(s, "asynchronous", False)}
+            others = sum(n for name, n in self._handled.items() if name not in asynchronous)
+            if ax.ready() or (others and self.running):
+                # More to do at once: successes to seal, room after a full claim, or a sync
+                # stage that found work (as run()'s loop, it polls again without waiting). The
+                # runs just started take their first step meanwhile.
+                await asyncio.sleep(0)
                 woken = self.conns.take_woken()
             else:
                 ax.changed.clear()

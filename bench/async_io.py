@@ -195,9 +195,38 @@ class System:
     exits: bool  # drains and exits by itself (the peers); else stopped by SIGTERM
 
 
+@dataclass(frozen=True)
+class Timeline:
+    """Where a leasework run's time went, in database time, from its runs' started_at (the
+    claim) and finished_at (the seal): the first claim after the fork, the last seal before the
+    watcher saw the queue drained, each run's claim-to-seal time (the handler's await and the
+    engine's own time around it), and how many runs were in flight on average between the first
+    claim and the last seal (the ideal: processes x concurrency)."""
+
+    first_claim_s: float
+    after_last_seal_s: float
+    claim_to_seal_p50_ms: float
+    claim_to_seal_p95_ms: float
+    in_flight: float
+
+
+TIMELINE = """
+SELECT extract(epoch FROM min(started_at) - %(t0)s),
+       extract(epoch FROM %(t1)s - max(finished_at)),
+       1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at)),
+       1000 * percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at)),
+       sum(extract(epoch FROM finished_at - started_at))
+         / nullif(extract(epoch FROM max(finished_at) - min(started_at)), 0)
+  FROM leasework.runs
+"""
+
+TIMELINES: dict[str, list[Timeline]] = {}  # label -> one per leasework run
+
+
 def timed(system: System, dsn: str, jobs: int, procs: int, limit: float) -> Run:
     """Jobs per second from the first fork until the watcher sees the queue drained, and what
-    each job cost (common.Meter; the watcher's backend and transaction are left out)."""
+    each job cost (common.Meter; the watcher's backend and transaction are left out); for
+    leasework, its Timeline too (TIMELINES)."""
     system.setup(dsn, jobs)
     meter = Meter(dsn)
     ctx = mp.get_context("fork")
@@ -206,6 +235,7 @@ def timed(system: System, dsn: str, jobs: int, procs: int, limit: float) -> Run:
     try:
         meter.ignore(watch.info.backend_pid)
         meter.start()
+        t0 = db_clock(watch)
         start = time.perf_counter()
         for p in ps:
             p.start()
@@ -221,6 +251,7 @@ def timed(system: System, dsn: str, jobs: int, procs: int, limit: float) -> Run:
                 raise RuntimeError(f"{system.label}: {left} jobs unfinished after {limit:.0f} s")
             time.sleep(WATCH_EVERY)
         elapsed = time.perf_counter() - start
+        t1 = db_clock(watch)
         watch.rollback()
     finally:
         watch.close()
@@ -230,9 +261,41 @@ def timed(system: System, dsn: str, jobs: int, procs: int, limit: float) -> Run:
         raise RuntimeError(f"{system.label}: a worker process failed: {[p.exitcode for p in ps]}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(NOT_SUCCEEDED[system.family]).fetchone()  # type: ignore[arg-type]
-    if row and row[0]:
-        raise RuntimeError(f"{system.label}: {row[0]} jobs did not succeed")
+        if row and row[0]:
+            raise RuntimeError(f"{system.label}: {row[0]} jobs did not succeed")
+        if system.family == "leasework":
+            t = conn.execute(TIMELINE, {"t0": t0, "t1": t1}).fetchone()
+            assert t is not None
+            TIMELINES.setdefault(system.label, []).append(Timeline(*(float(x) for x in t)))
     return Run(jobs / elapsed, cost)
+
+
+def db_clock(conn: psycopg.Connection[Any]) -> Any:
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def print_timelines(labels: list[str]) -> None:
+    """Each leasework system's Timeline, medians over its runs."""
+    rows = []
+    for label in labels:
+        ts = TIMELINES.get(label)
+        if not ts:
+            continue
+        rows.append(
+            [label, f"{med([t.first_claim_s for t in ts]):.3f}",
+             f"{med([t.after_last_seal_s for t in ts]):.3f}",
+             f"{med([t.claim_to_seal_p50_ms for t in ts]):.1f}",
+             f"{med([t.claim_to_seal_p95_ms for t in ts]):.1f}",
+             f"{med([t.in_flight for t in ts]):.1f}"]
+        )  # fmt: skip
+    if rows:
+        print_table(
+            ["leasework (database time, medians)", "fork -> 1st claim s", "last seal -> seen s",
+             "claim->seal p50 ms", "p95 ms", "in flight (mean)"],
+            rows,
+        )  # fmt: skip
 
 
 def stop(ps: list[Any], exits: bool) -> None:
@@ -470,6 +533,7 @@ def io_section(dsn: str, args: argparse.Namespace) -> None:
          *COST_HEADERS],
         rows,
     )  # fmt: skip
+    print_timelines([lw_label])
     scale = f"{args.jobs:,} jobs, {procs} x {c}, {args.repeat} runs"
     ideal_label = f"ideal {procs} x {c} / {args.sleep:g} s"
     # (target, label, baseline, its label, the baseline's range, target ratio, target's name)
@@ -522,6 +586,7 @@ def noop_section(dsn: str, args: argparse.Namespace) -> None:
             [lbl, f"{m:,.0f}", spread(rates(runs)), f"{m / sync:.2f}", target, *cost_cells(runs)]
         )
     print_table(["leasework", "jobs/s (median)", "range", "x sync", "target", *COST_HEADERS], rows)
+    print_timelines([sync_label, async_label])
     a = rates(results[async_label])
     ca, cs = cost_cells(results[async_label]), cost_cells(results[sync_label])
     record(

@@ -342,6 +342,14 @@ RSS_APP = textwrap.dedent(
         await asyncio.sleep({sleep})
 
 
+    @app.task("io_db", concurrency={concurrency})
+    async def io_db(ctx, payload):
+        # A statement on the handlers' async pool (opened on first use), then the await.
+        async with ctx.connection() as conn:
+            await conn.execute("SELECT 1")
+        await asyncio.sleep({sleep})
+
+
     sync_app = App()
 
 
@@ -382,10 +390,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 @dataclass(frozen=True)
 class Rest:
     """VmRSS (KiB) of each child of `leasework supervise` at rest: after start-up, and again after
-    serving a burst of runs (its handler pool then used)."""
+    serving a burst of runs (for the async kind, runs that use `ctx.connection()`: the handlers'
+    async pool is then open, with its connections)."""
 
     fresh: list[int]
     after: list[int]
+    sessions: tuple[int, int]  # the database's sessions then (the children's, the parent's)
 
 
 def at_rest(dsn: str, app_ref: str, kind: str, procs: int, burst: int, rest: float) -> Rest:
@@ -405,6 +415,7 @@ def at_rest(dsn: str, app_ref: str, kind: str, procs: int, burst: int, rest: flo
             time.sleep(rest)  # past start-up and a first poll: at rest
             fresh = [vm_rss_kib(p) for p in kids]
             with psycopg.connect(dsn, autocommit=True) as conn:
+                sessions_fresh = count_sessions(conn)
                 conn.execute("TRUNCATE leasework.runs")
                 conn.execute(
                     "SELECT leasework.enqueue(%s, '{}'::jsonb) FROM generate_series(1, %s)",
@@ -420,6 +431,8 @@ def at_rest(dsn: str, app_ref: str, kind: str, procs: int, burst: int, rest: flo
                 wait_for(done, 120, f"{burst} runs of {kind}")
             time.sleep(rest)
             after = [vm_rss_kib(p) for p in kids if Path(f"/proc/{p}").exists()]
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                sessions_after = count_sessions(conn)
         finally:
             sup.send_signal(signal.SIGTERM)
             try:
@@ -430,7 +443,15 @@ def at_rest(dsn: str, app_ref: str, kind: str, procs: int, burst: int, rest: flo
         if sup.returncode not in (0, -signal.SIGTERM):
             tail = err.decode(errors="replace").strip().splitlines()[-3:]
             raise RuntimeError(f"supervise exited {sup.returncode}: {' | '.join(tail)}")
-        return Rest(fresh, after)
+        return Rest(fresh, after, (sessions_fresh, sessions_after))
+
+
+def count_sessions(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -602,7 +623,7 @@ def noop_section(dsn: str, args: argparse.Namespace) -> None:
 def rest_section(dsn: str, args: argparse.Namespace) -> None:
     procs, burst, rest = args.procs, 200, 3.0
     fresh_label = f"async child at rest after start-up (largest of {procs})"
-    after_label = f"async child at rest after {burst} IO runs (largest of {procs})"
+    after_label = f"async child at rest, its pool open after {burst} runs (largest of {procs})"
     try:
         async_app("io", lw_io, args.concurrency)
     except Skip as exc:
@@ -611,17 +632,19 @@ def rest_section(dsn: str, args: argparse.Namespace) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         db.migrate(conn)
     sync = at_rest(dsn, "abench_app:sync_app", "noop", procs, burst, rest)
-    asy = at_rest(dsn, "abench_app:app", "io", procs, burst, rest)
+    asy = at_rest(dsn, "abench_app:app", "io_db", procs, burst, rest)
     mib = 1024.0
     print(f"memory at rest: `leasework supervise --processes {procs}`, VmRSS of each child")
     print_table(
-        ["child", "after start-up MiB", f"after {burst} runs MiB", "target"],
+        ["children", "after start-up MiB", f"after {burst} runs MiB", "sessions", "target"],
         [
             ["sync kind (context)", " / ".join(f"{k / mib:.1f}" for k in sync.fresh),
-             " / ".join(f"{k / mib:.1f}" for k in sync.after), ""],
-            [f"async kind, concurrency {args.concurrency}",
+             " / ".join(f"{k / mib:.1f}" for k in sync.after),
+             f"{sync.sessions[0]} -> {sync.sessions[1]}", ""],
+            [f"async kinds, concurrency {args.concurrency}, ctx.connection()",
              " / ".join(f"{k / mib:.1f}" for k in asy.fresh),
-             " / ".join(f"{k / mib:.1f}" for k in asy.after), "≤ 40 MiB"],
+             " / ".join(f"{k / mib:.1f}" for k in asy.after),
+             f"{asy.sessions[0]} -> {asy.sessions[1]}", "≤ 40 MiB"],
         ],
     )  # fmt: skip
     for label, values, base in [

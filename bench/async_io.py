@@ -7,6 +7,7 @@ and ratios and records them in the results channel. Runs inside bench/.venv-peer
 
     bench/peers.sh async_io.py [--dsn DSN] [--jobs 4000] [--noop-jobs 10000] [--procs 2]
                                [--concurrency 10] [--sleep 0.05] [--repeat 3] [--quick]
+                               [--sections io,noop,rest]
 
 How each run is timed, the same for every system: its queue is filled and analyzed first (each
 system's own bulk enqueue), the worker processes are forked (imports done before the fork, so
@@ -470,8 +471,17 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="2,000 IO jobs, 3,000 no-op jobs, 2 repeats"
     )
+    ap.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"which to run, comma-separated (default: all of {','.join(SECTIONS)})",
+    )
     results_arg(ap)
     args = ap.parse_args()
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    unknown = [x for x in sections if x not in SECTIONS]
+    if unknown or not sections:
+        ap.error(f"--sections: {','.join(unknown) or 'none given'}: valid are {','.join(SECTIONS)}")
     for name in ("jobs", "noop_jobs", "procs", "concurrency", "repeat"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -485,11 +495,10 @@ def main() -> None:
     name = "leasework_bench_async"
     dsn = bench_database(args.dsn, name)
     try:
-        io_section(dsn, args)
-        print()
-        noop_section(dsn, args)
-        print()
-        rest_section(dsn, args)
+        for i, section in enumerate(sections):
+            if i:
+                print()
+            SECTIONS[section](dsn, args)
     finally:
         drop_database(args.dsn, name)
     print(f"machine load at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -660,6 +669,12 @@ def rest_section(dsn: str, args: argparse.Namespace) -> None:
             + "; sync: " + ", ".join(f"{k / mib:.1f}" for k in base),
         )  # fmt: skip
 
+
+SECTIONS: dict[str, Callable[[str, argparse.Namespace], None]] = {
+    "io": io_section,
+    "noop": noop_section,
+    "rest": rest_section,
+}
 
 if __name__ == "__main__":
     main()

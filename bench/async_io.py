@@ -112,7 +112,7 @@ def async_app(kind: str, handler: Callable[..., Any], concurrency: int) -> App:
     Skip when this leasework refuses `async def` handlers or the `concurrency=` keyword."""
     app = App()
     try:
-        app.task(kind, concurrency=concurrency)(handler)  # type: ignore[call-arg]
+        app.task(kind, concurrency=concurrency)(handler)
     except TypeError as exc:
         raise Skip(
             f"@app.task({kind!r}, concurrency={concurrency}) is not accepted by this leasework"

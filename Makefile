@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo chaos clean bench bench-quick bench-long bench-peers compat
+.PHONY: test lint demo chaos clean bench bench-quick bench-long bench-peers bench-async compat
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,8 +26,9 @@ demo: $(STAMP)
 
 # Benchmarks (bench/README.md): each script makes its own database on the local server, prints
 # a table and appends its figures to $(BENCH_RESULTS) (made afresh each time); bench/summary.py then
-# prints issue 7's eight targets from them, last. `make bench` takes about 10 minutes (the set,
-# the peers and a short ingest); `make bench BENCH_FLAGS=--quick` (or `make bench-quick`) about 2.
+# prints issue 7's eight targets and issue 16's five from them, last. `make bench` takes about 14
+# minutes (the set, the peers, the async handlers beside the peers and a short ingest);
+# `make bench BENCH_FLAGS=--quick` (or `make bench-quick`) about 4.
 # `make bench-long` runs the long two (bloat.py on a private cluster, 1,000,000 jobs; a 1 GiB
 # ingest killed and resumed): about 18 minutes. A script that fails is recorded and the rest still
 # run; the exit status is then non-zero. Set BENCH_DSN for another server.
@@ -49,6 +50,7 @@ bench: $(STAMP)
 		run $$b.py $(PY) bench/$$b.py --dsn '$(BENCH_DSN)' $(BENCH_FLAGS); \
 	done; \
 	run peers.py bench/peers.sh --dsn '$(BENCH_DSN)' $(BENCH_FLAGS); \
+	run async_io.py bench/peers.sh async_io.py --dsn '$(BENCH_DSN)' $(BENCH_FLAGS); \
 	run ingest_large.py $(PY) bench/ingest_large.py --dsn '$(BENCH_DSN)' $(BENCH_INGEST); \
 	echo; $(PY) bench/summary.py "$$LEASEWORK_BENCH_RESULTS"; exit $$status
 
@@ -66,6 +68,11 @@ bench-long: $(STAMP)
 # first use, gitignored): never dependencies of leasework.
 bench-peers:
 	bench/peers.sh --dsn '$(BENCH_DSN)' $(BENCH_FLAGS)
+
+# Issue 16's async handlers beside Procrastinate and PGQueuer (IO-bound and no-op runs, a child's
+# memory at rest), in the same virtualenv; `make bench` runs it too, and the summary shows it.
+bench-async:
+	bench/peers.sh async_io.py --dsn '$(BENCH_DSN)' $(BENCH_FLAGS)
 
 bench-quick:
 	$(MAKE) bench BENCH_FLAGS=--quick BENCH_INGEST='--mb 32 --embedder stub --kill-after 4'

@@ -85,10 +85,14 @@ def record(
     met: bool | None = None,
     notes: str = "",
     short: bool = False,
+    issue: int = 7,
+    skipped: str = "",
 ) -> None:
-    """Append one figure to `results` (nothing when None). `target` is issue 7's target number,
-    `baseline` the raw loop's or the peer's figure from the same invocation, `met` None where no
-    verdict applies, `short` True for a reduced size (--quick, or a short version of a target)."""
+    """Append one figure to `results` (nothing when None). `target` is the target's number in
+    `issue` (7: the performance set; 16: async handlers), `baseline` the raw loop's or the peer's
+    figure from the same invocation, `met` None where no verdict applies, `short` True for a
+    reduced size (--quick, or a short version of a target), `skipped` why a figure could not be
+    measured here (then `value` is ignored)."""
     if not results:
         return
     row: dict[str, Any] = {
@@ -104,7 +108,10 @@ def record(
         "met": met,
         "notes": notes,
         "short": short,
+        "issue": issue,
     }
+    if skipped:
+        row["skipped"] = skipped
     with open(results, "a", encoding="utf-8") as f:
         f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
@@ -303,7 +310,12 @@ class Meter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._probe_pid = 0
+        self._ignored: set[int] = set()  # the bench's own sessions (a watcher), not a worker's
         self._backends = Backends(self.dbname)
+
+    def ignore(self, pid: int) -> None:
+        """Leave out the backend `pid` (a session of the bench itself) from the backend CPU."""
+        self._ignored.add(pid)
 
     def _read(self) -> tuple[int, int]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -317,7 +329,7 @@ class Meter:
 
     def _sample(self) -> None:
         for pid in self._backends():
-            if pid == self._probe_pid:
+            if pid == self._probe_pid or pid in self._ignored:
                 continue
             ticks = _proc_ticks(pid)
             if ticks is not None:

@@ -91,7 +91,7 @@ async def pgq_install(queries: Queries) -> None:
         await queries.install()
 
 
-def pgq_setup(dsn: str, jobs: int, tenants: int) -> None:
+def pgq_setup(dsn: str, jobs: int, tenants: int, entrypoint: str = "noop") -> None:
     async def go() -> None:
         conn = await asyncpg_connect(dsn)
         try:
@@ -100,7 +100,7 @@ def pgq_setup(dsn: str, jobs: int, tenants: int) -> None:
             await conn.execute(PGQ_TABLES)
             for start in range(0, jobs, 10_000):
                 n = min(10_000, jobs - start)
-                await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+                await queries.enqueue([entrypoint] * n, [None] * n, [0] * n)
             await conn.execute("VACUUM ANALYZE pgqueuer")
         finally:
             await conn.close()
@@ -126,9 +126,11 @@ def pgq_worker(batch: int, dsn: str) -> None:
 # -- Procrastinate: psycopg connector, concurrency 10, LISTEN/NOTIFY -----------------------------
 
 
-def procrastinate_app(dsn: str) -> procrastinate.App:
+def procrastinate_app(dsn: str, **pool: int) -> procrastinate.App:
+    """The app with its no-op task; `pool` goes to its psycopg pool (`max_size=`: Procrastinate
+    advises concurrency + 1 for short jobs)."""
     logging.getLogger("procrastinate").setLevel(logging.ERROR)  # its top-level-app advice
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn, **pool))
 
     @app.task(name="noop")
     async def noop() -> None:
@@ -143,14 +145,20 @@ async def pro_install(app: procrastinate.App, conn: psycopg.Connection[Any]) -> 
         await app.schema_manager.apply_schema_async()
 
 
-def pro_setup(dsn: str, jobs: int, tenants: int) -> None:
+def pro_setup(
+    dsn: str,
+    jobs: int,
+    tenants: int,
+    make_app: Callable[[str], procrastinate.App] = procrastinate_app,
+    task_name: str = "noop",
+) -> None:
     async def go() -> None:
-        app = procrastinate_app(dsn)
+        app = make_app(dsn)
         async with app.open_async():
             with psycopg.connect(dsn, autocommit=True) as conn:
                 await pro_install(app, conn)
                 conn.execute("TRUNCATE procrastinate_jobs CASCADE")
-            task = app.tasks["noop"]
+            task = app.tasks[task_name]
             for start in range(0, jobs, 10_000):
                 await task.batch_defer_async(*[{} for _ in range(min(10_000, jobs - start))])
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -3,7 +3,8 @@
 # with PGQueuer and Procrastinate from PyPI next to leasework itself, then bench/peers.py in it.
 # They are never dependencies of leasework: only this script installs them, only there.
 #
-#   bench/peers.sh [--dsn DSN] [--quick] [...]    (arguments go to bench/peers.py)
+#   bench/peers.sh [--dsn DSN] [--quick] [...]               (arguments go to bench/peers.py)
+#   bench/peers.sh async_io.py [--dsn DSN] [--quick] [...]   (another script of bench/ run there)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$here/.venv-peers"
@@ -15,4 +16,13 @@ if [[ ! -f "$stamp" ]]; then
     "$venv/bin/python" -m pip install --quiet -e "$here/.."
     touch "$stamp"
 fi
-exec "$venv/bin/python" "$here/peers.py" "$@"
+script=peers.py
+if [[ $# -gt 0 && "$1" == *.py ]]; then
+    script="$1"
+    shift
+    if [[ "$script" == */* || ! -f "$here/$script" ]]; then
+        echo "peers.sh: no script $script in bench/ (e.g. async_io.py)" >&2
+        exit 2
+    fi
+fi
+exec "$venv/bin/python" "$here/$script" "$@"

@@ -1,8 +1,8 @@
 """One table of issue 7's eight targets from the figures the bench scripts appended to a results
 file (`--results FILE`, or $LEASEWORK_BENCH_RESULTS; `make bench` and `make bench-long` set one):
 each figure next to its baseline or peer from the same invocation, the ratio, the target and the
-verdict. A target whose script did not run in this invocation gets a row naming the command that
-measures it. Standard library only; asserts nothing (exit status 0 whatever the verdicts).
+verdict; then, when bench/async_io.py ran, one of issue 16's (async handlers). A target whose
+script did not run in this invocation gets a row naming the command that measures it. Standard library only; asserts nothing (exit status 0 whatever the verdicts).
 
     python3 bench/summary.py FILE [FILE ...]
 """
@@ -28,6 +28,19 @@ EXPECTED: list[tuple[int, str, str, str]] = [
     (7, "recovery.py", "≤ 60 MB (57.2 MiB)", "make bench"),
     (7, "ingest_large.py", "1 GB: ≤ 150 MB, ≤ 200 redone", "make bench-long"),
     (8, "bloat.py", "≤ documented bound", "make bench-long (~11 min)"),
+]
+
+# Issue 16 (async handlers), all from bench/async_io.py (run by bench/peers.sh in the peers'
+# virtualenv): IO-bound runs, 2 processes x concurrency 10, against each peer and the ideal
+# (2 x 10 / 0.05 s = 400 runs/s); no-op async against sync one at a time; a child's RSS at rest.
+ISSUE_16_SCRIPT = "async_io.py"
+ISSUE_16_COMMAND = "make bench (bench/peers.sh async_io.py)"
+EXPECTED_16: list[tuple[int, str, str, str]] = [
+    (1, ISSUE_16_SCRIPT, "≥ 1.0 x Procrastinate", ISSUE_16_COMMAND),
+    (2, ISSUE_16_SCRIPT, "≥ 1.0 x PGQueuer", ISSUE_16_COMMAND),
+    (3, ISSUE_16_SCRIPT, "≥ 0.80 x ideal (400/s)", ISSUE_16_COMMAND),
+    (4, ISSUE_16_SCRIPT, "≥ 0.80 x sync one at a time", ISSUE_16_COMMAND),
+    (5, ISSUE_16_SCRIPT, "≤ 40 MiB", ISSUE_16_COMMAND),
 ]
 
 
@@ -86,23 +99,40 @@ def table(headers: list[str], rows: list[list[str]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+", metavar="FILE")
-    args = ap.parse_args()
-    records, failed = load(args.files)
-
+def rows_for(
+    issue: int,
+    expected: list[tuple[int, str, str, str]],
+    records: list[dict[str, Any]],
+    failed: dict[str, int],
+    notes: list[str],
+) -> list[list[str]]:
+    """One issue's table rows, in the order of `expected`; its notes appended to `notes`."""
     out: list[list[str]] = []
-    notes: list[str] = []
     shown: set[int] = set()
-    for target, script, target_text, command in EXPECTED:
-        mine = [r for r in records if r.get("target") == target and r.get("script") == script]
+    for target, script, target_text, command in expected:
+        mine = [
+            r
+            for r in records
+            if r.get("issue", 7) == issue
+            and r.get("target") == target
+            and r.get("script") == script
+        ]
         num_cell = "" if target in shown else str(target)
         shown.add(target)
         for r in mine:
-            unit = r.get("unit", "")
             base = r.get("baseline")
             base_cell = "" if base is None else f"{num(base)} ({r.get('baseline_label', '')})"
+            if r.get("skipped"):  # the script ran, leasework's figure could not be measured
+                out.append(
+                    [num_cell, script, f"{r.get('label', '')}: skipped (see notes)",
+                     "", base_cell, "", r.get("target_text") or target_text, "not run"]
+                )  # fmt: skip
+                why = f"{script} skipped leasework's figures: {r['skipped']}"
+                if why not in notes:
+                    notes.append(why)
+                num_cell = ""
+                continue
+            unit = r.get("unit", "")
             ratio = r.get("ratio")
             out.append(
                 [num_cell, script, r.get("label", ""), f"{num(r['value'])} {unit}", base_cell,
@@ -110,7 +140,8 @@ def main() -> None:
             )  # fmt: skip
             num_cell = ""
             if r.get("notes"):
-                notes.append(f"{target} {script}, {r.get('label', '')}: {r['notes']}")
+                prefix = str(target) if issue == 7 else f"{issue}.{target}"
+                notes.append(f"{prefix} {script}, {r.get('label', '')}: {r['notes']}")
         if script in failed and not mine:
             out.append(
                 [num_cell, script, f"FAILED (exit {failed[script]}): {command}",
@@ -126,17 +157,33 @@ def main() -> None:
                 ["", script, f"1 GB file not run here: {command}",
                  "", "", "", target_text, "not run"]
             )  # fmt: skip
-    known = {(t, s) for t, s, _, _ in EXPECTED}
-    for r in records:  # figures from a script or target this table does not list
-        if (r.get("target"), r.get("script")) not in known:
+    return out
+
+
+HEADERS = ["#", "script", "figure", "leasework", "baseline / peer (same run)", "ratio", "target",
+           "verdict"]  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", metavar="FILE")
+    args = ap.parse_args()
+    records, failed = load(args.files)
+
+    notes: list[str] = []
+    out = rows_for(7, EXPECTED, records, failed, notes)
+    known = {(7, t, s) for t, s, _, _ in EXPECTED} | {(16, t, s) for t, s, _, _ in EXPECTED_16}
+    for r in records:  # figures from a script or target these tables do not list
+        if (r.get("issue", 7), r.get("target"), r.get("script")) not in known:
             notes.append(f"unlisted: {json.dumps(r, ensure_ascii=False)}")
 
     print("issue 7 targets: every figure beside its baseline or peer from the same invocation")
-    table(
-        ["#", "script", "figure", "leasework", "baseline / peer (same run)", "ratio", "target",
-         "verdict"],
-        out,
-    )  # fmt: skip
+    table(HEADERS, out)
+    # Issue 16's table when its script ran (or failed) in this invocation: `make bench`, not
+    # `make bench-long`.
+    if any(r.get("issue") == 16 for r in records) or ISSUE_16_SCRIPT in failed:
+        print("\nissue 16 targets (async handlers): same invocation, same server")
+        table(HEADERS, rows_for(16, EXPECTED_16, records, failed, notes))
     if any(r.get("short") for r in records):
         print(
             "* reduced size (--quick, or a short version of the target's run): a figure under"

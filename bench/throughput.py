@@ -74,7 +74,7 @@ def lw_worker(dsn: str, app: App = bench_app) -> None:
         worker.close()
 
 
-def lw_setup(dsn: str, jobs: int, tenants: int) -> None:
+def lw_setup(dsn: str, jobs: int, tenants: int, kind: str = "noop") -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         db.migrate(conn)
         conn.execute("TRUNCATE leasework.runs, leasework.tenants, leasework.workers")
@@ -85,14 +85,14 @@ def lw_setup(dsn: str, jobs: int, tenants: int) -> None:
             )
             conn.execute(
                 'INSERT INTO leasework.runs (kind, payload, tenant, "group")'
-                " SELECT 'noop', '{}', 't' || (i %% %s + 1), 'g' FROM generate_series(1, %s) i",
-                (tenants, jobs),
+                " SELECT %s, '{}', 't' || (i %% %s + 1), 'g' FROM generate_series(1, %s) i",
+                (kind, tenants, jobs),
             )
         else:
             conn.execute(
                 "INSERT INTO leasework.runs (kind, payload)"
-                " SELECT 'noop', '{}' FROM generate_series(1, %s)",
-                (jobs,),
+                " SELECT %s, '{}' FROM generate_series(1, %s)",
+                (kind, jobs),
             )
         conn.execute("VACUUM ANALYZE leasework.runs")
 

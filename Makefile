@@ -30,7 +30,7 @@ demo: $(STAMP)
 # the peers and a short ingest); `make bench BENCH_FLAGS=--quick` (or `make bench-quick`) about 2.
 # `make bench-long` runs the long three (bloat.py on a private cluster, 1,000,000 jobs; a 1 GiB
 # ingest killed and resumed; scale.py, the scaling curve over 4 hosts in network namespaces, as
-# root): about 40 minutes. A script that fails is recorded and the rest still
+# root): about 30 minutes. A script that fails is recorded and the rest still
 # run; the exit status is then non-zero. Set BENCH_DSN for another server.
 BENCH_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 BENCH_FLAGS ?=
@@ -55,7 +55,7 @@ bench: $(STAMP)
 
 # Not in `make bench` (it would pass 15 minutes): bloat.py in full (a private cluster, ~11 min;
 # its --quick run ends before the first autovacuum, so it shows no plateau), the 1 GiB ingest and
-# scale.py (1 to 64 processes over 4 hosts, direct and through PgBouncer, ~20 min; its own private
+# scale.py (1 to 64 processes over 4 hosts, direct and through PgBouncer, ~10 min; its own private
 # cluster, so BENCH_DSN does not apply; needs root for the namespaces, and pgbouncer).
 bench-long: $(STAMP)
 	@rm -f '$(BENCH_LONG_RESULTS)'; export LEASEWORK_BENCH_RESULTS='$(BENCH_LONG_RESULTS)'; \

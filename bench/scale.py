@@ -532,6 +532,7 @@ def report(points: Sequence[Point]) -> None:
                 f"{b.empty / b.jobs:.2f}",
                 f"{i.empty / i.jobs:.1f}",
                 f"{c.postgres / c.wall:.2f}",
+                f"{(c.postgres + c.children + c.parents + c.pooler) / c.wall:.2f}",
                 b.per_job(c.postgres),
                 b.per_job(c.children),
                 b.per_job(c.parents),
@@ -542,8 +543,8 @@ def report(points: Sequence[Point]) -> None:
         )
     print_table(
         ["route", "procs", "jobs/s", "p95 busy ms", "p95 idle ms", "sessions", "idle sessions",
-         "empty/run", "empty/idle run", "PG cores", "PG µs/run", "children µs/run", "supervisors µs/run",
-         "pooler µs/run", "machine busy", "load"],
+         "empty/run", "empty/idle run", "PG cores", "fleet cores", "PG µs/run",
+         "children µs/run", "supervisors µs/run", "pooler µs/run", "machine busy", "load"],
         rows,
     )  # fmt: skip
     print()
@@ -553,10 +554,12 @@ def report(points: Sequence[Point]) -> None:
         "and one at a time into an idle fleet (idle); sessions: the most the bench database had "
         "at once during the drain, and during the idle pickups (the bench's own left out; through "
         "PgBouncer: the pooler's server sessions and each host's direct LISTEN); empty: claim "
-        "statements that claimed nothing (pg_stat_statements), per run drained and per idle pickup; PG cores: the whole "
-        "cluster's CPU seconds per second of the drain; µs/run: CPU per run drained (children: "
-        "the worker processes; supervisors: the parents); machine busy and load: every process "
-        "on the machine, other people's included."
+        "statements that claimed nothing (pg_stat_statements), per run drained and per idle "
+        "pickup; PG cores: the whole cluster's CPU seconds per second of the drain; fleet cores: "
+        "Postgres', the workers' and the pooler's together (the rest of the machine's busy share "
+        "is other processes'); µs/run: CPU per run drained (children: the worker processes; "
+        "supervisors: the parents); machine busy and load: every process on the machine, other "
+        "people's included."
     )
 
 

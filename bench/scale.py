@@ -11,13 +11,13 @@ process count and route, after a warm-up:
 - drain: --jobs no-op runs enqueued in one transaction (the workers wake on its NOTIFY), plus a
   stream of single enqueues with priority -1, one at a time, 100 ms apart (they overtake the
   backlog: the pickup latency of a busy fleet, enqueue to claim in database time,
-  `started_at - created_at`).
-  Throughput is the runs over the database time from the first claim to the last seal;
-- idle: --samples single enqueues, each once the previous one has run and 50 ms later: the
+  `started_at - created_at`). Throughput: the runs sealed by the time the bulk's last one was,
+  over the database time from the first claim;
+- idle: --samples single enqueues, each once the previous one has run and 50-70 ms later: the
   pickup latency of an idle fleet, which every NOTIFY wakes whole.
 
 Beside each: the most sessions the bench database had at once (pg_stat_activity, sampled every
-100 ms, the bench's own left out), CPU in seconds (the whole Postgres cluster, every server
+100 ms, by role, the bench's own left out), CPU in seconds (the whole Postgres cluster, every server
 process; the supervisors and their children; PgBouncer; read from /proc as utime + stime of the
 process and of its children, live or reaped: exact, no sampling), the machine's busy share
 (/proc/stat: other people's processes count too), and the claims that came back empty:

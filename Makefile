@@ -29,8 +29,9 @@ demo: $(STAMP)
 # prints issue 7's eight targets and issue 16's five from them, last. `make bench` takes about 14
 # minutes (the set, the peers, the async handlers beside the peers and a short ingest);
 # `make bench BENCH_FLAGS=--quick` (or `make bench-quick`) about 4.
-# `make bench-long` runs the long two (bloat.py on a private cluster, 1,000,000 jobs; a 1 GiB
-# ingest killed and resumed): about 18 minutes. A script that fails is recorded and the rest still
+# `make bench-long` runs the long three (bloat.py on a private cluster, 1,000,000 jobs; a 1 GiB
+# ingest killed and resumed; scale.py, the scaling curve over 4 hosts in network namespaces, as
+# root): about 30 minutes. A script that fails is recorded and the rest still
 # run; the exit status is then non-zero. Set BENCH_DSN for another server.
 BENCH_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 BENCH_FLAGS ?=
@@ -55,13 +56,16 @@ bench: $(STAMP)
 	echo; $(PY) bench/summary.py "$$LEASEWORK_BENCH_RESULTS"; exit $$status
 
 # Not in `make bench` (it would pass 15 minutes): bloat.py in full (a private cluster, ~11 min;
-# its --quick run ends before the first autovacuum, so it shows no plateau) and the 1 GiB ingest.
+# its --quick run ends before the first autovacuum, so it shows no plateau), the 1 GiB ingest and
+# scale.py (1 to 64 processes over 4 hosts, direct and through PgBouncer, ~10 min; its own private
+# cluster, so BENCH_DSN does not apply; needs root for the namespaces, and pgbouncer).
 bench-long: $(STAMP)
 	@rm -f '$(BENCH_LONG_RESULTS)'; export LEASEWORK_BENCH_RESULTS='$(BENCH_LONG_RESULTS)'; \
 	$(BENCH_RUN); \
 	run bloat.py $(PY) bench/bloat.py; \
 	run ingest_large.py $(PY) bench/ingest_large.py --dsn '$(BENCH_DSN)' \
 		--mb 1024 --embedder stub --kill-after 120; \
+	run scale.py $(PY) bench/scale.py; \
 	echo; $(PY) bench/summary.py "$$LEASEWORK_BENCH_RESULTS"; exit $$status
 
 # PGQueuer and Procrastinate beside leasework and the raw loops, in bench/.venv-peers (made on

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psycopg
@@ -34,11 +34,15 @@ class Bouncer:
         *,
         pool_mode: str = "transaction",
         pool_size: int = 20,
+        listen: Sequence[str] = (),
     ) -> None:
+        """listen: addresses to listen on besides 127.0.0.1 (e.g. the machine's side of veth
+        pairs, for clients in network namespaces)."""
         self.root = root
         self.upstream = (upstream_host, upstream_port)
         self.pool_mode = pool_mode
         self.pool_size = pool_size
+        self.listen = ",".join(["127.0.0.1", *listen])
         self.port = free_port()
         self.log = root / "pgbouncer.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -56,7 +60,7 @@ class Bouncer:
             "[databases]\n"
             f"* = host={host} port={port}\n"
             "[pgbouncer]\n"
-            "listen_addr = 127.0.0.1\n"
+            f"listen_addr = {self.listen}\n"
             f"listen_port = {self.port}\n"
             "unix_socket_dir =\n"
             "auth_type = trust\n"

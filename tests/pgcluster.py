@@ -34,10 +34,18 @@ def free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, root: Path, listen: Sequence[str] = (), hba: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        listen: Sequence[str] = (),
+        hba: Sequence[str] = (),
+        settings: Sequence[str] = (),
+    ) -> None:
         """listen: addresses to listen on besides 127.0.0.1; hba: networks (CIDR) admitted
-        with trust besides loopback (e.g. the host side of a test's veth pairs)."""
+        with trust besides loopback (e.g. the host side of a test's veth pairs); settings:
+        `name=value` server settings after the defaults below (the last of a name wins)."""
         self.root = root
+        self.settings = list(settings)
         self.listen = ",".join(["127.0.0.1", *listen])
         self.hba = list(hba)
         self.data = root / "data"
@@ -64,7 +72,7 @@ class Cluster:
             f"-p {self.port} -c listen_addresses={self.listen}"
             f" -c unix_socket_directories={self.data}"
             " -c fsync=off -c synchronous_commit=on -c full_page_writes=off -c max_connections=200"
-        )
+        ) + "".join(f" -c {setting}" for setting in self.settings)
         subprocess.run(
             as_postgres(
                 ["pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", opts, "-w", "start"]
@@ -123,13 +131,16 @@ class Cluster:
 
 @contextlib.contextmanager
 def private_cluster(
-    prefix: str = "leasework-pg-", listen: Sequence[str] = (), hba: Sequence[str] = ()
+    prefix: str = "leasework-pg-",
+    listen: Sequence[str] = (),
+    hba: Sequence[str] = (),
+    settings: Sequence[str] = (),
 ) -> Iterator[Cluster]:
     if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
         pytest.skip("initdb / pg_ctl not on PATH")
     # Not under tmp_path: as root, the server runs as `postgres`, who must reach the directory.
     root = Path(tempfile.mkdtemp(prefix=prefix))
-    c = Cluster(root, listen, hba)
+    c = Cluster(root, listen, hba, settings)
     try:
         c.init()
         c.start()

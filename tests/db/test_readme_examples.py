@@ -1,6 +1,7 @@
 """The README's "Testing your tasks" example, run as it stands there: its two files written out
 and run by pytest in a subprocess with the leasework plugin, on a database of their own. Also the
-plugin's refusals (no database named, a database whose name does not say `test`)."""
+plugin's refusals (no database named, a database whose name does not say `test`), and the
+"Scaling" section's sharding example against two databases."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import sys
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from leasework import db
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -130,3 +134,49 @@ def test_the_plugin_takes_the_dsn_from_the_environment(tmp_path: Path, plugin_db
 def test_the_entry_point_is_declared() -> None:
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert '[project.entry-points.pytest11]\nleasework = "leasework.pytest_plugin"' in text
+
+
+@pytest.fixture
+def two_databases(server_dsn: str) -> Iterator[list[str]]:
+    """Two fresh databases, migrated: the README's two shards."""
+    names = [f"lw_shard_test_{os.getpid()}_{secrets.token_hex(3)}" for _ in range(2)]
+    dsns = []
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        for name in names:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            dsns.append(make_conninfo(**{**conninfo_to_dict(server_dsn), "dbname": name}))
+    try:
+        for shard in dsns:
+            with psycopg.connect(shard, autocommit=True) as conn:
+                db.migrate(conn)
+        yield dsns
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            for name in names:
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+
+
+def test_the_readme_sharding_example_puts_each_tenant_in_one_database(
+    two_databases: list[str],
+) -> None:
+    """README, "Scaling": the example as written, its SHARDS pointed at two test databases;
+    every tenant's runs land in one database, the same each time, and both databases get some."""
+    files = files_of("Scaling")
+    assert set(files) == {"myproject/shards.py"}
+    module: dict[str, Any] = {"__name__": "shards"}
+    exec(compile(files["myproject/shards.py"], "myproject/shards.py", "exec"), module)
+    module["SHARDS"] = two_databases
+    tenants = [f"tenant-{i}" for i in range(12)]
+    placed = {}
+    for tenant in tenants:
+        run = module["enqueue_report"](tenant, 48)
+        again = module["enqueue_report"](tenant, 48)  # the same key: the same run, same shard
+        assert again == run
+        placed[tenant] = module["shard_of"](tenant)
+    for shard in two_databases:
+        with psycopg.connect(shard) as conn:
+            keys = {k for (k,) in conn.execute("SELECT key FROM leasework.runs").fetchall()}
+        assert keys == {f"{t}:48" for t, s in placed.items() if s == shard}
+        assert keys, "every shard gets some of the twelve tenants"

@@ -52,7 +52,8 @@ def builtin_app(cfg: Config | None = None) -> App:
 
 
 def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
-    """Import MODULE:ATTR (an App instance, or a callable returning one)."""
+    """Import MODULE:ATTR (an App instance, or a callable returning one). A refusal names where
+    the spec came from (`--app`, `LEASEWORK_APP`, the config file's `app`), as `cfg` records."""
     if not spec:
         if required:
             raise ConfigError(
@@ -60,32 +61,33 @@ def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
                 "connections and documents alone: --app leasework.cli:builtin_app)"
             )
         return builtin_app(cfg)
+    given = cfg.origin("app") if spec == cfg.app else "app"
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"--app {spec!r} must look like MODULE:ATTR, e.g. myproject.jobs:app")
+        raise ConfigError(f"{given} {spec!r} must look like MODULE:ATTR, e.g. myproject.jobs:app")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module failing to import is a config error
         raise ConfigError(
-            f"--app {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"
+            f"{given} {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"
         ) from None
     try:
         obj: Any = module
         for part in attr.split("."):
             obj = getattr(obj, part)
     except AttributeError:
-        raise ConfigError(f"--app {spec!r}: {module_name} has no attribute {attr!r}") from None
+        raise ConfigError(f"{given} {spec!r}: {module_name} has no attribute {attr!r}") from None
     if callable(obj) and not isinstance(obj, App):
         try:
             obj = obj()
         except Exception as exc:  # a factory that fails, or a callable that is not a factory
             raise ConfigError(
-                f"--app {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}"
+                f"{given} {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}"
             ) from None
     if not isinstance(obj, App):
-        raise ConfigError(f"--app {spec!r} is a {type(obj).__name__}, not a leasework.App")
+        raise ConfigError(f"{given} {spec!r} is a {type(obj).__name__}, not a leasework.App")
     return obj.with_config(cfg)
 
 
@@ -898,7 +900,8 @@ def _family(cfg: Config, cls: type[F]) -> F:
         return family
     if cfg.app:
         raise ConfigError(
-            f"--app {cfg.app!r} does not use the {cls.name} family: add app.use({cls.__name__}())"
+            f"{cfg.origin('app')} {cfg.app!r} does not use the {cls.name} family: "
+            f"add app.use({cls.__name__}())"
         )
     return app.use(cls())
 

@@ -287,5 +287,5 @@ class App(Client):
         return operations.pause(conn, kinds, known=self.tasks)
 
     def resume(self, conn: Conn, *kinds: str) -> list[str]:
-        """Resume paused kinds (operations.resume)."""
-        return operations.resume(conn, kinds)
+        """Resume paused kinds; one not paused is left as it is (operations.resume)."""
+        return operations.resume(conn, kinds, known=self.tasks)

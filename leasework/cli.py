@@ -264,8 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     _with_app(p)
     p.add_argument("kinds", nargs="+", metavar="KIND", help="a kind to pause")
 
-    p = sub.add_parser("resume", help="resume paused kinds")
+    p = sub.add_parser("resume", help="resume paused kinds (one not paused is left as it is)")
     _common(p)
+    _with_app(p)
     p.add_argument("kinds", nargs="+", metavar="KIND", help="a paused kind to resume")
 
     p = sub.add_parser("status", help="workers, runs by status, running runs with progress")
@@ -846,11 +847,14 @@ def cmd_pause(args: argparse.Namespace, cfg: Config) -> int:
 def cmd_resume(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
+    known: list[str] = []
+    if cfg.app:
+        known = load_app(cfg.app, cfg).kinds()
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
-        resumed = operations.resume(conn, args.kinds)
-    for kind in resumed:
-        print(f"{kind}: resumed")
+        resumed = operations.resume(conn, args.kinds, known=known)
+    for kind in args.kinds:
+        print(f"{kind}: resumed" if kind in resumed else f"{kind}: not paused; nothing to resume")
     return EXIT_OK
 
 
@@ -1054,7 +1058,8 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
             "and every page cross the network in clear",
             file=sys.stderr,
         )
-    # With --app, a retry gets each task's attempt budget and pause knows the registered kinds.
+    # With --app, a retry gets each task's attempt budget and pause and resume know the
+    # registered kinds.
     app = load_app(cfg.app, cfg, required=False) if cfg.app else None
     dash = Dashboard(
         cfg,

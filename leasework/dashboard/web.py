@@ -523,7 +523,8 @@ class DashboardApp:
                 if not newly:
                     return f"kind {kind} was already paused"
                 return f"kind {kind} paused: no worker claims its runs until it is resumed"
-            self.app.resume(conn, kind)
+            if not self.app.resume(conn, kind):
+                return f"kind {kind} was not paused"
             return f"kind {kind} resumed"
 
     # -- sessions ----------------------------------------------------------------------------------

@@ -460,6 +460,7 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
         db.check_schema(conn)
     app = load_app(cfg.app, cfg)  # as supervise: a worker of no app would poll for nothing
     check_pools(cfg, app.kinds())
+    app.check_start()  # e.g. an embedder that cannot be loaded: exit 2, not an error each poll
     if args.pool is not None:
         cfg.pool(args.pool)  # an unknown pool: one line, exit 2
     worker = Worker(app, cfg, deadman=cfg.deadman, pool=args.pool)
@@ -503,6 +504,7 @@ def cmd_supervise(args: argparse.Namespace, cfg: Config) -> int:
             "processes (NAME:N:KINDS) or drop the pools"
         )
     check_pools(cfg, app.kinds())
+    app.check_start()  # before any fork: what would fail every poll of every child is exit 2
 
     def reload() -> Config:
         return check_pools(_config(args), app.kinds())

@@ -180,6 +180,24 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], str, tuple[int, ...]]] = [
         (2,),
     ),
     ("bad max attempts", [*ENQUEUE, "--max-attempts", "0"], {}, "max_attempts", (2,)),
+    # An embedder that cannot be loaded stops workers at start-up, not the ingest stage each poll.
+    *(
+        (
+            f"embedder not loadable ({argv[0]})",
+            [*argv, "--app", "leasework.cli:builtin_app"],
+            {"LEASEWORK_EMBEDDER": "nosuchembedder:embed"},
+            "LEASEWORK_EMBEDDER 'nosuchembedder:embed' cannot be loaded: ModuleNotFoundError",
+            (2,),
+        )
+        for argv in (["worker"], ["supervise"])
+    ),
+    (
+        "embedder not callable",
+        ["worker", "--once", "--app", "leasework.cli:builtin_app"],
+        {"LEASEWORK_EMBEDDER": "cliapp:app"},
+        "LEASEWORK_EMBEDDER 'cliapp:app' is not callable",
+        (2,),
+    ),
     ("bad env value", ENQUEUE, {"LEASEWORK_POOL_SIZE": "many"}, "pool_size", (2,)),
     ("no such run", ["cancel", "424242"], {}, "424242", (2,)),
     ("unknown command", ["frobnicate"], {}, "frobnicate", (2,)),

@@ -199,6 +199,11 @@ def test_bad_input_is_a_one_line_4xx_and_changes_nothing(
         assert line, refused.text
         text = line.group(1).replace("&#x27;", "'")
         assert words in text and "\n" not in text, (path, text)
+        # the header tells the dashboard's mode on its error pages too
+        assert "actions on" in refused.text and "read-only" not in refused.text, path
+    missing = c.get("/no-such-page")
+    assert missing.status == 404 and "actions on" in missing.text
+    assert "read-only" not in missing.text
     # a form that is not a form
     assert raw(acting.port, f"POST /runs/{queued}/cancel HTTP/1.1\r\nHost: localhost\r\n"
                "Connection: close\r\n\r\n".encode()).startswith(b"HTTP/1.1 411")  # fmt: skip
@@ -235,7 +240,8 @@ def test_a_read_only_dashboard_draws_no_form_and_refuses_every_action(
         for path in (f"/runs/{queued}/cancel", f"/runs/{s.broken}/retry", "/kinds/pause"):
             refused = c.post(path, {"csrf": token, "kind": "mail"})
             assert refused.status == 405 and refused.headers["Allow"] == "GET, HEAD"
-            assert "actions are off" in refused.text
+            assert "actions are off" in refused.text and "read-only" in refused.text
+        assert "read-only" in c.get("/no-such-page").text
         assert state(conn) == before
 
 

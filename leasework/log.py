@@ -10,8 +10,8 @@ import logging
 import re
 import sys
 import time
-from contextvars import ContextVar
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import orjson

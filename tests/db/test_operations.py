@@ -242,7 +242,7 @@ def test_pause_and_resume_refuse_an_unknown_kind_and_resume_leaves_one_not_pause
     assert operations.pause(conn, ["ok"]) == ["ok"]
     # resume is idempotent, as pause is: a kind the app knows but that is not paused is left
     # as it is; a kind nothing knows is refused (a typo), and nothing is resumed
-    with pytest.raises(ConfigError, match="unknown kind 'nope': .* nothing resumed"):
+    with pytest.raises(ConfigError, match=r"unknown kind 'nope': .* nothing resumed"):
         app.resume(conn, "ok", "nope")
     assert [p["kind"] for p in operations.paused(conn)] == ["ok"]
     assert app.resume(conn, "ok", "boom") == ["ok"]

@@ -1,9 +1,10 @@
-"""@app.task refuses handlers the worker cannot run (async def, generators) in one line and
-registers nothing; the handle it returns is the handler, callable as written, and the executor
+"""@app.task refuses handlers the worker cannot run (generators) in one line and registers
+nothing, and takes `async def` ones (and callables whose call is async) for the async stage; the handle it returns is the handler, callable as written, and the executor
 calls a keyword-only handler with the payload's keys."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any
 
@@ -29,21 +30,15 @@ class AsyncCallable:
 
 @pytest.mark.parametrize(
     ("fn", "what"),
-    [
-        (coro, "an async def function"),
-        (gen, "a generator function"),
-        (agen, "an async generator function"),
-        (functools.wraps(coro)(lambda ctx, p: None), "an async def function"),
-        (AsyncCallable(), "an async def function"),
-    ],
+    [(gen, "a generator function"), (agen, "an async generator function")],
 )
 def test_a_handler_that_would_return_without_running_is_refused(fn: Any, what: str) -> None:
     app = App()
     with pytest.raises(ConfigError) as info:
         app.task("x")(fn)
     message = str(info.value)
-    assert "task 'x': handler " in message and f" is {what}; handlers must be plain" in message
-    assert "async handlers are not supported yet" in message and "\n" not in message
+    assert "task 'x': handler " in message and f" is {what}; handlers must be functions" in message
+    assert "async def handler(ctx, payload)" in message and "\n" not in message
     assert app.tasks == {}  # nothing registered
     with pytest.raises(ConfigError, match=what):
         app.register(Task("y", fn))
@@ -62,7 +57,12 @@ def three(ctx: Context, payload: Any, extra: int) -> None: ...
 def keywords_without_ctx(*, ctx: Context, week: int) -> None: ...
 
 
-@pytest.mark.parametrize("fn", [no_ctx, ctx_only, three, keywords_without_ctx, lambda: None])
+async def async_no_ctx(payload: Any) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "fn", [no_ctx, ctx_only, three, keywords_without_ctx, lambda: None, async_no_ctx]
+)
 def test_a_handler_that_cannot_take_ctx_and_payload_is_refused_at_registration(fn: Any) -> None:
     app = App()
     with pytest.raises(ConfigError) as info:
@@ -91,6 +91,17 @@ def test_every_signature_the_executor_can_call_is_accepted() -> None:
     for i, fn in enumerate([optional, star, keywords, Callable_(), functools.partial(three, extra=1)]):
         app.task(f"k{i}")(fn)
     assert len(app.tasks) == 5
+
+
+@pytest.mark.parametrize(
+    "fn", [coro, functools.wraps(coro)(lambda ctx, p: coro(ctx, p)), AsyncCallable()]
+)
+def test_async_handlers_go_to_the_async_stage_and_are_awaited(fn: Any) -> None:
+    app = App()
+    app.task("x")(fn)
+    assert app.tasks["x"].stage == "async"
+    run = app.handler("x")
+    assert asyncio.run(run(None, {"a": 1})) is None
 
 
 def test_the_handle_is_the_handler_and_keyword_handlers_get_the_payload_spread() -> None:

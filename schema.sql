@@ -230,7 +230,10 @@ $$;
 -- the bad argument. With a key, at most one active run per key: a second enqueue returns the
 -- active run's id; an exclusive run whose key is busy waits (one waiting run per key). NOTIFY
 -- wakes idle workers at commit. search_path is pinned so a caller's objects cannot stand in for
--- ours.
+-- ours. priority and max_attempts are taken as double precision (every SQL number converts to it
+-- implicitly) and checked to be whole and in range here: as integer parameters, an out-of-range
+-- value such as 2^40 or 1099511627776 found no function to call and got "function
+-- leasework.enqueue(...) does not exist" instead of the range. (Migration 0011.)
 CREATE OR REPLACE FUNCTION leasework.enqueue(
     kind text,
     payload jsonb DEFAULT '{}',
@@ -238,9 +241,9 @@ CREATE OR REPLACE FUNCTION leasework.enqueue(
     tenant text DEFAULT NULL,
     "group" text DEFAULT NULL,
     exclusive boolean DEFAULT false,
-    priority integer DEFAULT 0,
+    priority double precision DEFAULT 0,
     delay double precision DEFAULT 0,
-    max_attempts integer DEFAULT 3,
+    max_attempts double precision DEFAULT 3,
     lease_seconds double precision DEFAULT NULL,
     timeout_seconds double precision DEFAULT 3600
 ) RETURNS bigint
@@ -274,11 +277,18 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'priority and exclusive must not be NULL';
     END IF;
+    IF NOT (enqueue.priority = trunc(enqueue.priority)
+            AND enqueue.priority BETWEEN -2147483648 AND 2147483647) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'priority must be an integer from -2147483648 to 2147483647 (lower runs first), got %s',
+            enqueue.priority);
+    END IF;
     IF NOT coalesce(enqueue.delay >= 0 AND enqueue.delay <= 31536000, false) THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
             'delay must be a number of seconds from 0 to 31536000 (365 days), got %s', enqueue.delay);
     END IF;
-    IF NOT coalesce(enqueue.max_attempts BETWEEN 1 AND 1000, false) THEN
+    IF NOT coalesce(enqueue.max_attempts BETWEEN 1 AND 1000
+                    AND enqueue.max_attempts = trunc(enqueue.max_attempts), false) THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
             'max_attempts must be an integer from 1 to 1000, got %s', enqueue.max_attempts);
     END IF;
@@ -379,8 +389,9 @@ $$;
 
 -- Only the roles deploy/roles.sql names may call these (functions are executable by PUBLIC by
 -- default; a SECURITY DEFINER one must not be).
-REVOKE EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean, integer,
-    double precision, integer, double precision, double precision) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean,
+    double precision, double precision, double precision, double precision, double precision)
+    FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.cancel(bigint) FROM PUBLIC;
 
 -- A timestamp written as text inside a run's history (started_at, ended_at) as a timestamptz, or

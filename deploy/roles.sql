@@ -42,7 +42,8 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA leasework TO leasework_worker;
 -- (It reads schema_version to check the schema is current.)
 GRANT USAGE ON SCHEMA leasework TO leasework_enqueue;
 GRANT SELECT ON leasework.schema_version TO leasework_enqueue;
-GRANT EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean, integer,
-    double precision, integer, double precision, double precision) TO leasework_enqueue;
+GRANT EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean,
+    double precision, double precision, double precision, double precision, double precision)
+    TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.cancel(bigint) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.now() TO leasework_enqueue;

@@ -84,6 +84,11 @@ class Family:
         """Its maintenance: bounded deletions run by the maintenance stage."""
         return []
 
+    def check_start(self, config: Config) -> None:
+        """Raise ConfigError (one line) for what would fail each poll of its stages once workers
+        run: a setting naming code that cannot be loaded. Called by `leasework worker` and
+        `supervise` before any poll or fork (exit 2), not by every command that loads the app."""
+
 
 class App(Client):
     """Registered task kinds and families, plus the configuration they run with. Enqueue and
@@ -236,6 +241,11 @@ class App(Client):
             other.use(copy.copy(family))
         return other
 
+    def check_start(self) -> None:
+        """Each family's start-up check (Family.check_start) under this app's configuration."""
+        for family in self.families.values():
+            family.check_start(self.config)
+
     def stages(self, config: Config | None = None) -> list[Stage]:
         """The stages a worker of this app polls, in order: schedule, runs, async (when a task
         is `async def`), each family's, maintenance."""
@@ -327,5 +337,5 @@ class App(Client):
         return operations.pause(conn, kinds, known=self.tasks)
 
     def resume(self, conn: Conn, *kinds: str) -> list[str]:
-        """Resume paused kinds (operations.resume)."""
-        return operations.resume(conn, kinds)
+        """Resume paused kinds; one not paused is left as it is (operations.resume)."""
+        return operations.resume(conn, kinds, known=self.tasks)

@@ -52,7 +52,8 @@ def builtin_app(cfg: Config | None = None) -> App:
 
 
 def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
-    """Import MODULE:ATTR (an App instance, or a callable returning one)."""
+    """Import MODULE:ATTR (an App instance, or a callable returning one). A refusal names where
+    the spec came from (`--app`, `LEASEWORK_APP`, the config file's `app`), as `cfg` records."""
     if not spec:
         if required:
             raise ConfigError(
@@ -60,32 +61,33 @@ def load_app(spec: str | None, cfg: Config, *, required: bool = True) -> App:
                 "connections and documents alone: --app leasework.cli:builtin_app)"
             )
         return builtin_app(cfg)
+    given = cfg.origin("app") if spec == cfg.app else "app"
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"--app {spec!r} must look like MODULE:ATTR, e.g. myproject.jobs:app")
+        raise ConfigError(f"{given} {spec!r} must look like MODULE:ATTR, e.g. myproject.jobs:app")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module failing to import is a config error
         raise ConfigError(
-            f"--app {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"
+            f"{given} {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc}"
         ) from None
     try:
         obj: Any = module
         for part in attr.split("."):
             obj = getattr(obj, part)
     except AttributeError:
-        raise ConfigError(f"--app {spec!r}: {module_name} has no attribute {attr!r}") from None
+        raise ConfigError(f"{given} {spec!r}: {module_name} has no attribute {attr!r}") from None
     if callable(obj) and not isinstance(obj, App):
         try:
             obj = obj()
         except Exception as exc:  # a factory that fails, or a callable that is not a factory
             raise ConfigError(
-                f"--app {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}"
+                f"{given} {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}"
             ) from None
     if not isinstance(obj, App):
-        raise ConfigError(f"--app {spec!r} is a {type(obj).__name__}, not a leasework.App")
+        raise ConfigError(f"{given} {spec!r} is a {type(obj).__name__}, not a leasework.App")
     return obj.with_config(cfg)
 
 
@@ -262,8 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     _with_app(p)
     p.add_argument("kinds", nargs="+", metavar="KIND", help="a kind to pause")
 
-    p = sub.add_parser("resume", help="resume paused kinds")
+    p = sub.add_parser("resume", help="resume paused kinds (one not paused is left as it is)")
     _common(p)
+    _with_app(p)
     p.add_argument("kinds", nargs="+", metavar="KIND", help="a paused kind to resume")
 
     p = sub.add_parser("status", help="workers, runs by status, running runs with progress")
@@ -457,6 +460,7 @@ def cmd_worker(args: argparse.Namespace, cfg: Config) -> int:
         db.check_schema(conn)
     app = load_app(cfg.app, cfg)  # as supervise: a worker of no app would poll for nothing
     check_pools(cfg, app.kinds())
+    app.check_start()  # e.g. an embedder that cannot be loaded: exit 2, not an error each poll
     if args.pool is not None:
         cfg.pool(args.pool)  # an unknown pool: one line, exit 2
     worker = Worker(app, cfg, deadman=cfg.deadman, pool=args.pool)
@@ -500,6 +504,7 @@ def cmd_supervise(args: argparse.Namespace, cfg: Config) -> int:
             "processes (NAME:N:KINDS) or drop the pools"
         )
     check_pools(cfg, app.kinds())
+    app.check_start()  # before any fork: what would fail every poll of every child is exit 2
 
     def reload() -> Config:
         return check_pools(_config(args), app.kinds())
@@ -844,11 +849,14 @@ def cmd_pause(args: argparse.Namespace, cfg: Config) -> int:
 def cmd_resume(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
+    known: list[str] = []
+    if cfg.app:
+        known = load_app(cfg.app, cfg).kinds()
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
-        resumed = operations.resume(conn, args.kinds)
-    for kind in resumed:
-        print(f"{kind}: resumed")
+        resumed = operations.resume(conn, args.kinds, known=known)
+    for kind in args.kinds:
+        print(f"{kind}: resumed" if kind in resumed else f"{kind}: not paused; nothing to resume")
     return EXIT_OK
 
 
@@ -898,7 +906,8 @@ def _family(cfg: Config, cls: type[F]) -> F:
         return family
     if cfg.app:
         raise ConfigError(
-            f"--app {cfg.app!r} does not use the {cls.name} family: add app.use({cls.__name__}())"
+            f"{cfg.origin('app')} {cfg.app!r} does not use the {cls.name} family: "
+            f"add app.use({cls.__name__}())"
         )
     return app.use(cls())
 
@@ -1051,7 +1060,8 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
             "and every page cross the network in clear",
             file=sys.stderr,
         )
-    # With --app, a retry gets each task's attempt budget and pause knows the registered kinds.
+    # With --app, a retry gets each task's attempt budget and pause and resume know the
+    # registered kinds.
     app = load_app(cfg.app, cfg, required=False) if cfg.app else None
     dash = Dashboard(
         cfg,

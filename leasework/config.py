@@ -271,6 +271,12 @@ class Config:
     # The settings of the stages and families (sections registered with `section`), as
     # (key, value) pairs: read with `config.section(TheirSettings)`.
     extra: tuple[tuple[str, Any], ...] = field(default=(), repr=False, metadata={"internal": True})
+    # Where `load` found each setting it set: (key, "--app" | "LEASEWORK_APP" | "FILE: app"),
+    # so that an error about a value (an app that does not import) names the place to fix it,
+    # not a flag the user never typed. Not part of the configuration: left out of equality.
+    origins: tuple[tuple[str, str], ...] = field(
+        default=(), repr=False, compare=False, metadata={"internal": True}
+    )
 
     @classmethod
     def make(cls, **values: Any) -> Config:
@@ -288,6 +294,11 @@ class Config:
                 raise ConfigError(f"unknown setting {short(key)}{did_you_mean(key)}")
             extra[key] = value
         return dataclasses.replace(self, **own, extra=tuple(sorted(extra.items())))
+
+    def origin(self, key: str) -> str:
+        """Where a setting was given, for an error about its value: `--app`, `LEASEWORK_APP`,
+        `FILE: app`, or the bare key when `load` did not set it (a default, or code)."""
+        return dict(self.origins).get(key, key)
 
     def section(self, cls: type[S]) -> S:
         """The frozen settings of one stage or family: its defaults, overridden by the keys the
@@ -777,6 +788,7 @@ def load(
     env = os.environ if env is None else env
     overrides = overrides or {}
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     if path is None and env.get(ENV_PREFIX + "CONFIG"):
         path = env[ENV_PREFIX + "CONFIG"]
     raw = read_file(path) if path is not None else {}
@@ -793,12 +805,14 @@ def load(
         if not known(key):
             raise ConfigError(f"{path}: unknown key {short(key)}{did_you_mean(key)}")
         values[key] = _coerce(key, value, str(path))
+        origins[key] = f"{path}: {key}"
     for message in misspelt(env):
         warn(message)
     for name in all_keys():
         var = ENV_PREFIX + name.upper()
         if var in env and env[var] != "":
             values[name] = _coerce(name, env[var], f"env {var}")
+            origins[name] = var
     if "dsn" not in values and env.get("DATABASE_URL"):
         values["dsn"] = env["DATABASE_URL"]
     for key, value in overrides.items():
@@ -808,7 +822,9 @@ def load(
             raise ConfigError(f"unknown setting {short(key)}{did_you_mean(key)}")
         flag = "--pool" if key == "pools" else f"--{key.replace('_', '-')}"
         values[key] = _coerce(key, value, flag)
-    return validate(Config.make(**values))
+        origins[key] = flag
+    made = Config.make(**values)
+    return validate(dataclasses.replace(made, origins=tuple(sorted(origins.items()))))
 
 
 def value(cfg: Config, key: str) -> Any:

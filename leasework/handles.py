@@ -1,8 +1,8 @@
 """What `@app.task` returns: the handler, still callable as written, plus a typed enqueue of its
 kind (`send_report.enqueue(conn, week=48)`, checked by mypy against the handler's own
 parameters). Also the checks a handler passes at registration: a plain function or an `async def`
-one (no generator), called as `fn(ctx, payload)` or, when its parameters after `ctx` are
-keyword-only, as `fn(ctx, **payload)`."""
+one (no generator), callable as `fn(ctx, payload)` or, when its parameters after `ctx` are
+keyword-only, as `fn(ctx, **payload)` (check_signature)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,14 @@ R = TypeVar("R")
 Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
 
-__all__ = ["Configured", "TaskHandle", "check_handler", "is_async", "prepare_handler"]
+__all__ = [
+    "Configured",
+    "TaskHandle",
+    "check_handler",
+    "check_signature",
+    "is_async",
+    "prepare_handler",
+]
 
 
 def is_async(fn: object) -> bool:
@@ -53,6 +60,31 @@ def check_handler(kind: str, fn: object) -> None:
             "`def handler(ctx, payload)` or `async def handler(ctx, payload)` that return their "
             "result"
         )
+
+
+def check_signature(kind: str, fn: Callable[..., Any]) -> None:
+    """Refuse, in one line, a handler whose parameters the executor's call cannot fill: it calls
+    `fn(ctx, payload)`, or `fn(ctx, **payload)` when the parameters after ctx are keyword-only,
+    so `def h(payload)` (no ctx), `def h(ctx)` or a third required parameter would only fail
+    when a run comes. A callable without a signature (a builtin) is taken as it is."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    ctx, payload = object(), object()
+    try:
+        if _shape(fn).keywords:
+            sig.bind_partial(ctx)  # the keys are the payload's: only ctx must go positionally
+        else:
+            sig.bind(ctx, payload)
+    except TypeError:
+        name = getattr(inspect.unwrap(fn), "__name__", "")
+        name = name if name.isidentifier() else "handler"  # a lambda, a partial
+        raise ConfigError(
+            f"task {kind!r}: handler {name}{sig} cannot be called with (ctx, payload); write "
+            f"`def {name}(ctx, payload)`, or keyword-only `def {name}(ctx, *, a, b)` to get the "
+            "payload's keys"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +123,7 @@ def prepare_handler(kind: str, fn: Callable[..., Any]) -> Callable[[Any, Any], A
     """What the executor calls, `run(ctx, payload)`, for a checked handler `fn` (a coroutine
     function again when `fn` is one)."""
     check_handler(kind, fn)
+    check_signature(kind, fn)
     shape = _shape(fn)
     if is_async(fn):
         return _prepare_async(kind, fn, shape)

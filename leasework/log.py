@@ -10,6 +10,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -19,8 +20,61 @@ logger = logging.getLogger("leasework")
 
 # The run whose handler is executing in this thread ({run_id, kind, attempt}), set by the
 # executor around the handler: every record logged meanwhile, the handler's own included, carries
-# it.
+# it (`record.leasework_run`, stamped when the record is made: see install_record_factory).
 RUN: ContextVar[dict[str, Any] | None] = ContextVar("leasework_run", default=None)
+
+
+class _RunField:
+    """`record.run_id` (kind, attempt) of a RunRecord: read from its `leasework_run`. A non-data
+    descriptor, not an instance attribute, so that a handler's own `extra={"kind": ...}` neither
+    collides with it (logging refuses an extra key the record already holds: a KeyError raised
+    into the handler's log call) nor is hidden by it: the extra lands in the instance and wins."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __get__(self, record: logging.LogRecord | None, owner: type | None = None) -> Any:
+        if record is None:
+            return self
+        try:
+            return record.__dict__["leasework_run"][self.key]
+        except KeyError:
+            raise AttributeError(self.key) from None
+
+
+class RunRecord(logging.LogRecord):
+    """A record logged while a handler ran: its run's fields are attributes (`record.run_id`,
+    `record.kind`, `record.attempt`) for any logging handler, pytest's caplog included, besides
+    the dict `record.leasework_run`. A module-level class, so the record still pickles (a
+    multiprocessing QueueHandler)."""
+
+    run_id = _RunField("run_id")
+    kind = _RunField("kind")
+    attempt = _RunField("attempt")
+
+
+def _stamping(previous: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        run = RUN.get()
+        if run is not None:
+            record.leasework_run = dict(run)
+            if type(record) is logging.LogRecord:  # an application's own record class is kept
+                record.__class__ = RunRecord
+        return record
+
+    factory._leasework = True  # type: ignore[attr-defined]
+    return factory
+
+
+def install_record_factory() -> None:
+    """Stamp the run in progress on every record as it is made, in the handler's thread: so the
+    run's fields reach every logging handler (caplog in a user's tests, an application's own
+    handlers, a QueueHandler formatting in another thread), not only leasework's formatters.
+    Wraps the factory in place (an application's own is kept and called first); idempotent."""
+    current = logging.getLogRecordFactory()
+    if not getattr(current, "_leasework", False):
+        logging.setLogRecordFactory(_stamping(current))
 
 # A password in key=value form: its whole value as libpq reads it, quoted (spaces and escaped
 # quotes inside) or not (backslash-escaped characters, `Top\ Secret`, included).
@@ -70,14 +124,16 @@ def first_line(exc: BaseException) -> str:
 def _event(record: logging.LogRecord) -> tuple[str, dict[str, Any]]:
     """(event name, fields) of a record. A leasework event is its name and its structured fields;
     any other record (the application's, a handler's own `logging` call) is the event `log` with
-    its logger's name and its message. Both carry the run in progress (RUN), if any. A DSN's
-    password is hidden in every string value."""
+    its logger's name and its message. Both carry the run they were logged in (stamped on the
+    record; else the run in progress, RUN), if any. A DSN's password is hidden in every string
+    value."""
     fields = getattr(record, "fields", None)
     if fields is not None:
         name, out = record.getMessage(), dict(fields)
     else:
         name, out = "log", {"logger": record.name, "message": record.getMessage()}
-    for key, value in (RUN.get() or {}).items():
+    run = getattr(record, "leasework_run", None)
+    for key, value in (run if isinstance(run, dict) else RUN.get() or {}).items():
         out.setdefault(key, value)
     return name, {k: redact_dsn(v) if isinstance(v, str) else v for k, v in out.items()}
 

@@ -328,32 +328,35 @@ def pause(conn: Conn, kinds: Iterable[str], *, known: Iterable[str] = ()) -> lis
     run or a schedule. Returns the kinds newly paused (already paused ones are left as they are)."""
     wanted = _kinds(kinds)
     with conn.transaction():
-        seen = {
-            str(r[0]) for r in conn.execute(Q["known_kinds"], {"kinds": wanted}).fetchall()
-        } | set(known)
-        unknown = [k for k in wanted if k not in seen]
-        if unknown:
-            raise NotFound(
-                f"unknown kind {unknown[0]!r}: no task, run or schedule has it; nothing paused"
-            )
+        _refuse_unknown(conn, wanted, known, "paused")
         rows = conn.execute(Q["pause_kinds"], {"kinds": wanted}).fetchall()
         return sorted(str(r[0]) for r in rows)
 
 
-def resume(conn: Conn, kinds: Iterable[str]) -> list[str]:
-    """Resume paused kinds (workers are woken at once). A kind that is not paused is refused,
-    and nothing changes."""
+def resume(conn: Conn, kinds: Iterable[str], *, known: Iterable[str] = ()) -> list[str]:
+    """Resume paused kinds (workers are woken at once). Returns the kinds resumed: one that was
+    not paused is left as it is, as `pause` leaves a paused one, so that a retried or scripted
+    resume is harmless. A kind nothing knows (a typo) is refused, as by `pause`: resuming it
+    would report success for a kind no worker will ever claim."""
     wanted = _kinds(kinds)
     with conn.transaction():
-        current = {r["kind"] for r in paused(conn)}
-        missing = [k for k in wanted if k not in current]
-        if missing:
-            names = ", ".join(sorted(current)) or "none"
-            raise ConfigError(
-                f"kind {missing[0]!r} is not paused (paused: {names}); nothing resumed"
-            )
+        current = {str(r["kind"]) for r in paused(conn)}
+        _refuse_unknown(conn, wanted, {*known, *current}, "resumed")
         rows = conn.execute(Q["resume_kinds"], {"kinds": wanted}).fetchall()
         return sorted(str(r[0]) for r in rows)
+
+
+def _refuse_unknown(conn: Conn, wanted: list[str], known: Iterable[str], action: str) -> None:
+    """NotFound for the first kind that is neither in `known` (registered) nor seen in a run or a
+    schedule."""
+    seen = {
+        str(r[0]) for r in conn.execute(Q["known_kinds"], {"kinds": wanted}).fetchall()
+    } | set(known)
+    unknown = [k for k in wanted if k not in seen]
+    if unknown:
+        raise NotFound(
+            f"unknown kind {unknown[0]!r}: no task, run or schedule has it; nothing {action}"
+        )
 
 
 def _kinds(kinds: Iterable[str]) -> list[str]:

@@ -21,11 +21,14 @@ import orjson
 class View:
     """What a page needs from its request: `root`, the prefix of every link and form action (''
     when served at /); `csrf`, the token the action forms carry (None: actions are off, and no
-    form is drawn); `flash`, a one-line message from the action just done."""
+    form is drawn); `flash`, a one-line message from the action just done; `actions_on`, that
+    the dashboard has actions enabled, for the header's mode on a page that draws no form (an
+    error page, or a refusal made before this browser's token was known)."""
 
     root: str = ""
     csrf: str | None = None
     flash: str | None = None
+    actions_on: bool = False
 
     @property
     def actions(self) -> bool:
@@ -204,7 +207,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str) 
 
 def layout(title: str, body: str, *, refresh: int | None, v: View = PLAIN) -> str:
     meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
-    mode = "actions on" if v.actions else "read-only"
+    mode = "actions on" if v.actions or v.actions_on else "read-only"
     note = f"{mode}; refreshes every {refresh} s" if refresh else mode
     flash = f'<p class="flash" id="flash">{esc(v.flash)}</p>' if v.flash else ""
     r = esc(v.root)
@@ -682,7 +685,7 @@ def error_page(code: int, message: str, v: View = PLAIN) -> str:
         f'<p><a href="{esc(v.url("/"))}">overview</a> \u00b7 '
         f'<a href="{esc(v.url("/runs"))}">runs</a></p></section>',
         refresh=None,
-        v=View(v.root),
+        v=View(v.root, actions_on=v.actions or v.actions_on),  # no form, no flash: the mode
     )
 
 

@@ -215,7 +215,7 @@ class DashboardApp:
                 TEXT,
                 [("WWW-Authenticate", 'Basic realm="leasework", charset="UTF-8"')],
             )
-        v = pages.View(req.root)
+        v = pages.View(req.root, actions_on=self.actions)
         try:
             if req.method in ("GET", "HEAD"):
                 return self.get(req)
@@ -306,7 +306,8 @@ class DashboardApp:
         if csrf.FLASH_COOKIE in req.cookies:
             flash = csrf.unsign(self.secret, req.cookies[csrf.FLASH_COOKIE])
             headers.append(("Set-Cookie", self._cookie(req, csrf.FLASH_COOKIE, "", max_age=0)))
-        return pages.View(req.root, csrf.token_for(self.secret, nonce), flash), headers
+        token = csrf.token_for(self.secret, nonce)
+        return pages.View(req.root, token, flash, actions_on=True), headers
 
     @staticmethod
     def _cookie(req: Request, name: str, value: str, *, max_age: int | None = None) -> str:
@@ -523,7 +524,8 @@ class DashboardApp:
                 if not newly:
                     return f"kind {kind} was already paused"
                 return f"kind {kind} paused: no worker claims its runs until it is resumed"
-            self.app.resume(conn, kind)
+            if not self.app.resume(conn, kind):
+                return f"kind {kind} was not paused"
             return f"kind {kind} resumed"
 
     # -- sessions ----------------------------------------------------------------------------------

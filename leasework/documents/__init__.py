@@ -61,6 +61,14 @@ class Documents(Family):
     def enqueue_due(self, conn: Conn, limit: int) -> int:
         return 0  # nothing scheduled
 
+    def check_start(self, config: Config) -> None:
+        """An `embedder` setting that cannot be loaded is refused when workers start, rather
+        than failing the ingest stage at every poll. One registered with `@app.embedder` wins,
+        and then the setting is not used."""
+        spec = config.section(DocumentSettings).embedder
+        if self._embedder is None and spec:
+            load_embedder(spec, where=config.origin("embedder"))
+
     def pruners(self) -> list[Pruner]:
         return [
             Pruner("prune_uploads", lambda c: maintenance(c).prune_interval, self._prune_uploads),

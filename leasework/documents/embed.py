@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Callable, Sequence
 
 from ..errors import ConfigError, LeaseworkError
+from ..log import first_line
 
 Vector = Sequence[float]
 Embedder = Callable[[Sequence[str]], Sequence[Vector]]
@@ -51,17 +52,20 @@ class HashingEmbedder:
         return [x / norm for x in vec] if norm else vec
 
 
-def load_embedder(spec: str) -> Embedder:
-    """MODULE:ATTR of a callable (the `embedder` setting)."""
+def load_embedder(spec: str, where: str = "embedder") -> Embedder:
+    """MODULE:ATTR of a callable (the `embedder` setting; `where` it was given, for the error).
+    A module that fails to import, whatever it raises, is a ConfigError of one line."""
     module_name, _, attr = spec.partition(":")
     try:
         obj: object = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"embedder {spec!r} cannot be loaded: {exc}") from None
+    except Exception as exc:  # the user's module failing to import is a config error
+        raise ConfigError(
+            f"{where} {spec!r} cannot be loaded: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
     if not callable(obj):
-        raise ConfigError(f"embedder {spec!r} is not callable")
+        raise ConfigError(f"{where} {spec!r} is not callable")
     return obj
 
 

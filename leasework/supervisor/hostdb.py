@@ -63,6 +63,7 @@ class HostDB:
         self._release: dict[str, str] = {}  # worker id -> reason, waiting to be written
         self._settle: dict[str, Killed] = {}  # worker id -> the run it was killed for
         self._stopped: set[str] = set()
+        self._removed: set[str] = set()  # stopped cleanly: the row goes
         self._rand = random.Random()
         self.behind_pooler = False  # what its last connection found (db.is_pooled)
 
@@ -125,19 +126,30 @@ class HostDB:
         return True
 
     def child_gone(
-        self, worker_id: str, release_reason: str | None, killed: Killed | None = None
+        self,
+        worker_id: str,
+        release_reason: str | None,
+        killed: Killed | None = None,
+        *,
+        clean: bool = False,
     ) -> None:
         """Record that a child exited; with a reason, its leases are expired too; `killed`: the
-        run it was killed for gets its outcome (cancelled, a timed-out attempt, released)."""
+        run it was killed for gets its outcome (cancelled, a timed-out attempt, released).
+        `clean` (it stopped on request or was recycled): its row is deleted, as a standalone
+        worker deletes its own on a clean exit, so that `status` does not count it `gone`; a
+        crashed or killed child's row stays, stopped, for maintenance to prune."""
         if release_reason is not None:
             self._release[worker_id] = release_reason
         if killed is not None:
             self._settle[worker_id] = killed
-        self._stopped.add(worker_id)
+        if clean and release_reason is None and killed is None:
+            self._removed.add(worker_id)
+        else:
+            self._stopped.add(worker_id)
 
     @property
     def pending(self) -> bool:
-        return bool(self._release or self._stopped or self._settle)
+        return bool(self._release or self._stopped or self._removed or self._settle)
 
     def cancel_requested(self, runs: list[lease.RunRef], now: float) -> set[int] | None:
         """The ids among `runs` (its children's, by id and owner) whose cancel was requested;
@@ -201,6 +213,9 @@ class HostDB:
             for worker_id in list(self._stopped):
                 presence.stop_worker(conn, worker_id)
                 self._stopped.discard(worker_id)
+            for worker_id in list(self._removed):
+                presence.remove_worker(conn, worker_id)
+                self._removed.discard(worker_id)
         except (psycopg.Error, db.DatabaseUnavailable) as exc:
             self._failed("release", exc, now)
         return released

@@ -443,7 +443,7 @@ class Supervisor:
         # Fast release: whatever it held is claimable on the next poll anywhere, instead of
         # after the lease. Owner-scoped: a run another worker reclaimed already is not touched.
         release = None if meaning.clean else f"worker {child.worker_id} {meaning.describe()}"
-        self.hostdb.child_gone(child.worker_id, release, child.kill_run)
+        self.hostdb.child_gone(child.worker_id, release, child.kill_run, clean=meaning.clean)
         slot = child.slot
         if slot is None or slot not in self.slots:
             return

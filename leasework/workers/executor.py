@@ -71,6 +71,7 @@ class Executor:
         self.current: Context | None = None
         self.jobs_done = 0
         self._durations: dict[int, float] = {}  # unsealed successes: run id -> seconds it took
+        log.install_record_factory()  # the handlers' records carry their run, for any handler
 
     # -- running ------------------------------------------------------------------------------
 
@@ -102,7 +103,8 @@ class Executor:
         try:
             self.beat(ctx)  # the supervisor knows the run before its handler starts
             try:
-                # The handler's own `logging` records carry the run (log.RunFormatter).
+                # The handler's own `logging` records carry the run (log.RUN, stamped on each
+                # record by log.install_record_factory).
                 token = log.RUN.set(
                     {"run_id": claim.id, "kind": claim.kind, "attempt": claim.attempts}
                 )

@@ -157,7 +157,47 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], str, tuple[int, ...]]] = [
         (2,),
     ),
     ("app not an App", ["enqueue", "hello", "--app", "cliapp:hello"], {}, "cliapp:hello", (2,)),
+    # The error names where the app came from: the flag, the variable or the file's key.
+    (
+        "app flag not importable",
+        ["enqueue", "hello", "--app", "nosuchmodule:app"],
+        {},
+        "--app 'nosuchmodule:app': cannot import nosuchmodule",
+        (2,),
+    ),
+    (
+        "app from the environment not importable",
+        ["enqueue", "hello"],
+        {"LEASEWORK_APP": "nosuchmodule:app"},
+        "LEASEWORK_APP 'nosuchmodule:app': cannot import nosuchmodule",
+        (2,),
+    ),
+    (
+        "app from the config file not a factory",
+        ["enqueue", "hello", "--config", "{appfile}"],
+        {},
+        "appfile.toml: app 'cliapp:hello': calling hello() failed",
+        (2,),
+    ),
     ("bad max attempts", [*ENQUEUE, "--max-attempts", "0"], {}, "max_attempts", (2,)),
+    # An embedder that cannot be loaded stops workers at start-up, not the ingest stage each poll.
+    *(
+        (
+            f"embedder not loadable ({argv[0]})",
+            [*argv, "--app", "leasework.cli:builtin_app"],
+            {"LEASEWORK_EMBEDDER": "nosuchembedder:embed"},
+            "LEASEWORK_EMBEDDER 'nosuchembedder:embed' cannot be loaded: ModuleNotFoundError",
+            (2,),
+        )
+        for argv in (["worker"], ["supervise"])
+    ),
+    (
+        "embedder not callable",
+        ["worker", "--once", "--app", "leasework.cli:builtin_app"],
+        {"LEASEWORK_EMBEDDER": "cliapp:app"},
+        "LEASEWORK_EMBEDDER 'cliapp:app' is not callable",
+        (2,),
+    ),
     ("bad env value", ENQUEUE, {"LEASEWORK_POOL_SIZE": "many"}, "pool_size", (2,)),
     ("no such run", ["cancel", "424242"], {}, "424242", (2,)),
     ("unknown command", ["frobnicate"], {}, "frobnicate", (2,)),
@@ -192,6 +232,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(conn: Conn, cli: Any, tmp_
         "bogus": "bogus_knob = 1\n",
         "badvalue": 'lease = "long"\n',
         "badtoml": "lease = = 1\n",
+        "appfile": 'app = "cliapp:hello"\n',
     }
     paths = {"missing": str(tmp_path / "missing.toml")}
     for name, text in files.items():

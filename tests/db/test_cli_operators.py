@@ -97,7 +97,7 @@ def test_runs_show_retry_delete_pause_resume(conn: Conn, cli: Any) -> None:
     one_line_exit_2(cli("runs", "--status", "bogus"), "status 'bogus' is not one of")
     one_line_exit_2(cli("runs", "--since", "yesterday"), "--since 'yesterday'")
     one_line_exit_2(cli("pause", "nope"), "unknown kind 'nope'")
-    one_line_exit_2(cli("resume", "hello"), "'hello' is not paused")
+    one_line_exit_2(cli("resume", "nope"), "unknown kind 'nope'")
     assert snapshot(conn) == before
 
     assert ok(cli("retry", "--kind", "boom", "--dry-run")).strip() == "would retry 1 run(s)"
@@ -119,6 +119,8 @@ def test_runs_show_retry_delete_pause_resume(conn: Conn, cli: Any) -> None:
     assert get_run(conn, queued)["status"] == "queued"  # paused: not claimed
     assert get_run(conn, boom)["status"] == "failed"  # its other kind ran
     assert ok(cli("resume", "hello")).strip() == "hello: resumed"
+    # idempotent, as pause is: exit 0, saying so
+    assert ok(cli("resume", "hello")).strip() == "hello: not paused; nothing to resume"
     ok(cli("worker", "--once", *app))
     assert get_run(conn, queued)["status"] == "succeeded"
 

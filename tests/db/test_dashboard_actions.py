@@ -2,7 +2,7 @@
 cancel, retry, delete, pause and resume as POST forms, each checked in the database; the CSRF
 token required (missing, wrong, from another dashboard, without its cookie, posted from another
 site: 403 and nothing changed); bad input (unknown id, live run to retry or delete, finished run
-to cancel, unknown kind, a kind not paused) a one-line 4xx page changing nothing; a read-only
+to cancel, unknown kind to pause or resume) a one-line 4xx page changing nothing; a read-only
 dashboard drawing no form and refusing every POST; beyond loopback, the token still in front."""
 
 from __future__ import annotations
@@ -124,6 +124,8 @@ def test_every_action_changes_the_database_and_redirects(
     done = c.post("/kinds/resume", {"csrf": token, "kind": "mail"})
     assert done.status == 303 and done.headers["Location"] == "/kinds"
     assert state(conn)[1] == []
+    again = c.post("/kinds/resume", {"csrf": token, "kind": "mail"})  # idempotent, as pause
+    assert again.status == 303 and "kind mail was not paused" in c.get("/kinds").text
 
 
 @pytest.mark.parametrize(
@@ -185,7 +187,7 @@ def test_bad_input_is_a_one_line_4xx_and_changes_nothing(
         (f"/runs/{s.report}/cancel", {}, 409, "is already succeeded: nothing to cancel"),
         (f"/runs/{s.report}/retry", {}, 409, "only failed, cancelled, partial runs"),
         ("/kinds/pause", {"kind": "no-such-kind"}, 404, "unknown kind 'no-such-kind'"),
-        ("/kinds/resume", {"kind": "mail"}, 409, "is not paused"),
+        ("/kinds/resume", {"kind": "no-such-kind"}, 404, "unknown kind 'no-such-kind'"),
         ("/kinds/pause", {"kind": ""}, 400, "kind must be 1-200 characters"),
         (f"/runs/{2**63}/cancel", {}, 400, "positive 64-bit integer"),
         ("/runs/1/frobnicate", {}, 404, "no action"),
@@ -197,6 +199,11 @@ def test_bad_input_is_a_one_line_4xx_and_changes_nothing(
         assert line, refused.text
         text = line.group(1).replace("&#x27;", "'")
         assert words in text and "\n" not in text, (path, text)
+        # the header tells the dashboard's mode on its error pages too
+        assert "actions on" in refused.text and "read-only" not in refused.text, path
+    missing = c.get("/no-such-page")
+    assert missing.status == 404 and "actions on" in missing.text
+    assert "read-only" not in missing.text
     # a form that is not a form
     assert raw(acting.port, f"POST /runs/{queued}/cancel HTTP/1.1\r\nHost: localhost\r\n"
                "Connection: close\r\n\r\n".encode()).startswith(b"HTTP/1.1 411")  # fmt: skip
@@ -233,7 +240,8 @@ def test_a_read_only_dashboard_draws_no_form_and_refuses_every_action(
         for path in (f"/runs/{queued}/cancel", f"/runs/{s.broken}/retry", "/kinds/pause"):
             refused = c.post(path, {"csrf": token, "kind": "mail"})
             assert refused.status == 405 and refused.headers["Allow"] == "GET, HEAD"
-            assert "actions are off" in refused.text
+            assert "actions are off" in refused.text and "read-only" in refused.text
+        assert "read-only" in c.get("/no-such-page").text
         assert state(conn) == before
 
 

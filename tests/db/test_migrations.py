@@ -267,3 +267,43 @@ def test_cli_migrate_check_and_workers_refuse_a_schema_behind(scratch: Callable[
     up = _cli("migrate", dsn=target)
     assert up.returncode == 0 and "migrated from version" in up.stdout, up
     assert _cli("migrate", "--check", dsn=target).returncode == 0
+
+
+def test_migration_0011_keeps_the_grants_of_the_enqueue_it_replaces(
+    scratch: Callable[[], str],
+) -> None:
+    """0011 drops leasework.enqueue to change two parameter types: whoever could call the old
+    one (deploy/roles.sql's leasework_enqueue) must still call the new one, and PUBLIC not."""
+    role = f"leasework_mig_role_{secrets.token_hex(3)}"
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+        try:
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version <= 10])
+            conn.execute(
+                sql.SQL(
+                    "GRANT EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text,"
+                    " boolean, integer, double precision, integer, double precision,"
+                    " double precision) TO {}"
+                ).format(sql.Identifier(role))
+            )
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version == 11])
+            new = (
+                "leasework.enqueue(text, jsonb, text, text, text, boolean, double precision,"
+                " double precision, double precision, double precision, double precision)"
+            )
+            assert conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE'),"
+                "       has_function_privilege('public', %s, 'EXECUTE'),"
+                "       count(*) FROM pg_proc WHERE proname = 'enqueue'",
+                (role, new, new),
+            ).fetchone() == (True, False, 1)
+            with conn.transaction():  # idempotent: applied again, nothing changes
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version == 11])
+            assert conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, new)
+            ).fetchone() == (True,)
+        finally:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

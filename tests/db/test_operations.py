@@ -232,7 +232,7 @@ def test_pause_and_resume(conn: Conn, make_worker: Callable[..., Worker]) -> Non
     assert {get_run(conn, b)["status"] for b in batch} == {"succeeded"}
 
 
-def test_pause_refuses_an_unknown_kind_and_resume_one_not_paused(conn: Conn) -> None:
+def test_pause_and_resume_refuse_an_unknown_kind_and_resume_leaves_one_not_paused(conn: Conn) -> None:
     app = make_app()
     with pytest.raises(ConfigError, match="unknown kind 'nope'"):
         app.pause(conn, "ok", "nope")
@@ -240,9 +240,16 @@ def test_pause_refuses_an_unknown_kind_and_resume_one_not_paused(conn: Conn) -> 
     # a kind the database has seen (a run of it) may be paused without the app
     app.enqueue(conn, "ok")
     assert operations.pause(conn, ["ok"]) == ["ok"]
-    with pytest.raises(ConfigError, match="'boom' is not paused"):
-        app.resume(conn, "ok", "boom")
+    # resume is idempotent, as pause is: a kind the app knows but that is not paused is left
+    # as it is; a kind nothing knows is refused (a typo), and nothing is resumed
+    with pytest.raises(ConfigError, match=r"unknown kind 'nope': .* nothing resumed"):
+        app.resume(conn, "ok", "nope")
     assert [p["kind"] for p in operations.paused(conn)] == ["ok"]
+    assert app.resume(conn, "ok", "boom") == ["ok"]
+    assert app.resume(conn, "ok", "boom") == []
+    assert operations.paused(conn) == []
+    with pytest.raises(ConfigError, match="unknown kind 'boom'"):
+        operations.resume(conn, ["boom"])  # without the app, nothing has seen boom
 
 
 def test_a_paused_kinds_running_run_finishes(

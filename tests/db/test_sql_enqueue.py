@@ -90,6 +90,23 @@ BAD = [
         "'report', max_attempts => 1001",
         "max_attempts must be an integer from 1 to 1000",
     ),
+    # Numbers out of a 32-bit integer's range, of every SQL number type: each gets the range, not
+    # "function leasework.enqueue(...) does not exist" (integer parameters matched no call).
+    ({"priority": 2**40}, "'report', priority => 2^40", "priority must be"),
+    ({"priority": 2**40}, "'report', priority => 1099511627776", "priority must be"),
+    ({"priority": -(2**31) - 1}, "'report', priority => -2147483649", "priority must be"),
+    ({"priority": 1.5}, "'report', priority => 1.5", "priority must be"),
+    ({"priority": math.inf}, "'report', priority => 'Infinity'", "priority must be"),
+    (
+        {"max_attempts": 2**40},
+        "'report', max_attempts => 1099511627776",
+        "max_attempts must be an integer from 1 to 1000",
+    ),
+    (
+        {"max_attempts": 2.5},
+        "'report', max_attempts => 2.5",
+        "max_attempts must be an integer from 1 to 1000",
+    ),
 ]
 
 

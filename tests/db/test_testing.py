@@ -5,6 +5,7 @@ assertions read back what was enqueued."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
@@ -95,6 +96,30 @@ def test_run_task_runs_the_handler_with_a_real_context(app: App, conn: Conn) -> 
         (out.run_id,),
     ).fetchone()
     assert row == (3, 3, None)
+
+
+def test_a_handlers_log_records_carry_their_run_under_caplog(
+    app: App, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a user's test asserts on: the run fields are attributes of the records pytest's log
+    capture keeps, not only in leasework's own formatted lines; a handler's own `extra` of the
+    same name is neither refused (a KeyError in its log call) nor overwritten."""
+    logged = logging.getLogger("myapp.reports")
+
+    @app.task("logs")
+    def logs(ctx: Context, payload: Any) -> None:
+        logged.warning("sending week %s", payload["week"])
+        logged.warning("mine", extra={"kind": "invoice"})
+
+    caplog.set_level(logging.INFO, logger="myapp")
+    out = run_task(app, conn, "logs", {"week": 48})
+    assert out.status == "succeeded", out.error
+    sent, mine = [r for r in caplog.records if r.name == "myapp.reports"]
+    assert (sent.run_id, sent.kind, sent.attempt) == (out.run_id, "logs", 1)  # type: ignore[attr-defined]
+    assert sent.leasework_run == {"run_id": out.run_id, "kind": "logs", "attempt": 1}  # type: ignore[attr-defined]
+    assert (mine.run_id, mine.kind) == (out.run_id, "invoice")  # type: ignore[attr-defined]
+    logged.warning("after the run")
+    assert not hasattr(caplog.records[-1], "run_id")
 
 
 def test_retry_partial_failure_and_abort_come_back_as_outcomes(

@@ -181,6 +181,30 @@ def test_term_is_graceful_and_releases_an_unfinished_run(
     assert rows.fetchone() == (0,)
 
 
+def test_status_after_a_clean_term_shows_no_gone_worker(supervise: Start, pconn: Conn) -> None:
+    """A child stopped by a clean TERM leaves no row (as a standalone worker on a clean exit),
+    rather than a stopped row that `status` counts as `gone` until maintenance prunes it; a
+    recycled child's row goes the same way."""
+    from leasework import status
+
+    runs = [enqueue(pconn, "hold") for _ in range(3)]
+    sup = supervise(processes=2, max_jobs_per_child=1, runs_limit=1)
+    for run_id in runs:
+        _wait_status(pconn, run_id, "succeeded")
+    kids = sup.wait_children(2)
+    wait_for(
+        lambda: sorted(
+            r[0] for r in pconn.execute("SELECT pid FROM leasework.workers").fetchall()
+        )
+        == sorted(kids)
+    )  # the recycled children's rows are gone already; the live ones are written
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0
+    assert pconn.execute("SELECT id, pid, stopped_at FROM leasework.workers").fetchall() == []
+    snap = status.collect(pconn, heartbeat_interval=15.0)
+    assert "workers: 0 alive, 0 gone" in status.render(snap), status.render(snap)
+
+
 def test_kill_9_of_the_supervisor_takes_its_children_down(
     supervise: Start, pconn: Conn, app_dir: Path
 ) -> None:

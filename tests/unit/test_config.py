@@ -54,6 +54,21 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
     assert (cfg.lease, cfg.pool_size, cfg.dsn) == (60.0, 5, "dbname=flag")
 
 
+def test_origin_names_where_each_setting_was_given(tmp_path: Path) -> None:
+    """What an error about a value names (load_app's refusals): the flag, the variable or the
+    file's key that set it, whichever won."""
+    path = write(tmp_path, 'app = "file:app"\nlease = 60\n')
+    cfg = load(path, env={"LEASEWORK_APP": "env:app", "LEASEWORK_POOL_SIZE": "3"})
+    assert cfg.app == "env:app" and cfg.origin("app") == "LEASEWORK_APP"
+    assert cfg.origin("lease") == f"{path}: lease"
+    assert cfg.origin("pool_size") == "LEASEWORK_POOL_SIZE"
+    assert cfg.origin("poll_interval") == "poll_interval"  # a default: the bare key
+    flagged = load(path, env={"LEASEWORK_APP": "env:app"}, overrides={"app": "flag:app"})
+    assert flagged.origin("app") == "--app"
+    assert load(path, env={}).origin("app") == f"{path}: app"
+    assert flagged == load(path, env={}, overrides={"app": "flag:app"})  # not in equality
+
+
 def test_config_file_from_env(tmp_path: Path) -> None:
     path = write(tmp_path, "max_attempts = 7\n")
     assert load(env={"LEASEWORK_CONFIG": str(path)}).max_attempts == 7

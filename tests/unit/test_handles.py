@@ -45,6 +45,54 @@ def test_a_handler_that_would_return_without_running_is_refused(fn: Any, what: s
     assert app.tasks == {}
 
 
+def no_ctx(payload: Any) -> None: ...
+
+
+def ctx_only(ctx: Context) -> None: ...
+
+
+def three(ctx: Context, payload: Any, extra: int) -> None: ...
+
+
+def keywords_without_ctx(*, ctx: Context, week: int) -> None: ...
+
+
+async def async_no_ctx(payload: Any) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "fn", [no_ctx, ctx_only, three, keywords_without_ctx, lambda: None, async_no_ctx]
+)
+def test_a_handler_that_cannot_take_ctx_and_payload_is_refused_at_registration(fn: Any) -> None:
+    app = App()
+    with pytest.raises(ConfigError) as info:
+        app.task("x")(fn)
+    message = str(info.value)
+    name = fn.__name__ if fn.__name__ != "<lambda>" else "handler"
+    assert message.startswith(f"task 'x': handler {name}(") and "\n" not in message
+    assert "cannot be called with (ctx, payload)" in message
+    assert f"`def {name}(ctx, payload)`" in message
+    assert f"keyword-only `def {name}(ctx, *, a, b)`" in message
+    assert app.tasks == {}
+
+
+def test_every_signature_the_executor_can_call_is_accepted() -> None:
+    app = App()
+
+    def optional(ctx: Context, payload: Any = None, retries: int = 3) -> None: ...
+
+    def star(*args: Any) -> None: ...
+
+    def keywords(ctx: Context, *, week: int, **rest: Any) -> None: ...
+
+    class Callable_:
+        def __call__(self, ctx: Context, payload: Any) -> None: ...
+
+    for i, fn in enumerate([optional, star, keywords, Callable_(), functools.partial(three, extra=1)]):
+        app.task(f"k{i}")(fn)
+    assert len(app.tasks) == 5
+
+
 @pytest.mark.parametrize(
     "fn", [coro, functools.wraps(coro)(lambda ctx, p: coro(ctx, p)), AsyncCallable()]
 )

@@ -95,3 +95,36 @@ def test_every_command_takes_log_format() -> None:
             for p in subs:
                 flags = {f for a in p._actions for f in a.option_strings}
                 assert "--log-format" in flags, f"leasework {name} {p.prog} lacks --log-format"
+
+
+def test_records_made_during_a_run_carry_it_and_still_pickle() -> None:
+    """install_record_factory stamps the run on records as they are made (any handler sees it,
+    a QueueHandler's pickling included), keeps an application's factory, and is idempotent."""
+    import pickle
+
+    before = logging.getLogRecordFactory()
+    made: list[str] = []
+
+    def apps_own(*args: object, **kwargs: object) -> logging.LogRecord:
+        made.append("app")
+        return logging.LogRecord(*args, **kwargs)  # type: ignore[arg-type]
+
+    logging.setLogRecordFactory(apps_own)
+    try:
+        log.install_record_factory()
+        log.install_record_factory()
+        token = log.RUN.set({"run_id": 7, "kind": "sync", "attempt": 2})
+        try:
+            record = logging.getLogger("x").makeRecord("x", logging.INFO, "f", 1, "m", None, None)
+        finally:
+            log.RUN.reset(token)
+        plain = logging.getLogger("x").makeRecord("x", logging.INFO, "f", 1, "m", None, None)
+    finally:
+        logging.setLogRecordFactory(before)
+    assert made == ["app", "app"]  # chained once, not twice
+    assert (record.run_id, record.kind, record.attempt) == (7, "sync", 2)  # type: ignore[attr-defined]
+    copy = pickle.loads(pickle.dumps(record))
+    assert copy.run_id == 7 and copy.leasework_run == {"run_id": 7, "kind": "sync", "attempt": 2}
+    assert not hasattr(plain, "run_id") and not hasattr(plain, "leasework_run")
+    doc = orjson.loads(log.JsonFormatter().format(record))  # formatted later, outside the run
+    assert (doc["run_id"], doc["kind"], doc["attempt"]) == (7, "sync", 2)

@@ -36,6 +36,16 @@ FINISH_AND_CLAIM = (
     .replace(b"%(finishing)s::bigint", b"%(id)s::bigint")
 )
 
+# finish_and_claim_untenanted (lease.sql), with the same parameters written in as above.
+FINISH_AND_CLAIM_UNTENANTED = (
+    Q["finish_and_claim_untenanted"]
+    .replace(b"<finish_run>", Q["finish_run"])
+    .replace(b"%(status)s::text", b"'succeeded'::text")
+    .replace(b"%(error)s::text", b"NULL::text")
+    .replace(b"%(limit)s", b"1")
+    .replace(b"%(finishing)s::bigint", b"%(id)s::bigint")
+)
+
 Conn = psycopg.Connection[Any]
 ControlState = Literal["ok", "lost", "cancelled", "expired"]
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
@@ -167,6 +177,26 @@ def claim_runs(
     return [_claim(r, lease, sent) for r in rows]
 
 
+class ClaimShape:
+    """Which statement finish_and_claim sends, kept by its caller from one job to the next: the
+    shorter finish_and_claim_untenanted while no tenanted run has been seen due, the whole one
+    for `recheck` seconds after one was. Either is correct for any queue (lease.sql says why);
+    this only spares a queue without tenants the tenanted branches' cost, and a queue with them
+    a statement that claims nothing more often than once per `recheck`."""
+
+    __slots__ = ("recheck", "whole_until")
+
+    def __init__(self, recheck: float = 1.0) -> None:
+        self.recheck = recheck
+        self.whole_until = float("-inf")  # monotonic time until which the whole claim is sent
+
+    def untenanted(self, now: float) -> bool:
+        return now >= self.whole_until
+
+    def saw_tenanted(self, now: float) -> None:
+        self.whole_until = now + self.recheck
+
+
 def finish_and_claim(
     conn: Conn,
     claim: Claim,
@@ -175,11 +205,16 @@ def finish_and_claim(
     worker: str,
     lease: float,
     result: Any = None,
+    shape: ClaimShape | None = None,
 ) -> tuple[bool, Claim | None]:
     """Seal `claim` as succeeded and claim the next due run of `kinds`, in one statement and one
     synchronous commit (lease.sql, finish_and_claim). Returns (sealed, next claim or None);
     sealed False: the run was no longer ours and nothing was written for it. Only for a run
-    without a tenant (the claim's limiter would count it as still holding its lease)."""
+    without a tenant (the claim's limiter would count it as still holding its lease).
+
+    With a `shape` that has seen no tenanted run lately, the statement is
+    finish_and_claim_untenanted; if that finds a tenanted run due, it seals and claims nothing,
+    and the claim is made here with claim_runs (one statement more, once per `shape.recheck`)."""
     if claim.tenant is not None:
         raise ValueError("finish_and_claim seals runs without a tenant only")
     params = {
@@ -192,12 +227,22 @@ def finish_and_claim(
     }
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
     sent = time.monotonic()
+    untenanted = shape is not None and shape.untenanted(sent)
+    statement = FINISH_AND_CLAIM_UNTENANTED if untenanted else FINISH_AND_CLAIM
+    tenanted_due = False
     with own_tx, conn.cursor() as cur:
-        cur.execute(FINISH_AND_CLAIM, params, prepare=True)
+        cur.execute(statement, params, prepare=True)
         row = cur.fetchone()
         assert row is not None  # one row always
-        if row[1] is not None and not _combined_columns_checked:
-            _check_combined_columns(cur.description)
+        if untenanted:
+            tenanted_due, row = row[1], (row[0], *row[2:])
+        if row[1] is not None and not _combined_columns_checked[untenanted]:
+            _check_combined_columns(cur.description, untenanted)
+    if untenanted and tenanted_due:  # nothing was claimed: claim with the whole statement
+        assert shape is not None and row[1] is None
+        shape.saw_tenanted(sent)
+        claims = claim_runs(conn, kinds, worker=worker, lease=lease)
+        return bool(row[0]), claims[0] if claims else None
     return bool(row[0]), None if row[1] is None else _claim(row[1:], lease, sent)
 
 
@@ -228,16 +273,18 @@ def _check_claim_columns(description: Sequence[Any] | None) -> None:
     _claim_columns_checked = True
 
 
-_combined_columns_checked = False
+# Per statement (finish_and_claim, finish_and_claim_untenanted): its columns checked already.
+_combined_columns_checked = [False, False]
 
 
-def _check_combined_columns(description: Sequence[Any] | None) -> None:
-    """Once per process: finish_and_claim returns `finished`, then Claim's fields in order."""
-    global _combined_columns_checked
+def _check_combined_columns(description: Sequence[Any] | None, untenanted: bool) -> None:
+    """Once per process and statement: finish_and_claim returns `finished`, then Claim's fields
+    in order; finish_and_claim_untenanted `finished`, `tenanted`, then the same."""
     names = tuple(d.name for d in description or ())
-    if names != ("finished", *CLAIM_COLUMNS):
-        raise RuntimeError(f"finish_and_claim returns {names}, expected finished + Claim's fields")
-    _combined_columns_checked = True
+    head = ("finished", "tenanted") if untenanted else ("finished",)
+    if names != (*head, *CLAIM_COLUMNS):
+        raise RuntimeError(f"finish_and_claim returns {names}, expected {head} + Claim's fields")
+    _combined_columns_checked[untenanted] = True
 
 
 def expire_and_promote(conn: Conn, limit: int) -> tuple[int, int]:

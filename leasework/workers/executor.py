@@ -61,9 +61,9 @@ class Executor:
         self.current: Context | None = None
         self.jobs_done = 0
         self._durations: dict[int, float] = {}  # unsealed successes: run id -> seconds it took
-        # Which claim rides on a seal (lease.ClaimShape): the shorter one while no tenanted run
-        # is due, looked at again every poll_interval once one was.
-        self._claim_shape = lease.ClaimShape(recheck=config.poll_interval)
+        # One-at-a-time mode's chain of seal-and-claims (lease.Chain): the shorter claim while no
+        # tenanted run is due, looked at again every poll_interval once one was; a kept cursor.
+        self._chain = lease.Chain(recheck=config.poll_interval)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -242,7 +242,7 @@ class Executor:
                 worker=self.worker_id,
                 lease=self.config.lease,
                 result=result,
-                shape=self._claim_shape,
+                chain=self._chain,
             )
         except psycopg.Error as exc:
             log.event(

@@ -177,24 +177,38 @@ def claim_runs(
     return [_claim(r, lease, sent) for r in rows]
 
 
-class ClaimShape:
-    """Which statement finish_and_claim sends, kept by its caller from one job to the next: the
-    shorter finish_and_claim_untenanted while no tenanted run has been seen due, the whole one
-    for `recheck` seconds after one was. Either is correct for any queue (lease.sql says why);
-    this only spares a queue without tenants the tenanted branches' cost, and a queue with them
-    a statement that claims nothing more often than once per `recheck`."""
+class Chain:
+    """What a caller of finish_and_claim keeps from one job to the next (one per worker, one
+    connection at a time; not thread-safe).
 
-    __slots__ = ("recheck", "whole_until")
+    Which statement to send: the shorter finish_and_claim_untenanted while no tenanted run has
+    been seen due, the whole one for `recheck` seconds after one was. Either is correct for any
+    queue (lease.sql says why); this spares a queue without tenants the tenanted branches' cost,
+    and a queue with them a statement that claims nothing more often than once per `recheck`.
+
+    And one cursor, kept open: a new cursor brings a new psycopg Transformer, which looks up
+    the dumper of each parameter and the loader of each of the 21 result columns again on
+    every statement; a kept one finds them in its own cache."""
+
+    __slots__ = ("_cursor", "recheck", "whole_until")
 
     def __init__(self, recheck: float = 1.0) -> None:
         self.recheck = recheck
         self.whole_until = float("-inf")  # monotonic time until which the whole claim is sent
+        self._cursor: psycopg.Cursor[Any] | None = None
 
     def untenanted(self, now: float) -> bool:
         return now >= self.whole_until
 
     def saw_tenanted(self, now: float) -> None:
         self.whole_until = now + self.recheck
+
+    def cursor(self, conn: Conn) -> psycopg.Cursor[Any]:
+        """A cursor of `conn`: the one kept, unless the connection changed or it was closed."""
+        cur = self._cursor
+        if cur is None or cur.closed or cur.connection is not conn:
+            cur = self._cursor = conn.cursor()
+        return cur
 
 
 def finish_and_claim(
@@ -205,16 +219,17 @@ def finish_and_claim(
     worker: str,
     lease: float,
     result: Any = None,
-    shape: ClaimShape | None = None,
+    chain: Chain | None = None,
 ) -> tuple[bool, Claim | None]:
     """Seal `claim` as succeeded and claim the next due run of `kinds`, in one statement and one
     synchronous commit (lease.sql, finish_and_claim). Returns (sealed, next claim or None);
     sealed False: the run was no longer ours and nothing was written for it. Only for a run
     without a tenant (the claim's limiter would count it as still holding its lease).
 
-    With a `shape` that has seen no tenanted run lately, the statement is
-    finish_and_claim_untenanted; if that finds a tenanted run due, it seals and claims nothing,
-    and the claim is made here with claim_runs (one statement more, once per `shape.recheck`)."""
+    With a `chain` (the caller's, kept from job to job), the statement runs on its kept cursor,
+    and while the chain has seen no tenanted run lately it is finish_and_claim_untenanted; if
+    that finds a tenanted run due, it seals and claims nothing, and the claim is made here with
+    claim_runs (one statement more, at most once per `chain.recheck`)."""
     if claim.tenant is not None:
         raise ValueError("finish_and_claim seals runs without a tenant only")
     params = {
@@ -227,10 +242,11 @@ def finish_and_claim(
     }
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
     sent = time.monotonic()
-    untenanted = shape is not None and shape.untenanted(sent)
+    untenanted = chain is not None and chain.untenanted(sent)
     statement = FINISH_AND_CLAIM_UNTENANTED if untenanted else FINISH_AND_CLAIM
+    cursor = conn.cursor() if chain is None else nullcontext(chain.cursor(conn))
     tenanted_due = False
-    with own_tx, conn.cursor() as cur:
+    with own_tx, cursor as cur:
         cur.execute(statement, params, prepare=True)
         row = cur.fetchone()
         assert row is not None  # one row always
@@ -238,9 +254,9 @@ def finish_and_claim(
             tenanted_due, row = row[1], (row[0], *row[2:])
         if row[1] is not None and not _combined_columns_checked[untenanted]:
             _check_combined_columns(cur.description, untenanted)
-    if untenanted and tenanted_due:  # nothing was claimed: claim with the whole statement
-        assert shape is not None and row[1] is None
-        shape.saw_tenanted(sent)
+    if tenanted_due:  # nothing was claimed: claim with the whole statement
+        assert chain is not None and row[1] is None
+        chain.saw_tenanted(sent)
         claims = claim_runs(conn, kinds, worker=worker, lease=lease)
         return bool(row[0]), claims[0] if claims else None
     return bool(row[0]), None if row[1] is None else _claim(row[1:], lease, sent)

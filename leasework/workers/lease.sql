@@ -295,7 +295,7 @@ SELECT (SELECT count(*) FROM finished) AS finished, c.*
 -- (finish_run), then claim_runs without its tenanted branches, which no run without a tenant
 -- can pass through but whose plan nodes the server still initialises and runs on every
 -- statement (about a sixth of a job's server time; bench/README.md, issue 19). Sent only by a
--- caller that found no tenanted run due lately (lease.ClaimShape); correct whatever the queue:
+-- caller that found no tenanted run due lately (lease.Chain); correct whatever the queue:
 -- `tenanted` asks, in the statement's own snapshot, whether claim_runs' tenanted branches could
 -- find a candidate (their predicates without the limiter and the locks, so it errs towards yes),
 -- and when it does nothing is claimed (`chosen` is gated on it: the branches below do not even

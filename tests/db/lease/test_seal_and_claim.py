@@ -2,7 +2,7 @@
 (lease.finish_and_claim). The seal stays owner-scoped and commits synchronously, the claim is
 the ordinary claim, the statement never touches one row twice, and the runs stage falls back to
 the separate finish wherever the combined statement does not apply. Each statement-level test
-runs with both statements: the whole one and finish_and_claim_untenanted (a ClaimShape that has
+runs with both statements: the whole one and finish_and_claim_untenanted (a Chain that has
 seen no tenanted run), which must claim what the whole one would, tenanted runs included."""
 
 from __future__ import annotations
@@ -36,18 +36,18 @@ def claim_one(conn: Conn, kinds: list[str] | None = None) -> lease.Claim:
 
 
 @pytest.fixture(params=["whole", "untenanted"])
-def shape(request: pytest.FixtureRequest) -> lease.ClaimShape | None:
-    """None: finish_and_claim's whole statement; a fresh ClaimShape: the untenanted one first."""
-    return None if request.param == "whole" else lease.ClaimShape()
+def chain(request: pytest.FixtureRequest) -> lease.Chain | None:
+    """None: finish_and_claim's whole statement; a fresh Chain: the untenanted one first."""
+    return None if request.param == "whole" else lease.Chain()
 
 
-def test_seals_the_run_and_claims_the_next(conn: Conn, shape: lease.ClaimShape | None) -> None:
+def test_seals_the_run_and_claims_the_next(conn: Conn, chain: lease.Chain | None) -> None:
     first, second = enqueue(conn, 2)
     claim = claim_one(conn)
     assert claim.id == first
 
     sealed, nxt = lease.finish_and_claim(
-        conn, claim, ["k"], worker="w1", lease=30.0, result={"n": 1}, shape=shape
+        conn, claim, ["k"], worker="w1", lease=30.0, result={"n": 1}, chain=chain
     )
 
     assert sealed and nxt is not None and nxt.id == second
@@ -60,10 +60,10 @@ def test_seals_the_run_and_claims_the_next(conn: Conn, shape: lease.ClaimShape |
     assert running["attempts"] == 1 and nxt.payload == {"i": 1}
 
 
-def test_nothing_to_claim_still_seals(conn: Conn, shape: lease.ClaimShape | None) -> None:
+def test_nothing_to_claim_still_seals(conn: Conn, chain: lease.Chain | None) -> None:
     (only,) = enqueue(conn, 1)
     claim = claim_one(conn)
-    assert lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, shape=shape) == (
+    assert lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain) == (
         True,
         None,
     )
@@ -71,7 +71,7 @@ def test_nothing_to_claim_still_seals(conn: Conn, shape: lease.ClaimShape | None
 
 
 def test_a_stale_owner_seals_nothing_but_the_claim_proceeds(
-    conn: Conn, dsn: str, shape: lease.ClaimShape | None
+    conn: Conn, dsn: str, chain: lease.Chain | None
 ) -> None:
     first, second = enqueue(conn, 2)
     stale = claim_one(conn)
@@ -80,7 +80,7 @@ def test_a_stale_owner_seals_nothing_but_the_claim_proceeds(
         thief = claim_one(other)
     assert thief.id == first
 
-    sealed, nxt = lease.finish_and_claim(conn, stale, ["k"], worker="w1", lease=30.0, shape=shape)
+    sealed, nxt = lease.finish_and_claim(conn, stale, ["k"], worker="w1", lease=30.0, chain=chain)
 
     assert not sealed
     assert nxt is not None and nxt.id == second
@@ -89,13 +89,13 @@ def test_a_stale_owner_seals_nothing_but_the_claim_proceeds(
 
 
 def test_the_run_being_sealed_is_never_reclaimed_by_the_same_statement(
-    conn: Conn, shape: lease.ClaimShape | None
+    conn: Conn, chain: lease.Chain | None
 ) -> None:
     (only,) = enqueue(conn, 1)
     claim = claim_one(conn)
     expire_lease(conn, only)  # still ours (nobody took it), and claimable by the expired branch
 
-    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, shape=shape)
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
 
     assert sealed and nxt is None
     run = get_run(conn, only)
@@ -103,7 +103,7 @@ def test_the_run_being_sealed_is_never_reclaimed_by_the_same_statement(
 
 
 def test_it_commits_synchronously_as_a_claim_alone_does(
-    conn: Conn, shape: lease.ClaimShape | None
+    conn: Conn, chain: lease.Chain | None
 ) -> None:
     # A claim lost in a server crash would be handed out again while its first worker's
     # handler may still run it: every claim commits synchronously.
@@ -112,7 +112,7 @@ def test_it_commits_synchronously_as_a_claim_alone_does(
         claim = claim_one(conn)
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
     with conn.transaction():
-        lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, shape=shape)
+        lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
 
 
@@ -129,14 +129,14 @@ def test_a_tenanted_run_due_is_claimed_as_the_whole_statement_would(conn: Conn) 
     claim = claim_one(conn)
     assert claim.id == first
     later = app.enqueue(conn, "k", {}, tenant="acme", priority=-1)
-    shape = lease.ClaimShape(recheck=60.0)
+    chain = lease.Chain(recheck=60.0)
 
-    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, shape=shape)
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
 
     assert sealed and nxt is not None and nxt.id == later and nxt.tenant == "acme"
     assert get_run(conn, first)["status"] == "succeeded"
     assert get_run(conn, second)["status"] == "queued"
-    assert not shape.untenanted(claim.sent)  # the whole statement until the recheck
+    assert not chain.untenanted(claim.sent)  # the whole statement until the recheck
 
 
 def test_a_tenanted_run_whose_lease_expired_is_reclaimed_as_the_whole_statement_would(
@@ -152,7 +152,7 @@ def test_a_tenanted_run_whose_lease_expired_is_reclaimed_as_the_whole_statement_
     expire_lease(conn, dead)  # its worker died
 
     sealed, nxt = lease.finish_and_claim(
-        conn, claim, ["k"], worker="w1", lease=30.0, shape=lease.ClaimShape()
+        conn, claim, ["k"], worker="w1", lease=30.0, chain=lease.Chain()
     )
 
     assert sealed and nxt is not None and nxt.id == dead and nxt.attempts == 2
@@ -166,20 +166,20 @@ def test_tenanted_runs_not_due_leave_the_untenanted_statement_in_use(conn: Conn)
     app.enqueue(conn, "other", {}, tenant="acme", priority=-1)  # not a kind polled here
     app.enqueue(conn, "k", {}, tenant="acme", priority=-1, delay=3600)  # not due yet
     claim = claim_one(conn)
-    shape = lease.ClaimShape()
+    chain = lease.Chain()
 
-    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, shape=shape)
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
 
     assert sealed and nxt is not None and nxt.id == second
-    assert shape.untenanted(claim.sent)
+    assert chain.untenanted(claim.sent)
 
 
-def test_the_shape_sends_the_untenanted_statement_again_after_its_recheck() -> None:
-    shape = lease.ClaimShape(recheck=5.0)
-    assert shape.untenanted(100.0)
-    shape.saw_tenanted(100.0)
-    assert not shape.untenanted(104.9)
-    assert shape.untenanted(105.0)
+def test_the_chain_sends_the_untenanted_statement_again_after_its_recheck() -> None:
+    chain = lease.Chain(recheck=5.0)
+    assert chain.untenanted(100.0)
+    chain.saw_tenanted(100.0)
+    assert not chain.untenanted(104.9)
+    assert chain.untenanted(105.0)
 
 
 def test_a_run_with_a_tenant_is_refused(conn: Conn) -> None:

@@ -190,18 +190,29 @@ class Chain:
     the dumper of each parameter and the loader of each of the 21 result columns again on
     every statement; a kept one finds them in its own cache."""
 
-    __slots__ = ("_cursor", "recheck", "whole_until")
+    __slots__ = ("_cursor", "_kinds", "_kinds_text", "recheck", "whole_until")
 
     def __init__(self, recheck: float = 1.0) -> None:
         self.recheck = recheck
         self.whole_until = float("-inf")  # monotonic time until which the whole claim is sent
         self._cursor: psycopg.Cursor[Any] | None = None
+        self._kinds: list[str] | None = None
+        self._kinds_text = ""
 
     def untenanted(self, now: float) -> bool:
         return now >= self.whole_until
 
     def saw_tenanted(self, now: float) -> None:
         self.whole_until = now + self.recheck
+
+    def kinds(self, kinds: Sequence[str]) -> str:
+        """`kinds` as the text of a text[] value, made again only when the kinds change: psycopg's
+        list dumper looks through a list's elements to choose the array's type on every call."""
+        listed = kinds if isinstance(kinds, list) else list(kinds)
+        if listed != self._kinds:
+            quoted = (k.replace("\\", "\\\\").replace('"', '\\"') for k in listed)
+            self._kinds, self._kinds_text = listed, "{" + ",".join(f'"{k}"' for k in quoted) + "}"
+        return self._kinds_text
 
     def cursor(self, conn: Conn) -> psycopg.Cursor[Any]:
         """A cursor of `conn`: the one kept, unless the connection changed or it was closed."""
@@ -236,7 +247,7 @@ def finish_and_claim(
         "id": claim.id,
         "owner": claim.owner,
         "result": encode_result(result),
-        "kinds": kinds if isinstance(kinds, list) else list(kinds),
+        "kinds": list(kinds) if chain is None else chain.kinds(kinds),
         "worker": worker,
         "lease": lease,
     }

@@ -211,8 +211,7 @@ class Chain:
         list dumper looks through a list's elements to choose the array's type on every call."""
         listed = kinds if isinstance(kinds, list) else list(kinds)
         if listed != self._kinds:
-            quoted = (k.replace("\\", "\\\\").replace('"', '\\"') for k in listed)
-            self._kinds, self._kinds_text = listed, "{" + ",".join(f'"{k}"' for k in quoted) + "}"
+            self._kinds, self._kinds_text = listed, _array_text(listed)
         return self._kinds_text
 
     def cursor(self, conn: Conn) -> psycopg.Cursor[Any]:
@@ -380,13 +379,25 @@ def finish_many(conn: Conn, done: Sequence[tuple[Claim, Any]]) -> set[int]:
     were still ours; a run missing from it was no longer ours and nothing was written for it."""
     if not done:
         return set()
+    # The arrays go as the text of their values, made here with str.join: psycopg's list dumper
+    # adapts and quotes a list element by element in Python (a tenth of a batch's client time).
     params = {
-        "ids": [c.id for c, _ in done],
-        "owners": [c.owner for c, _ in done],
-        "results": [encode_result(r) for _, r in done],
+        "ids": "{" + ",".join([str(c.id) for c, _ in done]) + "}",
+        "owners": "{" + ",".join([str(c.owner) for c, _ in done]) + "}",
+        "results": _array_text([encode_result(r) for _, r in done]),
     }
     rows = conn.execute(Q["finish_runs"], params, prepare=True).fetchall()
     return {r[0] for r in rows}
+
+
+def _array_text(values: Sequence[str | None]) -> str:
+    """The text of a one-dimensional array: each element double-quoted with its backslashes and
+    double quotes escaped, None as NULL (Postgres' array input syntax)."""
+    quoted = [
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    ]
+    return "{" + ",".join(quoted) + "}"
 
 
 def requeue(

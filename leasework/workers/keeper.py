@@ -167,6 +167,7 @@ class Keeper:
         with self._lock:
             self._held.pop(run_id, None)
             if not self._held:
+                self._next_check = float("inf")  # else the next run held would find it due
                 self._arm(self._clock())
 
     def get(self, run_id: int) -> Held | None:
@@ -242,6 +243,10 @@ class Keeper:
                 for h in alive
             ):
                 self._query(alive)
+            else:
+                # Nothing was due after all (the runs that made `due()` true were dropped
+                # meanwhile): `due()` must not stay true, or a batch tends before every run.
+                self._next_check = self._earliest_check()
             self._arm(self._clock())
             for held in runs:
                 if held.executing and held.signal.tripped:
@@ -277,7 +282,11 @@ class Keeper:
             if state.cancel_requested and not held.signal.tripped:
                 self._trip(held, "cancelled", sent)
                 log.event("cancel_seen", run_id=held.claim.id)
-        self._next_check = min(
+        self._next_check = self._earliest_check()
+
+    def _earliest_check(self) -> float:
+        """When the first renewal or control query of a held run falls due (under the lock)."""
+        return min(
             (
                 min(h.controlled + h.control_every, h.renewed + h.renew_every)
                 for h in self._held.values()

@@ -290,6 +290,86 @@ SELECT (SELECT count(*) FROM finished) AS finished, c.*
   FROM (SELECT) AS one
   LEFT JOIN claimed c ON true
 
+-- name: finish_and_claim_untenanted
+-- finish_and_claim for a queue without tenanted runs, its common case: the same seal
+-- (finish_run), then claim_runs without its tenanted branches, which no run without a tenant
+-- can pass through but whose plan nodes the server still initialises and runs on every
+-- statement (about a sixth of a job's server time; bench/README.md, issue 19). Sent only by a
+-- caller that found no tenanted run due lately (lease.Chain); correct whatever the queue:
+-- `tenanted` asks, in the statement's own snapshot, whether claim_runs' tenanted branches could
+-- find a candidate (their predicates without the limiter and the locks, so it errs towards yes),
+-- and when it does nothing is claimed (`chosen` is gated on it: the branches below do not even
+-- run) and the row says so; the caller then claims with claim_runs. When it does not, those
+-- branches are empty in this snapshot, so this claims exactly what claim_runs would.
+-- untenanted_queued, untenanted_expired and `claimed` are claim_runs' own text (a unit test
+-- compares them). One row always: `finished`, `tenanted`, then the claimed run's columns.
+WITH finished AS (
+<finish_run>
+), live AS MATERIALIZED (
+    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
+), tenanted AS MATERIALIZED (
+    SELECT EXISTS (
+            SELECT 1 FROM leasework.runs r
+             WHERE r.tenant IS NOT NULL
+               AND r.status = 'queued' AND r.queued_at <= leasework.now()
+               AND r.kind = ANY((SELECT k FROM live)::text[]))
+        OR EXISTS (
+            SELECT 1 FROM leasework.runs r
+             WHERE r.tenant IS NOT NULL
+               AND r.status = 'running' AND r.lease_expires_at < leasework.now()
+               AND r.kind = ANY((SELECT k FROM live)::text[])) AS due
+), untenanted_queued AS MATERIALIZED (
+    SELECT r.id, r.priority, r.queued_at
+      FROM leasework.runs r
+     WHERE r.tenant IS NULL
+       AND r.status = 'queued' AND r.queued_at <= leasework.now()
+       AND r.kind = ANY((SELECT k FROM live)::text[])
+     ORDER BY r.priority, r.queued_at, r.id
+     LIMIT %(limit)s
+       FOR UPDATE OF r SKIP LOCKED
+), untenanted_expired AS MATERIALIZED (
+    SELECT r.id, r.priority, r.queued_at
+      FROM leasework.runs r
+     WHERE r.tenant IS NULL
+       AND r.status = 'running' AND r.lease_expires_at < leasework.now()
+       AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+       AND r.id IS DISTINCT FROM %(finishing)s::bigint
+       AND r.kind = ANY((SELECT k FROM live)::text[])
+     ORDER BY r.priority, r.queued_at, r.id
+     LIMIT %(limit)s
+       FOR UPDATE OF r SKIP LOCKED
+), chosen AS MATERIALIZED (
+    SELECT id
+      FROM (SELECT * FROM untenanted_queued
+            UNION ALL
+            SELECT * FROM untenanted_expired) u
+     WHERE NOT (SELECT due FROM tenanted)
+     ORDER BY priority, queued_at, id
+     LIMIT %(limit)s
+), claimed AS (
+    UPDATE leasework.runs r
+       SET status = 'running',
+           attempts = r.attempts + 1,
+           lease_owner = gen_random_uuid(),
+           lease_worker = %(worker)s,
+           lease_expires_at = leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)),
+           started_at = leasework.now(),
+           history = CASE
+               WHEN r.status = 'running' AND coalesce((r.history -> -1 ->> 'attempt')::int, 0) < r.attempts
+               THEN r.history || jsonb_build_array(leasework.history_entry(
+                    r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
+                    'expired', 'lease expired'))
+               ELSE r.history
+           END
+     WHERE r.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING id, kind, key, tenant, "group", exclusive, priority, payload, result, attempts,
+              max_attempts, lease_owner, lease_expires_at, lease_seconds, timeout_seconds,
+              processed_units, total_units, created_at, queued_at, started_at
+)
+SELECT (SELECT count(*) FROM finished) AS finished, (SELECT due FROM tenanted) AS tenanted, c.*
+  FROM (SELECT) AS one
+  LEFT JOIN claimed c ON true
+
 -- name: finish_runs
 -- A batch's successes in one statement (tasks declared with batch=N): each row is matched by its
 -- own id AND owner, so a run in the batch whose lease was lost meanwhile writes nothing, exactly as

@@ -225,3 +225,25 @@ def test_the_renewal_keeps_a_waiting_run_from_reclaim(conn: Conn, make_worker: M
     make_worker(app, runs_limit=1, renew_interval=0.001).poll()
     # From the second run on, every lease still held was renewed to the full 30 s.
     assert all(expiries[1]) and all(expiries[2])
+
+
+def test_finish_many_stores_each_result_as_the_handler_returned_it(conn: Conn) -> None:
+    # The batch's arrays reach the server as text (lease._array_text): quotes, backslashes,
+    # braces, commas, NULL-looking strings and no result at all must come through unchanged.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    results: list[Any] = [
+        {"quote": 'say "hi"', "slash": "a\\b", "braces": "{1,2}", "null": "NULL"},
+        None,
+        ["x, y", "é", ""],
+        'a "string" \\ alone',
+        0,
+    ]
+    ids = [app.enqueue(conn, "k", {}) for _ in results]
+    claims = lease.claim_runs(conn, ["k"], worker="w1", lease=30.0, limit=len(ids))
+    by_id = {c.id: c for c in claims}
+
+    sealed = lease.finish_many(conn, [(by_id[i], r) for i, r in zip(ids, results, strict=True)])
+
+    assert sealed == set(ids)
+    assert [get_run(conn, i)["result"] for i in ids] == results

@@ -35,11 +35,45 @@ def test_compact_refuses_what_it_could_break(text: str) -> None:
         compact(text)
 
 
+COMBINED = {
+    "finish_and_claim": lease.FINISH_AND_CLAIM,
+    "finish_and_claim_untenanted": lease.FINISH_AND_CLAIM_UNTENANTED,
+}
+
+
 @pytest.mark.parametrize(
-    "name", ["claim_runs", "finish_and_claim", "finish_run", "finish_runs", "expire_and_promote"]
+    "name",
+    [
+        "claim_runs",
+        "finish_and_claim",
+        "finish_and_claim_untenanted",
+        "finish_run",
+        "finish_runs",
+        "expire_and_promote",
+    ],
 )
 def test_hot_statements_fit_psycopgs_parse_cache(name: str) -> None:
-    statement = lease.FINISH_AND_CLAIM if name == "finish_and_claim" else lease.Q[name]
+    statement = COMBINED.get(name) or lease.Q[name]
     assert len(statement) <= PSYCOPG_PARSE_CACHE_BYTES, (
         f"{name} is {len(statement)} bytes once compacted: psycopg would parse it on every call"
     )
+
+
+def _between(text: bytes, start: bytes, end: bytes) -> bytes:
+    i = text.index(start)
+    return text[i : text.index(end, i)]
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        (b"untenanted_queued AS MATERIALIZED (", b"),untenanted_expired"),
+        (b"untenanted_expired AS MATERIALIZED (", b"),chosen"),
+        (b"UPDATE leasework.runs r SET status = 'running'", b"queued_at,started_at"),
+    ],
+)
+def test_the_untenanted_claim_is_claim_runs_own_text(start: bytes, end: bytes) -> None:
+    # finish_and_claim_untenanted must claim exactly what claim_runs does when no tenanted run
+    # is due: its branches and its UPDATE are claim_runs' own, written out a second time.
+    whole, untenanted = lease.Q["claim_runs"], lease.Q["finish_and_claim_untenanted"]
+    assert _between(untenanted, start, end) == _between(whole, start, end)

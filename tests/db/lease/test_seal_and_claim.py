@@ -1,7 +1,9 @@
 """One-at-a-time mode's steady state: a success sealed in the same statement as the next claim
 (lease.finish_and_claim). The seal stays owner-scoped and commits synchronously, the claim is
 the ordinary claim, the statement never touches one row twice, and the runs stage falls back to
-the separate finish wherever the combined statement does not apply."""
+the separate finish wherever the combined statement does not apply. Each statement-level test
+runs with both statements: the whole one and finish_and_claim_untenanted (a Chain that has
+seen no tenanted run), which must claim what the whole one would, tenanted runs included."""
 
 from __future__ import annotations
 
@@ -33,13 +35,19 @@ def claim_one(conn: Conn, kinds: list[str] | None = None) -> lease.Claim:
     return claims[0]
 
 
-def test_seals_the_run_and_claims_the_next(conn: Conn) -> None:
+@pytest.fixture(params=["whole", "untenanted"])
+def chain(request: pytest.FixtureRequest) -> lease.Chain | None:
+    """None: finish_and_claim's whole statement; a fresh Chain: the untenanted one first."""
+    return None if request.param == "whole" else lease.Chain()
+
+
+def test_seals_the_run_and_claims_the_next(conn: Conn, chain: lease.Chain | None) -> None:
     first, second = enqueue(conn, 2)
     claim = claim_one(conn)
     assert claim.id == first
 
     sealed, nxt = lease.finish_and_claim(
-        conn, claim, ["k"], worker="w1", lease=30.0, result={"n": 1}
+        conn, claim, ["k"], worker="w1", lease=30.0, result={"n": 1}, chain=chain
     )
 
     assert sealed and nxt is not None and nxt.id == second
@@ -52,14 +60,19 @@ def test_seals_the_run_and_claims_the_next(conn: Conn) -> None:
     assert running["attempts"] == 1 and nxt.payload == {"i": 1}
 
 
-def test_nothing_to_claim_still_seals(conn: Conn) -> None:
+def test_nothing_to_claim_still_seals(conn: Conn, chain: lease.Chain | None) -> None:
     (only,) = enqueue(conn, 1)
     claim = claim_one(conn)
-    assert lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0) == (True, None)
+    assert lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain) == (
+        True,
+        None,
+    )
     assert get_run(conn, only)["status"] == "succeeded"
 
 
-def test_a_stale_owner_seals_nothing_but_the_claim_proceeds(conn: Conn, dsn: str) -> None:
+def test_a_stale_owner_seals_nothing_but_the_claim_proceeds(
+    conn: Conn, dsn: str, chain: lease.Chain | None
+) -> None:
     first, second = enqueue(conn, 2)
     stale = claim_one(conn)
     expire_lease(conn, first)
@@ -67,7 +80,7 @@ def test_a_stale_owner_seals_nothing_but_the_claim_proceeds(conn: Conn, dsn: str
         thief = claim_one(other)
     assert thief.id == first
 
-    sealed, nxt = lease.finish_and_claim(conn, stale, ["k"], worker="w1", lease=30.0)
+    sealed, nxt = lease.finish_and_claim(conn, stale, ["k"], worker="w1", lease=30.0, chain=chain)
 
     assert not sealed
     assert nxt is not None and nxt.id == second
@@ -75,19 +88,23 @@ def test_a_stale_owner_seals_nothing_but_the_claim_proceeds(conn: Conn, dsn: str
     assert stolen["status"] == "running" and stolen["lease_owner"] == thief.owner
 
 
-def test_the_run_being_sealed_is_never_reclaimed_by_the_same_statement(conn: Conn) -> None:
+def test_the_run_being_sealed_is_never_reclaimed_by_the_same_statement(
+    conn: Conn, chain: lease.Chain | None
+) -> None:
     (only,) = enqueue(conn, 1)
     claim = claim_one(conn)
     expire_lease(conn, only)  # still ours (nobody took it), and claimable by the expired branch
 
-    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0)
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
 
     assert sealed and nxt is None
     run = get_run(conn, only)
     assert run["status"] == "succeeded" and run["attempts"] == 1
 
 
-def test_it_commits_synchronously_as_a_claim_alone_does(conn: Conn) -> None:
+def test_it_commits_synchronously_as_a_claim_alone_does(
+    conn: Conn, chain: lease.Chain | None
+) -> None:
     # A claim lost in a server crash would be handed out again while its first worker's
     # handler may still run it: every claim commits synchronously.
     enqueue(conn, 3)
@@ -95,8 +112,74 @@ def test_it_commits_synchronously_as_a_claim_alone_does(conn: Conn) -> None:
         claim = claim_one(conn)
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
     with conn.transaction():
-        lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0)
+        lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+
+
+def test_a_tenanted_run_due_is_claimed_as_the_whole_statement_would(conn: Conn) -> None:
+    # The untenanted statement must not take the untenanted run when a tenanted one comes first:
+    # it seals, claims nothing, and the claim is made with the whole statement.
+    first, second = enqueue(conn, 2)
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    urgent = app.enqueue(conn, "k", {}, tenant="acme", priority=-1)
+    claim = claim_one(conn)
+    assert claim.id == urgent
+    lease.finish(conn, claim, "succeeded")
+    claim = claim_one(conn)
+    assert claim.id == first
+    later = app.enqueue(conn, "k", {}, tenant="acme", priority=-1)
+    chain = lease.Chain(recheck=60.0)
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == later and nxt.tenant == "acme"
+    assert get_run(conn, first)["status"] == "succeeded"
+    assert get_run(conn, second)["status"] == "queued"
+    assert not chain.untenanted(claim.sent)  # the whole statement until the recheck
+
+
+def test_a_tenanted_run_whose_lease_expired_is_reclaimed_as_the_whole_statement_would(
+    conn: Conn,
+) -> None:
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    dead = app.enqueue(conn, "k", {}, tenant="acme", priority=-1)
+    first, _ = enqueue(conn, 2)
+    assert claim_one(conn).id == dead
+    claim = claim_one(conn)
+    assert claim.id == first
+    expire_lease(conn, dead)  # its worker died
+
+    sealed, nxt = lease.finish_and_claim(
+        conn, claim, ["k"], worker="w1", lease=30.0, chain=lease.Chain()
+    )
+
+    assert sealed and nxt is not None and nxt.id == dead and nxt.attempts == 2
+
+
+def test_tenanted_runs_not_due_leave_the_untenanted_statement_in_use(conn: Conn) -> None:
+    _, second = enqueue(conn, 2)
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    app.task("other")(lambda ctx, p: None)
+    app.enqueue(conn, "other", {}, tenant="acme", priority=-1)  # not a kind polled here
+    app.enqueue(conn, "k", {}, tenant="acme", priority=-1, delay=3600)  # not due yet
+    claim = claim_one(conn)
+    chain = lease.Chain()
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == second
+    assert chain.untenanted(claim.sent)
+
+
+def test_the_chain_sends_the_untenanted_statement_again_after_its_recheck() -> None:
+    chain = lease.Chain(recheck=5.0)
+    assert chain.untenanted(100.0)
+    chain.saw_tenanted(100.0)
+    assert not chain.untenanted(104.9)
+    assert chain.untenanted(105.0)
 
 
 def test_a_run_with_a_tenant_is_refused(conn: Conn) -> None:

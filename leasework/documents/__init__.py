@@ -58,9 +58,6 @@ class Documents(Family):
     def stages(self, config: Config) -> list[Stage]:
         return [IngestStage(self, config), ExpandStage(self, config)]
 
-    def enqueue_due(self, conn: Conn, limit: int) -> int:
-        return 0  # nothing scheduled
-
     def pruners(self) -> list[Pruner]:
         return [
             Pruner("prune_uploads", lambda c: maintenance(c).prune_interval, self._prune_uploads),

@@ -142,6 +142,9 @@ class MaintenanceStage:
     name = "maintenance"
     settings = MaintenanceSettings
     wakes: frozenset[str] = frozenset()
+    # Only the periods on its markers make it due: an idle worker need not ask it before then
+    # (workers/stage.py, Due).
+    exact_due = True
 
     def __init__(
         self,

@@ -578,6 +578,15 @@ class Supervisor:
                 or run_of(c) != c.row_run
             )
         ]
+        if due:
+            # The others heard from since their last row ride along: one transaction per
+            # heartbeat for the host rather than one per child, each at its own phase (what a
+            # fleet of idle children costs the database, bench/idle.py).
+            due += [
+                c
+                for c in self.children.values()
+                if c.booted and c not in due and c.row_at is not None and c.last_beat > c.row_at
+            ]
         rows = [Row(c.worker_id, c.pid, run_of(c), c.pool) for c in due]
         if self.hostdb.heartbeat(rows, now):
             for c in due:

@@ -13,16 +13,27 @@ from collections.abc import Iterable
 LATE = 0.005
 
 
-def rest(due: float | None, poll_interval: float, idle_poll_max: float, *, wakes: bool) -> float:
+def rest(
+    due: float | None,
+    poll_interval: float,
+    idle_poll_max: float,
+    *,
+    wakes: bool,
+    exact: bool = False,
+) -> float:
     """Seconds a stage that found nothing may rest. `due`: seconds until it is next due by what it
     saw; None: nothing until a NOTIFY; 0 or less: due already yet not taken, or unknown (a stage
     that cannot tell), so it is asked every poll_interval as before. `wakes`: a NOTIFY can end
-    the worker's wait (else the cap is poll_interval: a new run would go unseen)."""
+    the worker's wait (else the cap is poll_interval: a new run would go unseen). `exact`: only
+    the stage itself makes its work due (maintenance's periods), so a known due time is kept
+    past idle_poll_max, the cap being there for what a worker cannot see coming."""
     cap = max(idle_poll_max, poll_interval) if wakes else poll_interval
     if due is None:
         return cap
     if due <= 0:
         return min(poll_interval, cap)
+    if exact and wakes:
+        return due + LATE
     return min(due + LATE, cap)
 
 

@@ -239,7 +239,8 @@ class Worker:
                 self._idle_until.pop(stage.name, None)
             else:
                 cfg = self.config
-                rest = idle.rest(due, cfg.poll_interval, cfg.idle_poll_max, wakes=wakes)
+                exact = bool(getattr(stage, "exact_due", False))
+                rest = idle.rest(due, cfg.poll_interval, cfg.idle_poll_max, wakes=wakes, exact=exact)
                 self._idle_until[stage.name] = time.monotonic() + rest
         self.conns.drain_notifies()
         self.beat(None)

@@ -74,6 +74,7 @@ def sleeper(make_worker: MakeWorker) -> Iterator[Callable[..., Sleeper]]:
 
     yield start
     for s in started:
+        s.asleep()
         s.worker.stop(graceful=False)  # no NOTIFY: the stop alone must end a 60 s sleep
         s.thread.join(10)
         assert not s.thread.is_alive(), "a stopped worker stayed in its idle sleep"

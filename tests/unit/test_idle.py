@@ -19,12 +19,18 @@ def test_a_rest_is_positive_and_never_longer_than_its_cap(
     assert 0 < rest <= (max(cap, poll) if wakes else poll)
 
 
-@given(due=due, poll=seconds, cap=seconds)
+@given(due=due, poll=seconds, cap=seconds, exact=st.booleans())
 def test_without_a_wake_up_nothing_rests_longer_than_poll_interval(
-    due: float | None, poll: float, cap: float
+    due: float | None, poll: float, cap: float, exact: bool
 ) -> None:
     """Behind a pooler with no LISTEN a new run is seen only by polling."""
-    assert idle.rest(due, poll, cap, wakes=False) <= poll
+    assert idle.rest(due, poll, cap, wakes=False, exact=exact) <= poll
+
+
+@given(due=st.floats(min_value=1e-6, max_value=1e6), poll=seconds, cap=seconds)
+def test_an_exact_due_time_is_kept_past_the_cap(due: float, poll: float, cap: float) -> None:
+    assert idle.rest(due, poll, cap, wakes=True, exact=True) == due + idle.LATE
+    assert idle.rest(None, poll, cap, wakes=True, exact=True) == max(cap, poll)
 
 
 @given(poll=seconds, cap=seconds)

@@ -33,7 +33,7 @@ demo: $(STAMP)
 # run; the exit status is then non-zero. Set BENCH_DSN for another server.
 BENCH_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 BENCH_FLAGS ?=
-BENCHES := throughput pickup_latency claim_flatness bulk_enqueue recovery
+BENCHES := throughput pickup_latency claim_flatness bulk_enqueue recovery idle
 BENCH_RESULTS ?= $(CURDIR)/bench/.results.jsonl
 BENCH_LONG_RESULTS ?= $(CURDIR)/bench/.results-long.jsonl
 # The short ingest of `make bench` (target 7's peak RSS and chunks redone, on a 64 MiB file; the

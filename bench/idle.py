@@ -11,11 +11,16 @@ second, divided by N (the parent's few are shared out). Two ways, interleaved ro
 
 Each for two apps: `plain` (one task kind) and `families` (the Syncs and Documents families and
 a periodic task every hour). poll_interval is the default 2 s. Prints a table; asserts nothing.
-The statistics collector reports each backend's counts when it goes idle (at most every second,
-and an idle one within 10 s): the window is taken well after start-up and the figure is a rate
-over it, not a count of one poll.
 
-    .venv/bin/python bench/idle.py [--dsn DSN] [--processes 4] [--seconds 30] [--rounds 1] [--quick]
+The count is the database's, so it holds whatever else runs there: the database is vacuumed and
+analyzed after its schema is made, and autovacuum is then turned off on its tables (its visits,
+set off by the previous window's writes whichever way that ran, would be counted in the next);
+each round first measures a window of the same length with no worker at all, which is
+subtracted (printed as `background`). Backends report their counts when they go idle (an idle one within 10 s): the
+window starts well after start-up and spans at least two idle_poll_max periods, and the figure is
+a rate over it, not a count of polls.
+
+    .venv/bin/python bench/idle.py [--dsn DSN] [--processes 4] [--seconds 60] [--rounds 1] [--quick]
 """
 
 from __future__ import annotations
@@ -96,6 +101,13 @@ def control_sessions(admin: psycopg.Connection[Any], name: str) -> int:
     return int(row[0]) if row else 0
 
 
+def window(admin: psycopg.Connection[Any], name: str, seconds: float) -> float:
+    """Transactions per second of database `name` over `seconds` from now."""
+    before, t0 = transactions(admin, name), time.monotonic()
+    time.sleep(seconds)  # the measured window
+    return (transactions(admin, name) - before) / (time.monotonic() - t0)
+
+
 def one_round(
     admin: psycopg.Connection[Any],
     name: str,
@@ -106,7 +118,7 @@ def one_round(
     processes: int,
     seconds: float,
 ) -> float:
-    """Transactions per second per child over `seconds` of idle supervise."""
+    """Transactions per second of `processes` idle children and their parent, over `seconds`."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp), *sys.path]),
@@ -128,9 +140,7 @@ def one_round(
                 raise RuntimeError("the children did not start within 60 s")
             time.sleep(0.2)  # polling the boot
         time.sleep(WARM_UP)  # not measured
-        before, t0 = transactions(admin, name), time.monotonic()
-        time.sleep(seconds)  # the measured window
-        after, t1 = transactions(admin, name), time.monotonic()
+        return window(admin, name, seconds)
     finally:
         sup.send_signal(signal.SIGTERM)
         try:
@@ -138,41 +148,56 @@ def one_round(
         except subprocess.TimeoutExpired:
             sup.kill()
             sup.wait()
-    return (after - before) / (t1 - t0) / processes
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dsn", default=DEFAULT_DSN, help="an admin DSN; a bench database is made")
     ap.add_argument("--processes", type=int, default=4)
-    ap.add_argument("--seconds", type=float, default=30.0, help="measured window per run")
+    ap.add_argument("--seconds", type=float, default=60.0, help="measured window per run")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--modes", default="poll,sleep", help="poll, sleep or both (comma-separated)")
     ap.add_argument("--apps", default="plain,families")
-    ap.add_argument("--quick", action="store_true", help="a 15 s window, the plain app only")
+    ap.add_argument("--quick", action="store_true", help="30 s windows, the plain app only")
     ap.add_argument("--results", help="accepted for `make bench`; this script records nothing")
     args = ap.parse_args()
     if args.quick:
-        args.seconds, args.apps = min(args.seconds, 15.0), "plain"
+        args.seconds, args.apps = min(args.seconds, 30.0), "plain"
     apps, modes = args.apps.split(","), args.modes.split(",")
     name = "leasework_bench_idle"
     dsn = bench_database(args.dsn, name)
     rates: dict[tuple[str, str], list[float]] = {}
+    backgrounds: list[float] = []
     try:
+        # Closed before measuring: a session reports its counts when it ends (or idle, later).
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            db.migrate(conn)
+            conn.execute("VACUUM ANALYZE")
+            for (table,) in conn.execute(
+                "SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables"
+            ).fetchall():
+                conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+            # The catalogs too (those changes left dead rows there): else autovacuum would clean
+            # them up during the first window.
+            conn.execute("VACUUM ANALYZE")
+            conn.execute("VACUUM")
         with (
-            psycopg.connect(dsn, autocommit=True) as conn,
             psycopg.connect(args.dsn, autocommit=True) as admin,
             tempfile.TemporaryDirectory() as tmp,
         ):
-            db.migrate(conn)
+            time.sleep(2)  # let the server take the closed session's counts in
             for app, text in APPS.items():
                 (Path(tmp) / f"idle_{app}.py").write_text(text)
             for _ in range(args.rounds):
+                background = window(admin, name, args.seconds)
+                backgrounds.append(background)
+                print(f"  background      {background:.3f} transactions/s (no worker)", flush=True)
                 for app in apps:
                     for mode in modes:  # interleaved: poll, sleep, poll, sleep...
-                        rate = one_round(
+                        total = one_round(
                             admin, name, dsn, Path(tmp), app, mode, args.processes, args.seconds
                         )
+                        rate = max(0.0, total - background) / args.processes
                         rates.setdefault((app, mode), []).append(rate)
                         print(f"  {app:9} {mode:5} {rate:.3f} transactions/s per child", flush=True)
     finally:
@@ -181,7 +206,8 @@ def main() -> None:
     print()
     print(
         f"Idle transactions per child: {args.processes} children, {args.seconds:g} s windows, "
-        f"{args.rounds} round(s), poll_interval {POLL_INTERVAL:g} s; load average "
+        f"{args.rounds} round(s), poll_interval {POLL_INTERVAL:g} s; background "
+        f"{med(backgrounds):.3f} transactions/s subtracted; load average "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
     rows = []

@@ -14,12 +14,14 @@ from . import operations
 from .client import Client, KindDefaults
 from .config import Config
 from .errors import ConfigError, LeaseworkError, UnknownKind
-from .handles import TaskHandle, check_handler, prepare_handler
+from .handles import TaskHandle, check_handler, is_async, prepare_handler
 from .queries import load
+from .stages.async_runs import AsyncRunsStage
 from .stages.maintenance import MaintenanceStage, Pruner
 from .stages.runs import RunsSettings, RunsStage
 from .stages.schedule import ScheduleSettings, ScheduleStage
 from .tasks import (
+    DEFAULT_CONCURRENCY,
     DEFAULT_TIMEOUT,
     MAX_TIMEOUT,
     TASK_LEASE_RANGE,
@@ -30,7 +32,6 @@ from .tasks import (
     check_kind,
     check_seconds,
 )
-from .workers.context import Context
 from .workers.stage import Stage
 
 Q = load("leasework", "runs.sql")
@@ -120,11 +121,12 @@ class App(Client):
         cron: str | None = None,
         tz: str = "UTC",
         batch: int = 1,
-    ) -> Callable[[Callable[Concatenate[Context, P], R]], TaskHandle[P, R]]:
+        concurrency: int | None = None,
+    ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskHandle[P, R]]:
         """Register `fn(ctx, payload)` as the handler of `kind`; returns a TaskHandle (the
         handler, callable as written, with a typed `.enqueue(conn, ...)`). A handler whose
         parameters after ctx are keyword-only, `fn(ctx, *, week: int)`, is called with the
-        payload's keys as arguments. `async def` and generator functions are refused. With `every=` seconds or
+        payload's keys as arguments. Generator functions are refused. With `every=` seconds or
         `cron=` (in time zone `tz`) it is also a periodic task: the schedule stage enqueues it
         (key `schedule:{kind}`, one active run at a time, no backlog after downtime).
 
@@ -134,7 +136,11 @@ class App(Client):
         `batch=N` (short tasks only): a worker claims up to N runs of this kind in one statement,
         runs them one at a time, each under its own lease, and finishes the successes in one
         statement at the end of the batch. A crash re-runs the successes not yet written, and
-        runs claimed but not started hold their leases meanwhile (README, "Batches")."""
+        runs claimed but not started hold their leases meanwhile (README, "Batches").
+
+        An `async def` handler gets an AsyncContext and runs on the worker's event loop, up to
+        `concurrency=` runs of its kind at once per worker process (default 10), each under its
+        own lease; a cancel, timeout or lost lease cancels its task (README, "Async handlers")."""
         if callable(kind):  # `@app.task` without its parentheses
             raise ConfigError(
                 f"@app.task needs the kind: write @app.task({getattr(kind, '__name__', 'kind')!r})"
@@ -145,16 +151,48 @@ class App(Client):
             raise ConfigError(f"batch must be an integer from 1 to 1000, got {batch!r}")
         check_attempts(max_attempts)
         check_seconds(
-            "lease", lease, allow_zero=False, minimum=TASK_LEASE_RANGE[0], maximum=TASK_LEASE_RANGE[1]
+            "lease",
+            lease,
+            allow_zero=False,
+            minimum=TASK_LEASE_RANGE[0],
+            maximum=TASK_LEASE_RANGE[1],
         )
         check_seconds("timeout", timeout, allow_zero=False, maximum=MAX_TIMEOUT)
+        if concurrency is not None and (
+            isinstance(concurrency, bool)
+            or not isinstance(concurrency, int)
+            or not 1 <= concurrency <= 1000
+        ):
+            raise ConfigError(f"concurrency must be an integer from 1 to 1000, got {concurrency!r}")
         spec = None
         if every is not None or cron is not None:
             spec = ScheduleSpec.make(kind, every=every, cron=cron, tz=tz)
 
-        def register(fn: Callable[Concatenate[Context, P], R]) -> TaskHandle[P, R]:
+        def register(fn: Callable[Concatenate[Any, P], R]) -> TaskHandle[P, R]:
             run = prepare_handler(kind, fn)
-            self.register(Task(kind, run, max_attempts, lease, timeout, batch=batch))
+            if is_async(fn):
+                if batch != 1:
+                    raise ConfigError(
+                        f"task {kind!r}: batch= is for plain functions; an async def handler "
+                        "runs several at once with concurrency= instead"
+                    )
+                task = Task(
+                    kind,
+                    run,
+                    max_attempts,
+                    lease,
+                    timeout,
+                    stage=AsyncRunsStage.name,
+                    concurrency=concurrency or DEFAULT_CONCURRENCY,
+                )
+            else:
+                if concurrency is not None:
+                    raise ConfigError(
+                        f"task {kind!r}: concurrency= is for async def handlers; a plain "
+                        "function runs one at a time per process (add processes, or batch=)"
+                    )
+                task = Task(kind, run, max_attempts, lease, timeout, batch=batch)
+            self.register(task)
             if spec is not None:
                 self.schedules[kind] = spec
             return TaskHandle(self, kind, fn)
@@ -189,7 +227,7 @@ class App(Client):
         """Registered kinds, or only those executed by `stage`."""
         return sorted(k for k, t in self.tasks.items() if stage is None or t.stage == stage)
 
-    def handler(self, kind: str) -> Callable[[Context, Any], Any]:
+    def handler(self, kind: str) -> Callable[[Any, Any], Any]:
         try:
             return self.tasks[kind].fn
         except KeyError:
@@ -211,8 +249,8 @@ class App(Client):
         return other
 
     def stages(self, config: Config | None = None) -> list[Stage]:
-        """The stages a worker of this app polls, in order: schedule, runs, each family's,
-        maintenance."""
+        """The stages a worker of this app polls, in order: schedule, runs, async (when a task
+        is `async def`), each family's, maintenance."""
         config = config or self.config
         families = list(self.families.values())
         stages: list[Stage] = [
@@ -228,6 +266,8 @@ class App(Client):
                 settle_limit=config.section(RunsSettings).settle_limit,
             ),
         ]
+        if self.kinds(stage=AsyncRunsStage.name):
+            stages.append(AsyncRunsStage(self, config))
         for family in families:
             stages.extend(family.stages(config))
         pruners = [p for family in families for p in family.pruners()]

@@ -67,7 +67,7 @@ SECONDS = Range(0, 30 * DAY, above=True)  # a positive duration of at most 30 da
 RETENTION = Range(1, 10 * 365 * DAY)
 
 
-POOL_KEYS = ("name", "processes", "kinds")
+POOL_KEYS = ("name", "processes", "kinds", "concurrency")
 EVERY_OTHER = "*"  # a pool's kinds: every kind no other pool of the host names
 
 
@@ -80,11 +80,15 @@ class Pool:
     name: str
     processes: int
     kinds: tuple[str, ...] | None = None
+    # Async runs each of its children holds at once (async handlers); None: the config's.
+    concurrency: int | None = None
 
     def spec(self) -> str:
-        """The pool as `--pool` takes it: NAME:PROCESSES:KIND,KIND (or `*`)."""
+        """The pool as `--pool` takes it: NAME:PROCESSES:KIND,KIND (or `*`), the processes
+        written PROCESSESxCONCURRENCY when it sets a concurrency."""
         kinds = EVERY_OTHER if self.kinds is None else ",".join(self.kinds)
-        return f"{self.name}:{self.processes}:{kinds}"
+        each = "" if self.concurrency is None else f"x{self.concurrency}"
+        return f"{self.name}:{self.processes}{each}:{kinds}"
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,16 @@ class Config:
         metadata=doc(
             "largest result a handler may return, in bytes (a larger one fails the attempt)",
             range=Range(64, 64 << 20),
+        ),
+    )
+    concurrency: int | None = field(
+        default=None,
+        metadata=doc(
+            "async runs (`async def` handlers) one worker process holds at once, across its "
+            "async kinds; unset: the largest `concurrency=` of the async tasks it serves (10 "
+            "unless a task says); a pool's own `concurrency` overrides it for its children",
+            "the tasks'",
+            range=Range(1, 1000),
         ),
     )
     processes: int = field(
@@ -458,7 +472,7 @@ def _convert(name: str, value: Any, where: str) -> Any:
             if not isinstance(number, int | float) or not math.isfinite(number):
                 raise TypeError
             return float(number)
-        if kind == "int":
+        if kind in ("int", "int | None"):
             if isinstance(value, bool):
                 raise TypeError
             number = int(value) if from_env else value
@@ -488,6 +502,7 @@ def _convert(name: str, value: Any, where: str) -> Any:
 
 
 _POOL_PROCESSES = Range(1, 1024)
+_CONCURRENCY = Range(1, 1000)
 
 
 def parse_pools(value: Any, where: str) -> tuple[Pool, ...]:
@@ -540,8 +555,23 @@ def parse_pools(value: Any, where: str) -> tuple[Pool, ...]:
                     f"{label} names no kind: list its kinds, or {EVERY_OTHER!r} for every kind "
                     "no other pool names"
                 )
+        concurrency = item.get("concurrency")
+        if concurrency is not None and (
+            isinstance(concurrency, bool)
+            or not isinstance(concurrency, int)
+            or not _CONCURRENCY.holds(concurrency)
+        ):
+            raise ConfigError(
+                f"{label}: concurrency must be an integer {_CONCURRENCY.describe()}, "
+                f"got {short(concurrency)}"
+            )
         pools.append(
-            Pool(name, processes, None if kinds == EVERY_OTHER else tuple(dict.fromkeys(kinds)))
+            Pool(
+                name,
+                processes,
+                None if kinds == EVERY_OTHER else tuple(dict.fromkeys(kinds)),
+                concurrency,
+            )
         )
     seen: dict[str, str] = {}
     names: set[str] = set()
@@ -569,23 +599,32 @@ def parse_pools(value: Any, where: str) -> tuple[Pool, ...]:
 
 
 def _pool_spec(text: str, label: str) -> dict[str, Any]:
-    """NAME:PROCESSES:KIND,KIND (or NAME:PROCESSES:*) as a [[pools]] table."""
-    parts = text.strip().split(":")
+    """NAME:PROCESSES:KIND,KIND (or NAME:PROCESSES:*) as a [[pools]] table; PROCESSESxN sets the
+    pool's concurrency (async runs per child) too: `io:2x20:fetch`."""
+    parts = text.strip().split(":", 2)
     if len(parts) != 3:  # kinds left off: `*` says "every other kind", never a guess
         raise ConfigError(
             f"{label} must look like NAME:PROCESSES:KIND,KIND (or NAME:PROCESSES:* for every "
-            f"other kind), got {short(text)}"
+            f"other kind; NAME:PROCESSESxCONCURRENCY:... for async runs per child), got "
+            f"{short(text)}"
         )
-    try:
-        processes: Any = int(parts[1])
-    except ValueError:
-        processes = parts[1]
-    table: dict[str, Any] = {"name": parts[0], "processes": processes}
+    size, _, each = parts[1].partition("x")
+    table: dict[str, Any] = {"name": parts[0], "processes": _integer(size)}
+    if each:
+        table["concurrency"] = _integer(each)
     kinds = parts[2].strip()
     table["kinds"] = (
         EVERY_OTHER if kinds == EVERY_OTHER else [k.strip() for k in kinds.split(",") if k.strip()]
     )
     return table
+
+
+def _integer(text: str) -> Any:
+    """An integer written in a spec, or the text as it was (the table's check names it)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def check_range(name: str, value: Any, where: str = "config") -> None:

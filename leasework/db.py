@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .log import first_line, redact_dsn
@@ -195,6 +195,44 @@ def make_pool(
     )
     pool.open(wait=True, timeout=30.0)
     return pool
+
+
+async def aadapt(conn: psycopg.AsyncConnection[Any], pooler: str = "auto") -> bool:
+    """`adapt` for an async connection (an async worker's handler pool)."""
+    pooled = pooler == "on"
+    if pooler == "auto":
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        if not conn.autocommit:
+            await conn.rollback()
+        pooled = row is None or int(row[0]) != conn.info.backend_pid
+    if pooled:
+        conn.prepare_threshold = None
+    return pooled
+
+
+def make_async_pool(
+    dsn: str | None, size: int, name: str, *, pooler: str = "auto"
+) -> AsyncConnectionPool[Any]:
+    """The pool of an async worker's handlers (`make_pool` for psycopg's AsyncConnection): up to
+    `size` connections, autocommit, none opened until asked for, each closed after POOL_MAX_IDLE
+    idle. Created unopened: open it with `await pool.open()` on the worker's event loop."""
+    check_dsn(dsn)
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await aadapt(conn, pooler)
+
+    return AsyncConnectionPool(
+        dsn or "",
+        min_size=0,
+        max_size=size,
+        kwargs={"autocommit": True, "application_name": name, "connect_timeout": 10},
+        configure=configure,
+        open=False,
+        name=name,
+        timeout=30.0,
+        max_idle=POOL_MAX_IDLE,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """What `@app.task` returns: the handler, still callable as written, plus a typed enqueue of its
 kind (`send_report.enqueue(conn, week=48)`, checked by mypy against the handler's own
-parameters). Also the checks a handler passes at registration: a plain function (no `async def`,
-no generator), called as `fn(ctx, payload)` or, when its parameters after `ctx` are keyword-only,
-as `fn(ctx, **payload)`."""
+parameters). Also the checks a handler passes at registration: a plain function or an `async def`
+one (no generator), called as `fn(ctx, payload)` or, when its parameters after `ctx` are
+keyword-only, as `fn(ctx, **payload)`."""
 
 from __future__ import annotations
 
@@ -24,12 +24,20 @@ R = TypeVar("R")
 Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
 
-__all__ = ["Configured", "TaskHandle", "check_handler", "prepare_handler"]
+__all__ = ["Configured", "TaskHandle", "check_handler", "is_async", "prepare_handler"]
+
+
+def is_async(fn: object) -> bool:
+    """Whether `fn` is an `async def` handler (or a callable object with an async __call__)."""
+    inner = inspect.unwrap(fn)  # type: ignore[arg-type]
+    return inspect.iscoroutinefunction(inner) or inspect.iscoroutinefunction(
+        getattr(inner, "__call__", None)  # noqa: B004 - a callable object's async __call__
+    )
 
 
 def check_handler(kind: str, fn: object) -> None:
-    """Refuse, in one line, a handler the worker cannot run: not callable, an `async def`, a
-    generator or an async generator function (its call returns without running the body)."""
+    """Refuse, in one line, a handler the worker cannot run: not callable, a generator or an
+    async generator function (its call returns without running the body)."""
     if not callable(fn):
         raise ConfigError(f"task {kind!r}: the handler must be a function, got {type(fn).__name__}")
     inner = inspect.unwrap(fn)
@@ -37,17 +45,13 @@ def check_handler(kind: str, fn: object) -> None:
     what = None
     if inspect.isasyncgenfunction(inner):
         what = "an async generator function"
-    elif inspect.iscoroutinefunction(inner) or inspect.iscoroutinefunction(
-        getattr(inner, "__call__", None)  # noqa: B004 - a callable object's async __call__
-    ):
-        what = "an async def function"
     elif inspect.isgeneratorfunction(inner):
         what = "a generator function"
     if what is not None:
         raise ConfigError(
-            f"task {kind!r}: handler {name} is {what}; handlers must be plain functions "
-            "`def handler(ctx, payload)` that return their result (async handlers are not "
-            "supported yet)"
+            f"task {kind!r}: handler {name} is {what}; handlers must be functions "
+            "`def handler(ctx, payload)` or `async def handler(ctx, payload)` that return their "
+            "result"
         )
 
 
@@ -83,10 +87,13 @@ def _shape(fn: Callable[..., Any]) -> _Shape:
     return _Shape(False)
 
 
-def prepare_handler(kind: str, fn: Callable[..., Any]) -> Callable[[Context, Any], Any]:
-    """What the executor calls, `run(ctx, payload)`, for a checked handler `fn`."""
+def prepare_handler(kind: str, fn: Callable[..., Any]) -> Callable[[Any, Any], Any]:
+    """What the executor calls, `run(ctx, payload)`, for a checked handler `fn` (a coroutine
+    function again when `fn` is one)."""
     check_handler(kind, fn)
     shape = _shape(fn)
+    if is_async(fn):
+        return _prepare_async(kind, fn, shape)
     if shape.keywords:
         names = ", ".join(shape.names) or "**kwargs"
 
@@ -107,6 +114,39 @@ def prepare_handler(kind: str, fn: Callable[..., Any]) -> Callable[[Context, Any
 
         return build
     return fn
+
+
+def _prepare_async(kind: str, fn: Callable[..., Any], shape: _Shape) -> Callable[[Any, Any], Any]:
+    """`prepare_handler` for an `async def` handler: the same shapes, awaited."""
+    if shape.keywords:
+        names = ", ".join(shape.names) or "**kwargs"
+
+        async def spread(ctx: Any, payload: Any) -> Any:
+            if not isinstance(payload, dict):
+                raise TypeError(
+                    f"task {kind!r} takes keyword arguments ({names}): its payload must be a "
+                    f"JSON object, got {type(payload).__name__}"
+                )
+            return await fn(ctx, **payload)
+
+        return spread
+    model = shape.model
+    if model is not None:
+
+        async def build(ctx: Any, payload: Any) -> Any:
+            return await fn(ctx, model(**payload) if isinstance(payload, dict) else payload)
+
+        return build
+    if inspect.iscoroutinefunction(fn):
+        return fn
+
+    async def call(ctx: Any, payload: Any) -> Any:
+        # A callable object with an async __call__, or a decorator's plain wrapper of an async
+        # def (it returns the coroutine): awaited when what it returns is awaitable.
+        returned = fn(ctx, payload)
+        return await returned if inspect.isawaitable(returned) else returned
+
+    return call
 
 
 def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -18,14 +18,17 @@ from cronsim import CronSim, CronSimError
 from .config import Config
 from .encoding import check_json
 from .errors import ConfigError
-from .workers.context import Context
 
-Handler = Callable[[Context, Any], Any]
+Handler = Callable[[Any, Any], Any]  # fn(ctx, payload): a Context, or an AsyncContext
 
 # A run's attempt is aborted (and retried while attempts remain) after this long unless its task
 # says otherwise: a deadlocked handler would otherwise hold its lease for ever, the keeper
 # renewing it. `@app.task(timeout=None)` turns it off for a task.
 DEFAULT_TIMEOUT = 3600.0
+
+# Runs of one async kind a worker process holds at once unless its task says otherwise
+# (`@app.task(kind, concurrency=N)`).
+DEFAULT_CONCURRENCY = 10
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,200}$")
 _MAX_LABEL = 200
@@ -43,7 +46,7 @@ class Enqueued:
 @dataclass(frozen=True)
 class Task:
     kind: str
-    fn: Callable[[Context, Any], Any]
+    fn: Handler
     max_attempts: int | None = None
     lease: float | None = None
     timeout: float | None = None
@@ -53,6 +56,9 @@ class Task:
     # Short tasks may opt into claiming up to `batch` runs per statement (runs stage, one at a
     # time inline, each under its own lease) and finishing the successes in one statement.
     batch: int = 1
+    # An `async def` handler's kind (stage "async"): at most this many of its runs at once in one
+    # worker process, on its event loop.
+    concurrency: int = DEFAULT_CONCURRENCY
     # The family that registered it (None: the user's own task); App.with_config re-installs
     # families rather than copying their tasks.
     family: str | None = None

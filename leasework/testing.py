@@ -110,7 +110,7 @@ class Runner:
         return self.worker.conns.control()
 
     def _kinds(self, kinds: Iterable[str] | None) -> list[str]:
-        served = self.app.kinds(stage="runs")
+        served = self.app.kinds(stage="runs") + self.app.kinds(stage="async")
         if kinds is None:
             return served
         if isinstance(kinds, str):
@@ -125,7 +125,11 @@ class Runner:
         return chosen
 
     def _execute(self, claim: Claim) -> RunResult:
-        self.worker.executor.run(claim, self.app.handler(claim.kind))
+        handler = self.app.handler(claim.kind)
+        if self.app.tasks[claim.kind].stage == "async":  # on the worker's event loop, to its end
+            self.worker.aexecutor.run_now(claim, handler)
+        else:
+            self.worker.executor.run(claim, handler)
         return self.result(claim.id)
 
     def result(self, run_id: int) -> RunResult:

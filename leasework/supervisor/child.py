@@ -92,7 +92,9 @@ class BeatSender:
             worker.drain()
             log.event("child_recycling", worker=worker.id, jobs=worker.jobs_done)
         now = time.monotonic()
-        held = worker.keeper.executing()
+        # With async handlers a child runs several: the beat names the one whose deadline comes
+        # first (Keeper.most_urgent), which is the one the parent's watchdog must watch.
+        held, count = worker.keeper.most_urgent()
         if held is None:
             beat = Beat(t=now, run_id=None, renewed=None, lease=None, jobs=worker.jobs_done)
         else:
@@ -108,8 +110,9 @@ class BeatSender:
                 timeout_at=held.deadline,
                 abort=reason,
                 abort_at=None if reason is None else (held.tripped_at or now),
+                runs=count if count > 1 else None,
             )
-        state = (beat.run_id, beat.renewed, beat.abort, beat.jobs)
+        state = (beat.run_id, beat.renewed, beat.abort, beat.jobs, beat.runs)
         if state == self._last and now - self._sent_at < MIN_BEAT_GAP:
             return
         try:

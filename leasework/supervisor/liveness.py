@@ -31,6 +31,7 @@ class Beat:
     timeout_at: float | None = None  # when the attempt times out (monotonic)
     abort: str | None = None  # why the run must stop: cancelled, timeout, lost, shutdown
     abort_at: float | None = None  # since when (the grace runs from here)
+    runs: int | None = None  # runs executing when more than one (async handlers)
 
 
 _OPTIONAL = (
@@ -39,6 +40,7 @@ _OPTIONAL = (
     ("timeout_at", float),
     ("abort", str),
     ("abort_at", float),
+    ("runs", int),
 )
 
 

@@ -12,6 +12,7 @@ renews, and the pool's, opened only when a handler needs one the control connect
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -305,6 +306,53 @@ class Connections:
                 self.drop_control()
             time.sleep(min(seconds, 1.0))
             return False
+
+    async def idle_wait_async(self, seconds: float, also: asyncio.Event) -> set[str]:
+        """`idle_wait` on the worker's event loop (async handlers): the loop watches the socket
+        a NOTIFY arrives on (the control connection, `listen_dsn`'s, or the parent's relay pipe)
+        while the runs in flight go on, and `also` ends the wait too (a run ended)."""
+        self.drain_notifies()
+        if self.woken or also.is_set():
+            return self.take_woken()
+        fd = self._wake_fd()
+        loop = asyncio.get_running_loop()
+        heard = asyncio.Event()
+        if fd is not None:
+            loop.add_reader(fd, heard.set)
+        waits = [asyncio.ensure_future(heard.wait()), asyncio.ensure_future(also.wait())]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            if fd is not None:
+                with suppress(Exception):
+                    loop.remove_reader(fd)
+        if heard.is_set():
+            self.drain_notifies()
+        return self.take_woken()
+
+    def _wake_fd(self) -> int | None:
+        """The file descriptor a NOTIFY arrives on, LISTEN issued first if needed; None when
+        there is none (behind a pooler without listen_dsn or relay: polling is the wake-up, or
+        the database is unreachable for now)."""
+        listener = False
+        try:
+            listener = self.behind_pooler
+            if listener and self.relay_fd is not None:
+                return self.relay_fd
+            conn = self._listen_connection() if listener else self.control()
+            if conn is None:
+                return None
+            self._listen_on(conn)
+            return conn.fileno()
+        except (psycopg.Error, db.DatabaseUnavailable) as exc:
+            log.event("listen_failed", level=30, error=log.first_line(exc))
+            if listener:
+                self._drop_listener()
+            else:
+                self.drop_control()
+            return None
 
     def _wait_for_relay(self, seconds: float) -> None:
         """Wait on the parent's wake pipe: any line ends the wait, as any NOTIFY does."""

@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -20,13 +20,23 @@ from . import lease
 from .backoff import retry_delay
 from .connections import Connections
 from .context import Context, describe_error
-from .keeper import Held, Keeper
+from .keeper import AbortSignal, Held, Keeper
 from .lease import Claim
 from .outcome import Outcome, Sealed, decide
 
 Conn = psycopg.Connection[Any]
 Handler = Callable[[Context, Any], Any]
 Done = tuple[Claim, Any]  # a success not sealed yet: its claim and its encoded result
+
+
+class Attempt(Protocol):
+    """What deciding and writing an attempt's end needs of its context: a sync handler's
+    `Context` or an async one's `AsyncContext`."""
+
+    claim: Claim
+    signal: AbortSignal
+    result: Any
+    started: float
 
 
 class _NotWritten:
@@ -128,7 +138,7 @@ class Executor:
             self.keeper.drop(claim.id)
             self.jobs_done += 1
 
-    def _decide(self, ctx: Context, returned: Any, raised: BaseException | None) -> Outcome:
+    def _decide(self, ctx: Attempt, returned: Any, raised: BaseException | None) -> Outcome:
         if isinstance(raised, LeaseLost):
             ctx.signal.trip("lost")
         return decide(
@@ -264,7 +274,7 @@ class Executor:
 
     # -- writing an outcome -------------------------------------------------------------------
 
-    def _write_outcome(self, ctx: Context, outcome: Outcome) -> str | None:
+    def _write_outcome(self, ctx: Attempt, outcome: Outcome) -> str | None:
         claim = ctx.claim
         if outcome.action == "nothing":
             self._log_lost(claim, "stopped, wrote nothing")
@@ -306,7 +316,7 @@ class Executor:
         )
         return status
 
-    def _requeue(self, ctx: Context, outcome: Outcome) -> str | None:
+    def _requeue(self, ctx: Attempt, outcome: Outcome) -> str | None:
         """Requeue in place after the backoff (or `after`). The database decides what that
         means: queued again, or `failed` (no attempt left), or `cancelled` (cancel requested
         meanwhile); the log says what it returned."""

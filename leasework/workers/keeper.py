@@ -81,7 +81,7 @@ class Keeper:
         *,
         name: str,
         stop_at: Callable[[], float | None] = lambda: None,
-        interrupt: Callable[[], None] | None = None,
+        interrupt: Callable[[Held], None] | None = None,
         on_tick: Callable[[Keeper], None] | None = None,
         deadman: Deadman | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -178,6 +178,36 @@ class Keeper:
                 return held
         return None
 
+    def most_urgent(self) -> tuple[Held | None, int]:
+        """The executing run the supervisor's watchdog must watch, and how many runs execute.
+        With several (async handlers), the one whose deadline comes first: its lease, less the
+        watchdog's margin, since its last renewal; its abort grace once its run must stop; its
+        timeout's. The parent checks that one run's figures; nothing changes while a child is
+        frozen, so the first deadline of its last beat is the first of all its runs."""
+        cfg = self.config
+        best: Held | None = None
+        best_at = float("inf")
+        count = 0
+        for held in list(self._held.values()):
+            if not held.executing:
+                continue
+            count += 1
+            lease_s = held.claim.lease_seconds
+            at = held.renewed + lease_s * (1.0 - cfg.kill_margin / cfg.lease)
+            if held.tripped_at is not None:
+                at = min(at, held.tripped_at + cfg.abort_grace)
+            elif held.signal.tripped:
+                at = float("-inf")  # tripped a moment ago: it must be reported now
+            if held.deadline is not None:
+                at = min(at, held.deadline + cfg.abort_grace)
+            if best is None or at < best_at:
+                best, best_at = held, at
+        return best, count
+
+    def executing_runs(self) -> list[Held]:
+        """Every run whose handler is running (several only with async handlers)."""
+        return [h for h in list(self._held.values()) if h.executing]
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -219,7 +249,7 @@ class Keeper:
                         held.tripped_at = now
                     if not held.interrupted and self._interrupt is not None:
                         held.interrupted = True
-                        self._interrupt()
+                        self._interrupt(held)
         finally:
             self._lock.release()
 

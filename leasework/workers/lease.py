@@ -37,6 +37,7 @@ FINISH_AND_CLAIM = (
 )
 
 Conn = psycopg.Connection[Any]
+AConn = psycopg.AsyncConnection[Any]
 ControlState = Literal["ok", "lost", "cancelled", "expired"]
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
 
@@ -383,6 +384,26 @@ def fence(conn: Conn, claim: Claim) -> bool:
     idle_ms = str(max(1, round(claim.lease_seconds * 1000)))
     row = conn.execute(Q["fence_run"], _params(claim, idle_ms=idle_ms), prepare=True).fetchone()
     return row is not None
+
+
+# -- the same two for async handlers (workers/acontext.py), on a psycopg AsyncConnection ---------
+
+
+async def acheckpoint(conn: AConn, claim: Claim, processed: int, total: int | None = None) -> bool:
+    """`checkpoint` on an async connection."""
+    cur = await conn.execute(
+        Q["checkpoint_run"],
+        _params(claim, processed=processed, total=total, lease=claim.lease_seconds),
+        prepare=True,
+    )
+    return await cur.fetchone() is not None
+
+
+async def afence(conn: AConn, claim: Claim) -> bool:
+    """`fence` on an async connection, inside its open transaction."""
+    idle_ms = str(max(1, round(claim.lease_seconds * 1000)))
+    cur = await conn.execute(Q["fence_run"], _params(claim, idle_ms=idle_ms), prepare=True)
+    return await cur.fetchone() is not None
 
 
 def expire_worker_leases(conn: Conn, worker: str, reason: str) -> list[int]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..config import Config
+from .aexecutor import AsyncExecutor
 from .connections import Connections
 from .executor import Executor
 
@@ -28,6 +29,11 @@ class Site:
     others_due: Callable[[str], bool] = lambda name: True
     # The worker's pool (config `pools`): whether it claims a kind. Every kind without a pool.
     serves: Callable[[str], bool] = lambda kind: True
+    # Where async handlers run (several at once on the worker's event loop); None in a Site built
+    # without one (a stage that runs no async handler never needs it).
+    aexecutor: AsyncExecutor | None = None
+    # The worker's pool (config `pools`), None without one.
+    pool: str | None = None
 
     @property
     def stopping(self) -> bool:

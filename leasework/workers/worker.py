@@ -1,10 +1,13 @@
 """One worker: `poll()` runs every stage once, in a fixed order, each bounded and wrapped in its
-own try/except; `run()` is `while running: poll(); sleep`, woken early by NOTIFY. One job at a
-time, run inline by the executor, its lease kept by the keeper whatever the handler does. Opens
-its connections itself, after any fork. Knows no stage: whoever builds it gives the list."""
+own try/except; `run()` is `while running: poll(); sleep`, woken early by NOTIFY. One sync job at
+a time, run inline by the executor, its lease kept by the keeper whatever the handler does. With
+an async stage (`async def` handlers) the same loop runs on an asyncio event loop, its waits
+awaited, so that the async runs in flight go on between polls (workers/aexecutor.py). Opens its
+connections itself, after any fork. Knows no stage: whoever builds it gives the list."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -22,11 +25,12 @@ from .. import db, log
 from ..config import Config
 from ..errors import ConfigError, is_transient
 from . import idle, presence
+from .aexecutor import AsyncExecutor
 from .connections import Connections
 from .context import Context, describe_error
 from .deadman import Deadman
 from .executor import Executor
-from .keeper import Keeper
+from .keeper import Held, Keeper
 from .stage import Site, Stage
 
 # Sent by the keeper's thread to the main thread to interrupt a handler whose run must stop.
@@ -90,7 +94,7 @@ class Worker:
             name=self.id,
             stop_at=lambda: self._stop_at,
             interrupt=self._interrupt,
-            on_tick=lambda keeper: self.beat(self.current),
+            on_tick=self._ticked,
         )
         self.conns = Connections(self.config, self.id, lambda p: self.stage_for(p) is not None)
         self.executor = Executor(
@@ -102,8 +106,9 @@ class Worker:
             stopping=lambda: self.stopping,
             rand=rand,
         )
+        self.aexecutor = AsyncExecutor(self.executor)
         site = (self.id, self.config, self.conns, self.executor, lambda: self.stopping)
-        self.site = Site(*site, self.others_due, self.serves)
+        self.site = Site(*site, self.others_due, self.serves, self.aexecutor, pool)
         self._want_deadman = deadman
         self._keeper_thread = keeper_thread
         self._main_ident: int | None = None
@@ -133,6 +138,7 @@ class Worker:
         return self
 
     def close(self) -> None:
+        self.aexecutor.close()
         if self.register and self._last_heartbeat is not None:
             with suppress(psycopg.Error, db.DatabaseUnavailable, ConfigError):
                 # A clean exit removes its row: a stopped worker is not a "gone" one.
@@ -165,8 +171,11 @@ class Worker:
         )
         self._main_ident = threading.get_ident()
 
-    def _interrupt(self) -> None:
-        """From the keeper's thread: have the main thread raise Aborted in the handler."""
+    def _interrupt(self, held: Held) -> None:
+        """From the keeper's thread: cancel an async run's task on the loop, or have the main
+        thread raise Aborted in the sync handler."""
+        if self.aexecutor.interrupt(held):
+            return
         ident = self._main_ident
         if ident is not None and threading.get_ident() != ident:
             with suppress(ProcessLookupError, OSError):
@@ -179,6 +188,11 @@ class Worker:
             ctx.interrupt()
 
     # -- liveness -------------------------------------------------------------------------------
+
+    def _ticked(self, keeper: Keeper) -> None:
+        """After each of the keeper's ticks (its thread): liveness, and a blocked event loop."""
+        self.aexecutor.check_lag(time.monotonic())
+        self.beat(self.current)
 
     def beat(self, ctx: Context | None) -> None:
         """Liveness, after each poll, run, ctx.check() and keeper tick; the supervisor listens."""
@@ -195,8 +209,8 @@ class Worker:
         if not force and last is not None and now - last < self.config.heartbeat_interval:
             return
         self._last_heartbeat = now
-        current = self.current
-        run_id = current.claim.id if current is not None else None
+        held = self.keeper.most_urgent()[0]
+        run_id = held.claim.id if held is not None else None
         host, pid = socket.gethostname(), os.getpid()
         try:
             # On the keeper's connection: it beats from the keeper's thread while a handler runs.
@@ -275,14 +289,13 @@ class Worker:
             stages=[s.name for s in self.stages],
             pool=self.pool,
         )
-        skip_idle = False
         try:
+            if self.asynchronous:
+                self.aexecutor.serve(self._serve(once))
+                return
+            skip_idle = False
             while self.running:
-                try:
-                    found = self.poll(skip_idle=skip_idle)
-                except Exception as exc:  # poll() already isolates stages; this is belt and braces
-                    log.event("poll_failed", level=40, error=describe_error(exc, 3))
-                    found = 0
+                found = self._poll_safely(skip_idle)
                 if once:
                     break
                 skip_idle = found > 0
@@ -294,16 +307,71 @@ class Worker:
                     skip_idle = not self.conns.stray
                 else:
                     woken = self.conns.take_woken()
-                # Woken by a NOTIFY naming a kind: ask its stage at once and leave the stages
-                # polled a moment ago for their next turn (pickup latency, bench/README.md).
-                for stage in {self.stage_for(p) for p in woken}:
-                    if stage is not None:
-                        self._idle_until.pop(stage, None)
-                        skip_idle = True
+                skip_idle = self._wake(woken) or skip_idle
         finally:
             self.running = False
             log.event("worker_stopped", worker=self.id, jobs=self.jobs_done)
             self.close()
+
+    async def _serve(self, once: bool) -> None:
+        """`run()`'s loop on the event loop: the async runs in flight go on while it waits. It
+        waits for a NOTIFY, a run ending or the poll interval; it polls again at once while the
+        async stage has successes to seal or may claim more. Stopping, it claims nothing more
+        and returns once every run in flight has ended (finished, or released at the graceful
+        deadline) and been sealed."""
+        ax = self.aexecutor
+        skip_idle = False
+        while self.running or ax.in_flight() or ax.done:
+            found = self._poll_safely(skip_idle) if self.running else self._seal_safely()
+            if once and not self.stopping:
+                self.drain()  # one poll's claims, then its runs to their end
+            skip_idle = found > 0
+            if ax.ready():
+                await asyncio.sleep(0)  # the runs just started take their first step
+                woken = self.conns.take_woken()
+            else:
+                ax.changed.clear()
+                wait = self.idle_timeout(time.monotonic())
+                woken = await self.conns.idle_wait_async(wait, ax.changed)
+                if ax.changed.is_set():  # a run ended: its stage seals it (and claims anew)
+                    for stage in self.stages:
+                        if getattr(stage, "asynchronous", False):
+                            self._idle_until.pop(stage.name, None)
+                    skip_idle = True
+            skip_idle = self._wake(woken) or skip_idle
+
+    def _poll_safely(self, skip_idle: bool) -> int:
+        try:
+            return self.poll(skip_idle=skip_idle)
+        except Exception as exc:  # poll() already isolates stages; this is belt and braces
+            log.event("poll_failed", level=40, error=describe_error(exc, 3))
+            return 0
+
+    def _seal_safely(self) -> int:
+        try:
+            return self.aexecutor.seal()
+        except Exception as exc:
+            log.event("seal_failed", level=40, error=describe_error(exc, 3))
+            return 0
+
+    def _wake(self, woken: set[str]) -> bool:
+        """Woken by a NOTIFY naming a kind: ask its stage at once and leave the stages polled a
+        moment ago for their next turn (pickup latency, bench/README.md). Whether any was."""
+        asked = False
+        for stage in {self.stage_for(p) for p in woken}:
+            if stage is not None:
+                self._idle_until.pop(stage, None)
+                asked = True
+        return asked
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether this worker runs an event loop: a stage of it runs async handlers of kinds
+        its pool claims."""
+        return any(
+            getattr(stage, "asynchronous", False) and any(map(self.serves, stage.wakes))
+            for stage in self.stages
+        )
 
     def serves(self, kind: str) -> bool:
         """Whether this worker claims `kind` (its pool's rule; every kind without a pool)."""
@@ -329,13 +397,17 @@ class Worker:
         current = self.current
         if current is not None and not graceful:
             current.signal.trip("shutdown")
+        if not graceful:
+            self.aexecutor.stop_all("shutdown")
         self.keeper.wake()
+        self.aexecutor.wake()
 
     def drain(self) -> None:
         """Stop claiming after the job in hand, which finishes with no deadline (recycling a
         child after max_jobs_per_child). Every stage checks `stopping` before it claims."""
         self.running = False
         self._draining = True
+        self.aexecutor.wake()
 
     @property
     def stopping(self) -> bool:

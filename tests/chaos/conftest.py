@@ -25,12 +25,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture
 def chaos(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., ChaosRun]]:
-    """chaos(seed=None, through_pooler=False, **config) -> a ChaosRun on a fresh private cluster
-    (through_pooler: behind a PgBouncer in transaction mode)."""
+    """chaos(seed=None, through_pooler=False, app=None, **config) -> a ChaosRun on a fresh
+    private cluster (through_pooler: behind a PgBouncer in transaction mode; app: the app its
+    supervisors run, default the test module's CHAOS_APP, else tests.chaos.chaosapp:app)."""
     runs: list[ChaosRun] = []
     with private_cluster("leasework-chaos-") as cluster:
 
-        def make(seed: int | None = None, through_pooler: bool = False, **config: Any) -> ChaosRun:
+        def make(
+            seed: int | None = None,
+            through_pooler: bool = False,
+            app: str | None = None,
+            **config: Any,
+        ) -> ChaosRun:
             seed = random.randrange(1 << 32) if seed is None else seed
             print(f"chaos seed {seed}")
             run = ChaosRun(
@@ -40,6 +46,7 @@ def chaos(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[.
                 dict(config),
                 random.Random(seed),
                 pooled=through_pooler,
+                app=app or getattr(request.module, "CHAOS_APP", "tests.chaos.chaosapp:app"),
             )
             runs.append(run)
             return run

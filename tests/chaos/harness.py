@@ -77,6 +77,8 @@ class ChaosRun:
     # Children (and their supervisor) reach Postgres through a PgBouncer in transaction mode,
     # behind the fault proxy: child -> proxy -> pgbouncer -> Postgres.
     pooled: bool = False
+    # The app the supervisors run (MODULE:ATTR): chaosapp's sync handlers, or chaosapp_async's.
+    app: str = "tests.chaos.chaosapp:app"
 
     def __post_init__(self) -> None:
         self.cfg = {**CONFIG, **self.config}
@@ -121,7 +123,7 @@ class ChaosRun:
         dsn: str | None = None,
         wrap: Sequence[str] = (),
         tmp: Path | None = None,
-        app: str = "tests.chaos.chaosapp:app",
+        app: str | None = None,
         **config: Any,
     ) -> Supervised:
         """A supervisor whose children reach Postgres through the proxy, unless `dsn` is given
@@ -131,7 +133,7 @@ class ChaosRun:
             tmp or self.tmp,
             dsn or self.proxy.dsn(),
             {**self.cfg, **config},
-            app=app,
+            app=app or self.app,
             wrap=wrap,
         )
         self.supervisors.append(sup)

@@ -1,9 +1,10 @@
-"""@app.task refuses handlers the worker cannot run (async def, generators) in one line and
-registers nothing; the handle it returns is the handler, callable as written, and the executor
+"""@app.task refuses handlers the worker cannot run (generators) in one line and registers
+nothing, and takes `async def` ones (and callables whose call is async) for the async stage; the handle it returns is the handler, callable as written, and the executor
 calls a keyword-only handler with the payload's keys."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any
 
@@ -29,25 +30,30 @@ class AsyncCallable:
 
 @pytest.mark.parametrize(
     ("fn", "what"),
-    [
-        (coro, "an async def function"),
-        (gen, "a generator function"),
-        (agen, "an async generator function"),
-        (functools.wraps(coro)(lambda ctx, p: None), "an async def function"),
-        (AsyncCallable(), "an async def function"),
-    ],
+    [(gen, "a generator function"), (agen, "an async generator function")],
 )
 def test_a_handler_that_would_return_without_running_is_refused(fn: Any, what: str) -> None:
     app = App()
     with pytest.raises(ConfigError) as info:
         app.task("x")(fn)
     message = str(info.value)
-    assert "task 'x': handler " in message and f" is {what}; handlers must be plain" in message
-    assert "async handlers are not supported yet" in message and "\n" not in message
+    assert "task 'x': handler " in message and f" is {what}; handlers must be functions" in message
+    assert "async def handler(ctx, payload)" in message and "\n" not in message
     assert app.tasks == {}  # nothing registered
     with pytest.raises(ConfigError, match=what):
         app.register(Task("y", fn))
     assert app.tasks == {}
+
+
+@pytest.mark.parametrize(
+    "fn", [coro, functools.wraps(coro)(lambda ctx, p: coro(ctx, p)), AsyncCallable()]
+)
+def test_async_handlers_go_to_the_async_stage_and_are_awaited(fn: Any) -> None:
+    app = App()
+    app.task("x")(fn)
+    assert app.tasks["x"].stage == "async"
+    run = app.handler("x")
+    assert asyncio.run(run(None, {"a": 1})) is None
 
 
 def test_the_handle_is_the_handler_and_keyword_handlers_get_the_payload_spread() -> None:

@@ -1,0 +1,280 @@
+"""An async handler's view of its run (`async def handler(ctx, payload)`): the same run, lease
+and abort signal as `Context`, with the database work awaited on the worker's async pool:
+`await ctx.check()`, `await ctx.checkpoint(n)`, `async with ctx.transaction() as conn`.
+
+Its lease is kept by the worker's keeper thread like any other. A run that must stop (cancel,
+timeout, lost lease, shutdown) has its asyncio task cancelled (workers/aexecutor.py): the handler
+sees `CancelledError` at the await it is suspended in, whether or not it ever awaits `check()`.
+Never inside leasework's own statements: a cancel that arrives while one is in flight waits for
+the handler's next await of its own (`deliver`), so a pool connection is never given back half-way
+through the protocol and a fenced transaction never ends without its commit or rollback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, nullcontext, suppress
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool
+
+from .. import log
+from ..errors import Aborted, LeaseLost, is_transient
+from . import lease
+from .keeper import Held
+from .lease import Claim
+
+AConn = psycopg.AsyncConnection[Any]
+
+__all__ = ["AsyncContext"]
+
+
+class AsyncRunner(Protocol):
+    """What an async context needs of whoever runs its handler (the async executor)."""
+
+    worker_id: str
+
+    async def apool(self) -> AsyncConnectionPool[Any]: ...
+
+
+async def adiscard_if_busy(conn: AConn) -> bool:
+    """After a cancel: a connection left in the middle of a query (or broken) is cancelled
+    server-side and closed, so the pool drops it. True if it was discarded."""
+    if conn.closed:
+        return True
+    if not conn.broken and conn.info.transaction_status != TransactionStatus.ACTIVE:
+        return False
+    with suppress(Exception):
+        await conn.cancel_safe(timeout=1.0)
+    with suppress(Exception):
+        await conn.close()
+    return True
+
+
+class AsyncContext:
+    """Passed to every `async def` handler as its first argument."""
+
+    def __init__(
+        self,
+        claim: Claim,
+        runner: AsyncRunner,
+        held: Held,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.claim = claim
+        self.held = held
+        self.signal = held.signal
+        self.result: Any = claim.result
+        self._runner = runner
+        self._clock = clock
+        self.started = clock()
+        self._processed = claim.processed_units
+        self._total = claim.total_units
+        self._tx_conn: AConn | None = None
+        # The task running the handler (set by the executor). Cancelled at most once, never while
+        # leasework's own statements are in flight (`_shield` > 0 defers it).
+        self.task: asyncio.Task[Any] | None = None
+        self._shield = 0
+        self._pending = False
+        self._raised = False  # the handler has been told (check() raised, or its task cancelled)
+
+    # -- what the handler reads -------------------------------------------------------------
+
+    @property
+    def run_id(self) -> int:
+        return self.claim.id
+
+    @property
+    def kind(self) -> str:
+        return self.claim.kind
+
+    @property
+    def payload(self) -> Any:
+        return self.claim.payload
+
+    @property
+    def attempt(self) -> int:
+        return self.claim.attempts
+
+    @property
+    def key(self) -> str | None:
+        return self.claim.key
+
+    @property
+    def tenant(self) -> str | None:
+        return self.claim.tenant
+
+    @property
+    def processed(self) -> int:
+        """Units already done by earlier attempts (and this one): resume from here."""
+        return self._processed
+
+    @property
+    def total(self) -> int | None:
+        return self._total
+
+    @property
+    def worker_id(self) -> str:
+        return self._runner.worker_id
+
+    @property
+    def last_renewal(self) -> float:
+        """Monotonic time the last renewal of this run's lease was sent."""
+        return self.held.renewed
+
+    # -- control ----------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Raise `Aborted(reason)` if the run was cancelled, lost its lease, timed out or is being
+        shut down; else give the other runs of this worker a turn. The keeper thread does the
+        lease work; this only reads what it found."""
+        if self.signal.reason is not None:
+            self._raised = True
+            raise Aborted(self.signal.reason)
+        await asyncio.sleep(0)
+
+    def deliver(self) -> None:
+        """On the event loop, while the handler's task is suspended: cancel the task if its run
+        must stop. Once; while the task waits inside leasework's own statement, at the end of it
+        (the handler's next await)."""
+        task = self.task
+        if task is None or task.done() or self._raised or not self.signal.tripped:
+            return
+        if self._shield:
+            self._pending = True
+            return
+        self._pending = False
+        self._raised = True
+        task.cancel(msg=f"leasework: run {self.claim.id} {self.signal.reason}")
+
+    @contextmanager
+    def _shielded(self) -> Iterator[None]:
+        self._shield += 1
+        try:
+            yield
+        finally:
+            self._shield -= 1
+            if self._shield == 0 and self._pending:
+                self._pending = False
+                # Delivered once the task is suspended again: at an await of the handler's own,
+                # or, if that is one of ours, deferred once more.
+                with suppress(RuntimeError):
+                    asyncio.get_running_loop().call_soon(self.deliver)
+
+    def _lost(self, why: str) -> None:
+        if self.signal.reason != "lost":
+            self.signal.reason = "lost"
+            log.event("lease_lost", run_id=self.claim.id, owner=str(self.claim.owner), why=why)
+
+    # -- progress ---------------------------------------------------------------------------
+
+    async def set_total(self, total: int) -> None:
+        """Record how many units the run has in all (drawn as a progress bar)."""
+        await self.checkpoint(self._processed, total)
+
+    async def checkpoint(self, processed: int, total: int | None = None) -> None:
+        """Record `processed` units done (owner-scoped; renews the lease). Inside
+        `ctx.transaction()` it commits together with the step's effects."""
+        if processed < 0 or (total is not None and total < 0):
+            raise ValueError("checkpoint units must be >= 0")
+        tx = self._tx_conn
+        now = self._clock()
+        ok: bool | None
+        with self._shielded():
+            try:
+                if tx is not None:
+                    ok = await lease.acheckpoint(tx, self.claim, processed, total)
+                else:
+                    pool = await self._runner.apool()
+                    async with pool.connection() as conn:
+                        ok = await lease.acheckpoint(conn, self.claim, processed, total)
+            except psycopg.Error as exc:
+                if tx is not None or not is_transient(exc):
+                    raise
+                # Progress is not lost (the next checkpoint writes it); the keeper decides when
+                # the lease is gone.
+                log.event(
+                    "checkpoint_failed", level=30, run_id=self.claim.id, error=log.first_line(exc)
+                )
+                ok = None
+        if ok is None:
+            await self.check()
+            return
+        if not ok:
+            self._lost("checkpoint matched no row")
+            if tx is not None:
+                raise LeaseLost(f"run {self.claim.id} is no longer ours")
+            self._raised = True
+            raise Aborted("lost")
+        if tx is None:  # renewed and committed; inside a transaction only once it commits
+            self.held.renewed = max(self.held.renewed, now)
+        self._processed = processed
+        if total is not None:
+            self._total = total
+
+    # -- effects ----------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AConn]:
+        """A fenced transaction for effects, on a connection of the worker's async pool: verifies
+        and locks ownership of the run first and raises `LeaseLost` before anything is written if
+        the run is no longer ours. Commits on a clean exit, rolls back on an exception."""
+        if self._tx_conn is not None:
+            raise RuntimeError("ctx.transaction() does not nest")
+        if self.signal.reason == "lost":
+            raise LeaseLost(f"run {self.claim.id} is no longer ours")
+        saved = (self._processed, self._total)
+        async with self._pooled() as conn:
+            block = conn.transaction()
+            entered = False
+            try:
+                with self._shielded():
+                    await block.__aenter__()
+                    entered = True
+                    if not await lease.afence(conn, self.claim):
+                        self._lost("fence matched no row")
+                        raise LeaseLost(f"run {self.claim.id} is no longer ours")
+                self._tx_conn = conn
+                try:
+                    yield conn
+                finally:
+                    self._tx_conn = None
+                with self._shielded():
+                    await block.__aexit__(None, None, None)  # commit
+            except BaseException as exc:
+                self._processed, self._total = saved
+                with self._shielded():
+                    busy = await adiscard_if_busy(conn)
+                    if entered and not conn.closed:
+                        with suppress(Exception) if busy else nullcontext():
+                            await block.__aexit__(type(exc), exc, exc.__traceback__)
+                raise
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AConn]:
+        """A pooled async connection for reads (autocommit). Write effects through
+        `transaction()`."""
+        async with self._pooled() as conn:
+            try:
+                yield conn
+            except BaseException:
+                with self._shielded():
+                    await adiscard_if_busy(conn)
+                raise
+
+    @asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[AConn]:
+        """A connection of the worker's async pool, taken and given back where no cancel can
+        land half-way (the pool would lose track of it)."""
+        with self._shielded():
+            pool = await self._runner.apool()
+            conn = await pool.getconn()
+        try:
+            yield conn
+        finally:
+            with self._shielded():
+                await pool.putconn(conn)

@@ -1,0 +1,627 @@
+"""Async handlers on real Postgres: several runs at once per worker on one event loop, each under
+its own lease. Concurrency caps (the worker's, a kind's), outcomes, cancel / timeout / lost lease
+reaching a run that never awaits ctx.check() (its task is cancelled), the fenced transaction and
+checkpoints on the async pool, a blocking call detected, a graceful and a fast stop, and the
+registration checks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import psycopg
+import pytest
+
+from leasework import Aborted, App, Config, ConfigError, LeaseLost, Retry
+from leasework.config import parse_pools
+from leasework.testing import run_task
+from leasework.workers import lease
+from leasework.workers.acontext import AsyncContext
+from leasework.workers.worker import Worker
+
+from ..conftest import expire_lease, get_run, wait_for
+
+Conn = psycopg.Connection[Any]
+MakeWorker = Callable[..., Worker]
+QUICK = {"lease": 3.0, "renew_interval": 0.5, "control_interval": 0.2, "keeper_thread": True}
+
+
+@contextmanager
+def serving(worker: Worker, *, graceful: bool = True) -> Iterator[threading.Thread]:
+    """`worker.run()` on a thread of its own (its event loop there) until the block ends."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        worker.stop(graceful=graceful)
+        thread.join(30)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def statuses(conn: Conn) -> dict[str, int]:
+    rows = conn.execute("SELECT status, count(*) FROM leasework.runs GROUP BY 1").fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def all_succeeded(conn: Conn, n: int) -> Callable[[], bool]:
+    return lambda: statuses(conn) == {"succeeded": n}
+
+
+# -- running several at once -----------------------------------------------------------------
+
+
+def test_runs_execute_concurrently_up_to_the_kinds_concurrency(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+    live, peak = [0], [0]
+    full = asyncio.Event()
+
+    @app.task("io", concurrency=5)
+    async def io(ctx: AsyncContext, payload: Any) -> int:
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        if live[0] == 5:
+            full.set()
+        # Every run waits until five are in flight at once (or a deadline): run one at a time,
+        # this would take the deadline per run.
+        await asyncio.wait_for(full.wait(), timeout=10)
+        live[0] -= 1
+        return int(payload) * 2
+
+    ids = [app.enqueue(conn, "io", i) for i in range(20)]
+    worker = make_worker(app, **QUICK)
+    assert worker.asynchronous
+    started = time.monotonic()
+    with serving(worker):
+        wait_for(all_succeeded(conn, 20), timeout=60)
+    assert peak[0] == 5, f"at most the kind's concurrency at once, got {peak[0]}"
+    assert time.monotonic() - started < 30  # never one deadline per run
+    assert [get_run(conn, i)["result"] for i in ids] == [i * 2 for i in range(20)]
+    rows = conn.execute(
+        "SELECT count(*) FROM leasework.runs WHERE lease_owner IS NULL AND attempts = 1"
+    ).fetchone()
+    assert rows is not None and rows[0] == 20
+
+
+def test_the_workers_concurrency_caps_every_async_kind_together(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+    live, peak = [0], [0]
+
+    async def body() -> None:
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        await asyncio.sleep(0.05)
+        live[0] -= 1
+
+    @app.task("a", concurrency=8)
+    async def a(ctx: AsyncContext, payload: Any) -> None:
+        await body()
+
+    @app.task("b", concurrency=8)
+    async def b(ctx: AsyncContext, payload: Any) -> None:
+        await body()
+
+    for i in range(15):
+        app.enqueue(conn, "a", i)
+        app.enqueue(conn, "b", i)
+    worker = make_worker(app, concurrency=3, **QUICK)
+    with serving(worker):
+        wait_for(all_succeeded(conn, 30), timeout=60)
+    assert peak[0] == 3
+
+
+def test_a_poll_outside_the_loop_runs_its_claims_to_the_end(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    """`Worker.poll()` called directly (tests, benchmarks): the claimed runs end within it."""
+    app = App()
+
+    @app.task("io", concurrency=4)
+    async def io(ctx: AsyncContext, payload: Any) -> str:
+        await asyncio.sleep(0.01)
+        return "done"
+
+    for i in range(6):
+        app.enqueue(conn, "io", i)
+    worker = make_worker(app)
+    worker.poll()
+    assert statuses(conn) == {"succeeded": 4, "queued": 2}
+    worker.poll()
+    assert statuses(conn) == {"succeeded": 6}
+
+
+def test_sync_and_async_kinds_in_one_worker(conn: Conn, make_worker: MakeWorker) -> None:
+    app = App()
+
+    @app.task("plain")
+    def plain(ctx: Any, payload: Any) -> str:
+        return "sync"
+
+    @app.task("io")
+    async def io(ctx: AsyncContext, payload: Any) -> str:
+        await asyncio.sleep(0)
+        return "async"
+
+    p = app.enqueue(conn, "plain")
+    a = app.enqueue(conn, "io")
+    with serving(make_worker(app, **QUICK)):
+        wait_for(all_succeeded(conn, 2), timeout=30)
+    assert get_run(conn, p)["result"] == "sync"
+    assert get_run(conn, a)["result"] == "async"
+
+
+# -- outcomes -----------------------------------------------------------------------------------
+
+
+def test_failures_retry_and_partial_results_as_for_sync_handlers(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+
+    @app.task("flaky", max_attempts=2)
+    async def flaky(ctx: AsyncContext, payload: Any) -> None:
+        ctx.result = {"seen": ctx.attempt}
+        raise ValueError("upstream said no")
+
+    @app.task("later")
+    async def later(ctx: AsyncContext, payload: Any) -> None:
+        raise Retry(3600, "not yet")
+
+    f = app.enqueue(conn, "flaky")
+    r = app.enqueue(conn, "later")
+    worker = make_worker(app)
+    worker.poll()
+    row = get_run(conn, f)
+    assert row["status"] == "queued" and row["attempts"] == 1
+    assert row["error"].startswith("ValueError: upstream said no")
+    assert row["result"] == {"seen": 1}
+    later_row = get_run(conn, r)
+    assert later_row["status"] == "queued" and later_row["history"][-1]["outcome"] == "retry"
+
+
+def test_keyword_only_async_handlers_get_the_payload_spread(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+
+    @app.task("greet")
+    async def greet(ctx: AsyncContext, *, name: str, times: int = 1) -> str:
+        return " ".join([f"hi {name}"] * times)
+
+    run_id = greet.enqueue(conn, name="ada", times=2)
+    make_worker(app).poll()
+    assert get_run(conn, run_id)["result"] == "hi ada hi ada"
+
+
+def test_a_result_that_cannot_be_stored_fails_the_attempt(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+
+    @app.task("odd")
+    async def odd(ctx: AsyncContext, payload: Any) -> float:
+        return float("nan")
+
+    run_id = app.enqueue(conn, "odd")
+    make_worker(app).poll()
+    row = get_run(conn, run_id)
+    assert row["status"] == "queued" and "nan" in row["error"].lower()
+
+
+# -- stopping a run that never awaits ctx.check() ---------------------------------------------
+
+
+def when_running(dsn: str, run_id: int, act: Callable[[Conn], Any]) -> threading.Thread:
+    def go() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            wait_for(lambda: get_run(c, run_id)["status"] == "running", timeout=30)
+            act(c)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_cancel_cancels_the_task_of_a_run_that_never_checks(
+    conn: Conn, make_worker: MakeWorker, dsn: str
+) -> None:
+    app = App()
+    told: list[str] = []
+    others: list[int] = []
+
+    @app.task("sleepy")
+    async def sleepy(ctx: AsyncContext, payload: Any) -> None:
+        if payload == "victim":
+            try:
+                await asyncio.sleep(120)
+            except asyncio.CancelledError:
+                told.append("cancelled")
+                raise
+        else:
+            await asyncio.sleep(0.2)
+            others.append(ctx.run_id)
+
+    victim = app.enqueue(conn, "sleepy", "victim")
+    rest = [app.enqueue(conn, "sleepy", i) for i in range(3)]
+    canceller = when_running(dsn, victim, lambda c: App().cancel(c, victim))
+    started = time.monotonic()
+    with serving(make_worker(app, **QUICK)):
+        wait_for(lambda: get_run(conn, victim)["status"] == "cancelled", timeout=60)
+        wait_for(lambda: all(get_run(conn, i)["status"] == "succeeded" for i in rest), timeout=60)
+    canceller.join(5)
+    assert told == ["cancelled"]
+    assert time.monotonic() - started < 60
+    assert sorted(others) == sorted(rest), "the other runs of the worker went on"
+    row = get_run(conn, victim)
+    assert row["history"][-1]["outcome"] == "cancelled"
+
+
+def test_a_timeout_cancels_the_task_and_the_attempt_fails(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+
+    @app.task("slow", timeout=0.5)
+    async def slow(ctx: AsyncContext, payload: Any) -> None:
+        await asyncio.sleep(120)
+
+    run_id = app.enqueue(conn, "slow")
+    with serving(make_worker(app, **QUICK)):
+        wait_for(
+            lambda: (
+                get_run(conn, run_id)["status"] == "queued"
+                and get_run(conn, run_id)["attempts"] == 1
+            ),
+            timeout=60,
+        )
+    row = get_run(conn, run_id)
+    assert row["history"][-1]["outcome"] == "timeout"
+    assert row["error"] == "timeout after 0.5 s"
+
+
+def test_a_lost_lease_cancels_the_task_and_writes_nothing(
+    conn: Conn, make_worker: MakeWorker, dsn: str
+) -> None:
+    app = App()
+    told: list[str] = []
+
+    @app.task("job")
+    async def job(ctx: AsyncContext, payload: Any) -> str:
+        try:
+            await asyncio.sleep(120)
+        except asyncio.CancelledError:
+            told.append(ctx.signal.reason or "")
+            raise
+        return "never"
+
+    run_id = app.enqueue(conn, "job")
+    stolen: list[lease.Claim] = []
+
+    def steal(c: Conn) -> None:
+        expire_lease(c, run_id)
+        stolen.extend(lease.claim_runs(c, ["job"], worker="thief", lease=30.0))
+
+    thief = when_running(dsn, run_id, steal)
+    with serving(make_worker(app, **QUICK)):
+        thief.join(30)
+        wait_for(lambda: told == ["lost"], timeout=60)
+    [claim] = stolen
+    row = get_run(conn, run_id)
+    # The thief's lease stands: the first worker wrote nothing over it.
+    assert row["status"] == "running" and row["lease_owner"] == claim.owner
+    assert row["lease_worker"] == "thief"
+
+
+def test_a_handler_that_swallows_the_cancel_still_ends_cancelled(
+    conn: Conn, make_worker: MakeWorker, dsn: str
+) -> None:
+    app = App()
+
+    @app.task("stubborn")
+    async def stubborn(ctx: AsyncContext, payload: Any) -> str:
+        # A handler that ignores the cancel: what it returns does not count.
+        with suppress(asyncio.CancelledError):
+            await asyncio.sleep(120)
+        return "finished anyway"
+
+    run_id = app.enqueue(conn, "stubborn")
+    canceller = when_running(dsn, run_id, lambda c: App().cancel(c, run_id))
+    with serving(make_worker(app, **QUICK)):
+        wait_for(lambda: get_run(conn, run_id)["status"] == "cancelled", timeout=60)
+    canceller.join(5)
+
+
+def test_await_check_raises_aborted_once_the_signal_tripped(
+    conn: Conn, make_worker: MakeWorker, dsn: str
+) -> None:
+    app = App()
+    reasons: list[str] = []
+
+    @app.task("polite")
+    async def polite(ctx: AsyncContext, payload: Any) -> None:
+        try:
+            while True:
+                await ctx.check()
+                await asyncio.sleep(0.01)
+        except Aborted as exc:
+            reasons.append(exc.reason)
+            raise
+
+    run_id = app.enqueue(conn, "polite")
+    canceller = when_running(dsn, run_id, lambda c: App().cancel(c, run_id))
+    with serving(make_worker(app, **QUICK)):
+        wait_for(lambda: get_run(conn, run_id)["status"] == "cancelled", timeout=60)
+    canceller.join(5)
+    assert reasons in (["cancelled"], [])  # told by check(), or by the task's cancel
+
+
+# -- effects and progress -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def effects(conn: Conn) -> Conn:
+    conn.execute("CREATE TABLE IF NOT EXISTS public.effects (run_id bigint, step int)")
+    conn.execute("TRUNCATE public.effects")
+    return conn
+
+
+def test_the_fenced_transaction_commits_effects_with_the_checkpoint(
+    effects: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+
+    @app.task("steps")
+    async def steps(ctx: AsyncContext, payload: Any) -> int:
+        for step in range(ctx.processed, 3):
+            async with ctx.transaction() as tx:
+                await tx.execute("INSERT INTO public.effects VALUES (%s, %s)", (ctx.run_id, step))
+                await ctx.checkpoint(step + 1, 3)
+        return ctx.processed
+
+    run_id = app.enqueue(effects, "steps")
+    make_worker(app).poll()
+    row = get_run(effects, run_id)
+    assert row["status"] == "succeeded" and row["result"] == 3
+    assert (row["processed_units"], row["total_units"]) == (3, 3)
+    got = effects.execute("SELECT step FROM public.effects ORDER BY step").fetchall()
+    assert [r[0] for r in got] == [0, 1, 2]
+
+
+def test_a_run_resumes_from_its_checkpoint_on_the_next_attempt(
+    effects: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+    starts: list[int] = []
+
+    @app.task("resumable", max_attempts=2)
+    async def resumable(ctx: AsyncContext, payload: Any) -> None:
+        starts.append(ctx.processed)
+        for step in range(ctx.processed, 4):
+            if step == 2 and ctx.attempt == 1:
+                raise RuntimeError("crash half-way")
+            await ctx.checkpoint(step + 1)
+
+    run_id = app.enqueue(effects, "resumable")
+    worker = make_worker(app)
+    worker.poll()
+    effects.execute(
+        "UPDATE leasework.runs SET queued_at = leasework.now() WHERE id = %s", (run_id,)
+    )
+    worker.poll()
+    assert starts == [0, 2]
+    assert get_run(effects, run_id)["status"] == "succeeded"
+
+
+def test_a_fenced_transaction_of_a_run_no_longer_ours_writes_nothing(
+    effects: Conn, make_worker: MakeWorker, dsn: str
+) -> None:
+    app = App()
+    raised: list[str] = []
+
+    @app.task("job")
+    async def job(ctx: AsyncContext, payload: Any) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:  # another worker took the run
+            expire_lease(c, ctx.run_id)
+            lease.claim_runs(c, ["job"], worker="thief", lease=30.0)
+        try:
+            async with ctx.transaction() as tx:
+                await tx.execute("INSERT INTO public.effects VALUES (%s, 1)", (ctx.run_id,))
+        except LeaseLost as exc:
+            raised.append(str(exc))
+            raise
+
+    run_id = app.enqueue(effects, "job")
+    make_worker(app).poll()
+    assert raised and "no longer ours" in raised[0]
+    assert effects.execute("SELECT count(*) FROM public.effects").fetchone() == (0,)
+    assert get_run(effects, run_id)["lease_worker"] == "thief"
+
+
+def test_a_cancel_during_the_handlers_own_query_leaves_the_pool_usable(
+    effects: Conn, make_worker: MakeWorker, dsn: str
+) -> None:
+    """The handler is cancelled inside its own `pg_sleep` in a fenced transaction: the query is
+    cancelled server-side, the transaction rolled back, and the next run's transaction works."""
+    app = App()
+
+    @app.task("db")
+    async def dbwork(ctx: AsyncContext, payload: Any) -> None:
+        async with ctx.transaction() as tx:
+            await tx.execute("INSERT INTO public.effects VALUES (%s, %s)", (ctx.run_id, payload))
+            if payload == 1:
+                await tx.execute("SELECT pg_sleep(120)")
+
+    first = app.enqueue(effects, "db", 1)
+    canceller = when_running(dsn, first, lambda c: App().cancel(c, first))
+    worker = make_worker(app, pool_size=2, **QUICK)
+    with serving(worker):
+        wait_for(lambda: get_run(effects, first)["status"] == "cancelled", timeout=60)
+        second = app.enqueue(effects, "db", 2)
+        wait_for(lambda: get_run(effects, second)["status"] == "succeeded", timeout=60)
+    canceller.join(5)
+    got = effects.execute("SELECT run_id, step FROM public.effects").fetchall()
+    assert got == [(second, 2)], "the cancelled run's insert rolled back"
+
+
+# -- the loop and its keeper ----------------------------------------------------------------------
+
+
+def test_a_blocking_call_keeps_its_lease_and_is_logged_with_its_run(
+    conn: Conn, make_worker: MakeWorker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A synchronous sleep inside an async handler blocks the loop: the keeper (its own thread)
+    still renews the lease, and logs which run holds the loop."""
+    app = App()
+    expiries: set[Any] = set()
+
+    @app.task("blocker")
+    async def blocker(ctx: AsyncContext, payload: Any) -> None:
+        started = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as c:
+            # Blocked for 3 s at least (the keeper logs a loop blocked past 1.25 s), until the
+            # lease was renewed twice, 20 s at most.
+            while (len(expiries) < 3 or time.monotonic() - started < 3) and (
+                time.monotonic() - started < 20
+            ):
+                time.sleep(0.1)  # blocking, on purpose
+                row = c.execute(
+                    "SELECT lease_expires_at FROM leasework.runs WHERE id = %s", (ctx.run_id,)
+                ).fetchone()
+                expiries.add(row[0] if row else None)
+
+    run_id = app.enqueue(conn, "blocker")
+    caplog.set_level(logging.INFO, logger="leasework")
+    with serving(make_worker(app, **QUICK)):
+        wait_for(lambda: get_run(conn, run_id)["status"] == "succeeded", timeout=60)
+    assert len(expiries) >= 3, "the lease was not renewed while the loop was blocked"
+    blocked = [r for r in caplog.records if r.getMessage() == "loop_blocked"]
+    assert blocked, "the blocked loop was not logged"
+    assert blocked[0].fields["run_id"] == run_id  # type: ignore[attr-defined]
+
+
+def test_a_graceful_stop_lets_runs_finish_and_claims_nothing_more(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+    begun = threading.Event()
+
+    @app.task("io", concurrency=3)
+    async def io(ctx: AsyncContext, payload: Any) -> None:
+        begun.set()
+        await asyncio.sleep(0.5)
+
+    for i in range(6):
+        app.enqueue(conn, "io", i)
+    worker = make_worker(app, graceful_timeout=30, **QUICK)
+    with serving(worker):
+        assert begun.wait(30)
+    assert statuses(conn) == {"succeeded": 3, "queued": 3}
+
+
+def test_a_stop_past_the_graceful_deadline_releases_every_run(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+    begun: list[int] = []
+
+    @app.task("io", concurrency=4)
+    async def io(ctx: AsyncContext, payload: Any) -> None:
+        begun.append(ctx.run_id)
+        await asyncio.sleep(120)
+
+    for i in range(4):
+        app.enqueue(conn, "io", i)
+    worker = make_worker(app, graceful_timeout=0.5, **QUICK)
+    with serving(worker):
+        wait_for(lambda: len(begun) == 4, timeout=30)
+    rows = conn.execute(
+        "SELECT status, attempts, history -> -1 ->> 'outcome' FROM leasework.runs"
+    ).fetchall()
+    assert rows == [("queued", 0, "released")] * 4
+
+
+def test_the_beat_names_the_run_whose_deadline_comes_first(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    app = App()
+    begun: list[int] = []
+
+    @app.task("io", concurrency=3)
+    async def io(ctx: AsyncContext, payload: Any) -> None:
+        begun.append(ctx.run_id)
+        await asyncio.sleep(120)
+
+    for i in range(3):
+        app.enqueue(conn, "io", i)
+    worker = make_worker(app, graceful_timeout=0.1, **QUICK)
+    with serving(worker):
+        wait_for(lambda: len(begun) == 3, timeout=30)
+        held, count = worker.keeper.most_urgent()
+        assert count == 3 and held is not None
+        firsts = [h for h in worker.keeper.executing_runs()]
+        assert held.renewed == min(h.renewed for h in firsts)
+
+
+# -- registration -------------------------------------------------------------------------------
+
+
+def test_registration_checks() -> None:
+    app = App()
+    with pytest.raises(ConfigError, match="concurrency= is for async def handlers"):
+
+        @app.task("plain", concurrency=3)
+        def plain(ctx: Any, payload: Any) -> None: ...
+
+    with pytest.raises(ConfigError, match="batch= is for plain functions"):
+
+        @app.task("batched", batch=5)
+        async def batched(ctx: Any, payload: Any) -> None: ...
+
+    with pytest.raises(ConfigError, match="concurrency must be an integer from 1 to 1000"):
+
+        @app.task("many", concurrency=0)
+        async def many(ctx: Any, payload: Any) -> None: ...
+
+    with pytest.raises(ConfigError, match="async generator"):
+
+        @app.task("agen")
+        async def agen(ctx: Any, payload: Any) -> Any:
+            yield 1
+
+    @app.task("fine", concurrency=7)
+    async def fine(ctx: Any, payload: Any) -> None: ...
+
+    assert app.tasks["fine"].concurrency == 7 and app.tasks["fine"].stage == "async"
+
+
+def test_a_pool_sets_its_childrens_concurrency() -> None:
+    [pool] = parse_pools("io:2x20:fetch,upload", "--pool")
+    assert (pool.processes, pool.concurrency, pool.kinds) == (2, 20, ("fetch", "upload"))
+    assert pool.spec() == "io:2x20:fetch,upload"
+    [toml] = parse_pools([{"name": "io", "processes": 1, "kinds": "*", "concurrency": 5}], "file")
+    assert toml.concurrency == 5
+    with pytest.raises(ConfigError, match="concurrency must be an integer"):
+        parse_pools("io:2x0:fetch", "--pool")
+    cfg = Config.make(pools=parse_pools("io:1x4:io", "--pool"))
+    assert cfg.pool("io").concurrency == 4
+
+
+def test_run_task_runs_an_async_task(conn: Conn) -> None:
+    app = App()
+
+    @app.task("io")
+    async def io(ctx: AsyncContext, payload: Any) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"got": payload}
+
+    result = run_task(app, conn, "io", {"a": 1})
+    assert result.status == "succeeded" and result.result == {"got": {"a": 1}}

@@ -26,8 +26,8 @@ demo: $(STAMP)
 
 # Benchmarks (bench/README.md): each script makes its own database on the local server, prints
 # a table and appends its figures to $(BENCH_RESULTS) (made afresh each time); bench/summary.py then
-# prints issue 7's eight targets from them, last. `make bench` takes about 10 minutes (the set,
-# the peers and a short ingest); `make bench BENCH_FLAGS=--quick` (or `make bench-quick`) about 2.
+# prints issue 7's eight targets from them, last. `make bench` takes about 18 minutes (the set,
+# the peers, a short ingest and idle.py's 8); `make bench BENCH_FLAGS=--quick` (or `make bench-quick`) about 5.
 # `make bench-long` runs the long two (bloat.py on a private cluster, 1,000,000 jobs; a 1 GiB
 # ingest killed and resumed): about 18 minutes. A script that fails is recorded and the rest still
 # run; the exit status is then non-zero. Set BENCH_DSN for another server.

@@ -26,16 +26,16 @@ demo: $(STAMP)
 
 # Benchmarks (bench/README.md): each script makes its own database on the local server, prints
 # a table and appends its figures to $(BENCH_RESULTS) (made afresh each time); bench/summary.py then
-# prints issue 7's eight targets and issue 16's five from them, last. `make bench` takes about 14
-# minutes (the set, the peers, the async handlers beside the peers and a short ingest);
-# `make bench BENCH_FLAGS=--quick` (or `make bench-quick`) about 4.
+# prints issue 7's eight targets and issue 16's five from them, last. `make bench` takes about 22
+# minutes (the set with idle.py's 8, the peers, the async handlers beside the peers and a short
+# ingest); `make bench BENCH_FLAGS=--quick` (or `make bench-quick`) about 6.
 # `make bench-long` runs the long three (bloat.py on a private cluster, 1,000,000 jobs; a 1 GiB
 # ingest killed and resumed; scale.py, the scaling curve over 4 hosts in network namespaces, as
 # root): about 30 minutes. A script that fails is recorded and the rest still
 # run; the exit status is then non-zero. Set BENCH_DSN for another server.
 BENCH_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 BENCH_FLAGS ?=
-BENCHES := throughput pickup_latency claim_flatness bulk_enqueue recovery
+BENCHES := throughput pickup_latency claim_flatness bulk_enqueue recovery idle
 BENCH_RESULTS ?= $(CURDIR)/bench/.results.jsonl
 BENCH_LONG_RESULTS ?= $(CURDIR)/bench/.results-long.jsonl
 # The short ingest of `make bench` (target 7's peak RSS and chunks redone, on a 64 MiB file; the

@@ -80,6 +80,18 @@ class Family:
         how many items were due."""
         return 0
 
+    def schedules(self) -> bool:
+        """Whether it has scheduled work: it overrides `enqueue_due`."""
+        return type(self).enqueue_due is not Family.enqueue_due
+
+    def next_due(self, conn: Conn) -> float | None:
+        """Seconds until its scheduled work is next due (in the schedule stage's transaction,
+        when none was due), None: none. An idle worker sleeps until then, at most idle_poll_max
+        (workers/idle.py). The default: 0, unknown (the schedule stage is asked every
+        poll_interval) for a family that schedules, since an override of `enqueue_due` alone
+        cannot say."""
+        return 0.0
+
     def pruners(self) -> list[Pruner]:
         """Its maintenance: bounded deletions run by the maintenance stage."""
         return []
@@ -255,7 +267,8 @@ class App(Client):
             ScheduleStage(
                 self,
                 limit=config.section(ScheduleSettings).schedule_limit,
-                due=[f.enqueue_due for f in families],
+                due=[f.enqueue_due for f in families if f.schedules()],
+                next_due=[f.next_due for f in families if f.schedules()],
             ),
             RunsStage(
                 self,

@@ -117,7 +117,20 @@ class Config:
     app: str | None = field(default=None, metadata=doc("MODULE:ATTR of the user's App"))
     poll_interval: float = field(
         default=2.0,
-        metadata=doc("seconds an idle worker waits between polls", range=Range(0.01, 3600)),
+        metadata=doc(
+            "seconds between polls of an idle worker with no wake-up (behind a pooler without "
+            "listen_dsn), and of a stage that cannot tell when it is next due",
+            range=Range(0.01, 3600),
+        ),
+    )
+    idle_poll_max: float = field(
+        default=30.0,
+        metadata=doc(
+            "seconds an idle worker woken by NOTIFY may sleep at most: it sleeps until a NOTIFY, "
+            "the next delayed or retried run, lease expiry, schedule or maintenance period comes "
+            "due, or this long (never less than poll_interval)",
+            range=Range(0.01, 3600),
+        ),
     )
     lease: float = field(
         default=120.0, metadata=doc("lease length in seconds (database time)", range=Range(1, DAY))

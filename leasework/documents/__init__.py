@@ -58,9 +58,6 @@ class Documents(Family):
     def stages(self, config: Config) -> list[Stage]:
         return [IngestStage(self, config), ExpandStage(self, config)]
 
-    def enqueue_due(self, conn: Conn, limit: int) -> int:
-        return 0  # nothing scheduled
-
     def check_start(self, config: Config) -> None:
         """An `embedder` setting that cannot be loaded is refused when workers start, rather
         than failing the ingest stage at every poll. One registered with `@app.embedder` wins,

@@ -11,6 +11,7 @@ upload done. A redo after a crash rewrites the same keys and inserts nothing twi
 from __future__ import annotations
 
 import re
+import time
 import zipfile
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +25,7 @@ from psycopg.types.json import Jsonb
 from .. import log
 from ..errors import LeaseworkError
 from ..queries import load
+from ..workers import idle
 from ..workers.stage import Site
 from .extract import kind_of
 from .files import enqueue_ingest
@@ -151,14 +153,19 @@ class ExpandStage:
         self.own = config.section(ExpandSettings)
         self.limit = limit if limit is not None else self.own.expand_limit
         self.caps = ArchiveCaps.from_config(config)
+        self._due: idle.Seen = None
 
     def step(self, site: Site) -> int:
         params = {
             "reclaim": self.own.expand_reclaim,
             "max_attempts": self.own.expand_max_attempts,
         }
-        with site.conns.pooled() as conn:
+        # With the stuck ones failed, when the next one would be stuck (`next_due`), in the same
+        # transaction: an idle worker's turn of this stage is two commits.
+        with site.conns.pooled() as conn, conn.transaction():
             handled = len(conn.execute(Q["fail_stuck_uploads"], params).fetchall())
+            row = conn.execute(Q["next_stuck"], params).fetchone()
+        self._due = (None if row is None or row[0] is None else float(row[0])), time.monotonic()
         for _ in range(self.limit):
             if site.stopping:
                 break
@@ -171,6 +178,11 @@ class ExpandStage:
                 self.expand(conn, upload)
             handled += 1
         return handled
+
+    def next_due(self, site: Site) -> float | None:
+        """Seconds until an upload in `processing` is due to be claimed again (its worker may
+        be dead), as the last step read it (workers/stage.py, Due)."""
+        return idle.due_now(self._due, time.monotonic())
 
     def expand(self, conn: Conn, upload: dict[str, Any]) -> str | None:
         """Expand one claimed upload. Returns its new status, or None if it was no longer ours."""

@@ -13,6 +13,15 @@ UPDATE leasework.uploads
    AND attempts >= %(max_attempts)s
 RETURNING id
 
+-- name: next_stuck
+-- Seconds until the first upload in `processing` has been so for %(reclaim)s (claimed again, or
+-- failed, then); NULL: none is. How long an idle worker may sleep as far as uploads go (a new
+-- one NOTIFYs). Walks uploads_claimable.
+SELECT extract(epoch FROM min(processing_since) + make_interval(secs => %(reclaim)s)
+                          - leasework.now())::float8
+  FROM leasework.uploads
+ WHERE status = 'processing'
+
 -- name: claim_upload
 UPDATE leasework.uploads u
    SET status = 'processing', processing_since = leasework.now(), attempts = u.attempts + 1

@@ -16,6 +16,7 @@ and the executor (workers/executor.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from .. import log
 from ..errors import Aborted, LeaseLost, LeaseworkError
 from ..queries import load
 from ..tasks import Task
-from ..workers import lease
+from ..workers import idle, lease
 from ..workers.context import Context
 from ..workers.lease import Claim
 from ..workers.stage import Site
@@ -328,6 +329,7 @@ class IngestStage:
         self.limit = limit if limit is not None else config.section(IngestSettings).ingest_limit
         self.caps = Caps.from_config(config)
         self._indexer: Indexer | None = None
+        self._due: idle.Seen = None
 
     def indexer(self) -> Indexer:
         if self._indexer is None:
@@ -336,7 +338,9 @@ class IngestStage:
 
     def step(self, site: Site) -> int:
         handled = 0
+        self._due = None
         if not site.claimable([INGEST_KIND]):  # a pool (config `pools`) that does not take it
+            self._due = None, time.monotonic()
             return 0
         # Before any claim: an embedder that cannot be loaded fails the stage (logged each poll)
         # and strands no run under a lease nobody works on.
@@ -349,6 +353,9 @@ class IngestStage:
                     conn, [INGEST_KIND], worker=site.worker_id, lease=site.config.lease, limit=1
                 )
             if not claims:
+                # Dry: when is the next run due (`next_due`: how long an idle worker may sleep)?
+                with site.conns.pooled() as conn:
+                    self._due = lease.next_due(conn, [INGEST_KIND]), time.monotonic()
                 break
             claim = claims[0]
             try:
@@ -366,6 +373,11 @@ class IngestStage:
                 site.executor.run(claim, indexer)
             handled += 1
         return handled
+
+    def next_due(self, site: Site) -> float | None:
+        """Seconds until an ingest run is next due (delayed, retried, a lease running out), as
+        the last step that ran dry read it (workers/stage.py, Due)."""
+        return idle.due_now(self._due, time.monotonic())
 
     def _precheck(self, site: Site, claim: Claim) -> str | None:
         try:

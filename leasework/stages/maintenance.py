@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from .. import log
 from ..config import DAY, RETENTION, Config, Range, doc, section
 from ..queries import load
-from ..workers import lease
+from ..workers import idle, lease
 from ..workers.stage import Site
 
 Q = load("leasework.stages", "maintenance.sql")
@@ -142,6 +142,9 @@ class MaintenanceStage:
     name = "maintenance"
     settings = MaintenanceSettings
     wakes: frozenset[str] = frozenset()
+    # Only the periods on its markers make it due: an idle worker need not ask it before then
+    # (workers/stage.py, Due).
+    exact_due = True
 
     def __init__(
         self,
@@ -159,26 +162,45 @@ class MaintenanceStage:
         self.kinds = sorted(kinds)  # the kinds this worker has handlers for
         self._clock = clock
         self._declared_at: float | None = None
+        self._due: idle.Seen = None
 
     def step(self, site: Site) -> int:
         done = 0
+        self._due = None
         with site.conns.pooled() as conn:
             self._declare(conn)
             rows = conn.execute(Q["read_markers"]).fetchall()
             now = rows[0][3] if rows else lease.db_now(conn)
             markers = {r[0]: (r[1], r[2]) for r in rows}
+            # When each handler is next due, from the markers just read: a period from now for
+            # one that ran now (here or, the claim lost, elsewhere). What `next_due` tells.
+            dues: list[float | None] = [self._declare_due()]
             for h in self.handlers:
                 last, backlog = markers.get(h.name, (None, False))
                 period = h.period(self.config)
                 if not due(last, backlog, period, now):
+                    assert last is not None
+                    dues.append((last - now).total_seconds() + period)
                     continue
+                dues.append(period)
                 claimed = conn.execute(
                     Q["claim_maintenance"], {"handler": h.name, "period": period}
                 ).fetchone()
                 if claimed is None:
                     continue  # another worker won this period
                 done += self._run(conn, h)
+        self._due = idle.earliest(dues), time.monotonic()
         return done
+
+    def next_due(self, site: Site) -> float | None:
+        """Seconds until a handler's period (or the hourly declaration of kinds) comes round, as
+        the last step read the markers (workers/stage.py, Due)."""
+        return idle.due_now(self._due, time.monotonic())
+
+    def _declare_due(self) -> float | None:
+        if not self.kinds or self._declared_at is None:
+            return None
+        return DECLARE_EVERY - (self._clock() - self._declared_at)
 
     def _declare(self, conn: Conn) -> None:
         """Record this worker's kinds in leasework.kinds: at the first poll, then hourly."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..config import Range, doc, section
 from ..tasks import Registry
-from ..workers import lease
+from ..workers import idle, lease
 from ..workers.lease import Claim
 from ..workers.stage import Site
 
@@ -43,6 +43,9 @@ class RunsStage:
         self.limit = limit
         self.settle_limit = settle_limit
         self._settled_at = float("-inf")  # monotonic time of the last expire_and_promote
+        # What the last step that ran dry saw: seconds until a run of its kinds is next due
+        # (None: none), and the monotonic time it was read; None if the last step did not ask.
+        self._due: idle.Seen = None
 
     @property
     def wakes(self) -> list[str]:
@@ -53,6 +56,7 @@ class RunsStage:
         # Only the kinds of this worker's pool (config `pools`), for every claim below: the
         # claim on its own, the one riding on a seal, and a batch's (whose kind is one of these).
         kinds = site.claimable(self.app.kinds(stage=self.name))
+        self._due = None
         # Claim and settle on the control connection: idle between runs, it spares a pool
         # check-out per claim and keeps the claim's generic plan (worker.control_conn).
         handled = 0
@@ -127,9 +131,22 @@ class RunsStage:
         # and waiting runs need no quicker turn while the queue keeps the worker busy, and a
         # statement per step would be a commit every `limit` jobs). What settle promotes counts
         # as work, so the worker polls again at once and claims it then.
+        # Dry, it also reads when a run of its kinds is next due (`next_due`: how long an idle
+        # worker may sleep), in the settle's transaction: one commit for both.
         now = time.monotonic()
         if not drained and now - self._settled_at < site.config.poll_interval:
             return handled
         self._settled_at = now
-        ended, promoted = lease.expire_and_promote(site.conns.control(), self.settle_limit)
+        conn = site.conns.control()
+        if not drained:
+            ended, promoted = lease.expire_and_promote(conn, self.settle_limit)
+            return handled + ended + promoted
+        with conn.transaction():
+            ended, promoted = lease.expire_and_promote(conn, self.settle_limit)
+            self._due = lease.next_due(conn, kinds), time.monotonic()
         return handled + ended + promoted
+
+    def next_due(self, site: Site) -> float | None:
+        """Seconds until a run of its kinds is next due (a delayed or retried run, a lease that
+        runs out), as the last step read it; 0 (unknown) if it did not (workers/stage.py, Due)."""
+        return idle.due_now(self._due, time.monotonic())

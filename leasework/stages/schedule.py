@@ -4,6 +4,7 @@ downtime never turns into a backlog. Never executes a run; the `runs` stage does
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,6 +17,7 @@ from .. import log
 from ..config import Range, doc, section
 from ..queries import load
 from ..tasks import Registry, ScheduleSpec, first_fire, next_fire
+from ..workers import idle
 from ..workers.stage import Site
 
 Q = load("leasework.stages", "schedule.sql")
@@ -103,17 +105,41 @@ class ScheduleStage:
         *,
         limit: int = 10,
         due: Sequence[Callable[[Conn, int], int]] = (),
+        next_due: Sequence[Callable[[Conn], float | None]] = (),
     ) -> None:
         self.app = app
         self.limit = limit
         self.due = tuple(due)  # each family's enqueue_due(conn, limit)
+        self.next_dues = tuple(next_due)  # each family's next_due(conn)
         self._registered = False
+        self._due: idle.Seen = None
 
     def step(self, site: Site) -> int:
+        self._due = None
         with site.conns.pooled() as conn:
             if not self._registered:
                 register_schedules(conn, list(self.app.schedules.values()))
                 self._registered = True
-            handled = sum(enqueue(conn, self.limit) for enqueue in self.due)
-            handled += enqueue_due_tasks(self.app, conn, self.limit)
+            if not self.due and not self.app.schedules:
+                self._due = None, time.monotonic()  # nothing to schedule, ever
+                return 0
+            # One transaction for every due check and, when none was due, the time the next one
+            # is (`next_due`): an idle worker's turn of this stage is one commit.
+            with conn.transaction():
+                handled = sum(enqueue(conn, self.limit) for enqueue in self.due)
+                handled += enqueue_due_tasks(self.app, conn, self.limit)
+                if not handled:
+                    self._due = self._read_next_due(conn), time.monotonic()
         return handled
+
+    def _read_next_due(self, conn: Conn) -> float | None:
+        dues = [next_due(conn) for next_due in self.next_dues]
+        if self.app.schedules:
+            row = conn.execute(Q["next_schedule"], {"names": list(self.app.schedules)}).fetchone()
+            dues.append(None if row is None or row[0] is None else float(row[0]))
+        return idle.earliest(dues)
+
+    def next_due(self, site: Site) -> float | None:
+        """Seconds until the next periodic task or family's scheduled work is due, as the last
+        step read it (workers/stage.py, Due)."""
+        return idle.due_now(self._due, time.monotonic())

@@ -40,6 +40,13 @@ SELECT name, kind, next_run_at, leasework.now() AS now
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED
 
+-- name: next_schedule
+-- Seconds until the first of this app's schedules is due (NULL: it has none): how long an idle
+-- worker may sleep as far as they go (workers/idle.py).
+SELECT extract(epoch FROM min(next_run_at) - leasework.now())::float8
+  FROM leasework.schedules
+ WHERE name = ANY(%(names)s)
+
 -- name: advance_schedule
 UPDATE leasework.schedules
    SET next_run_at = %(next)s,

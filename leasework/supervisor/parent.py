@@ -248,8 +248,8 @@ class Supervisor:
         self.hostdb.flush(now)
         if self.stopping is None:
             self._boot(now)
-            if self._booted:
-                self.relay.ensure(now)
+            if self._booted and self.relay.ensure(now):
+                self._relay(wakeup.WAKE_ALL)
             self._roll(now)
             self._spawn_due(now)
         else:
@@ -262,6 +262,12 @@ class Supervisor:
             if due:
                 wake = min(wake, min(due))
         return max(0.0, wake - now)
+
+    def _relay(self, data: bytes) -> None:
+        """Pass wake-up lines to every child's wake pipe."""
+        for child in self.children.values():
+            if child.wake_fd >= 0:
+                wakeup.send(child.wake_fd, data)
 
     def _wait(self, timeout: float) -> None:
         """Sleep in select on the signal wake-up pipe, every child's liveness pipe and the wake-up
@@ -276,10 +282,7 @@ class Supervisor:
             return
         for fd in ready:
             if fd == relay:
-                data = self.relay.read(time.monotonic())
-                for child in self.children.values():
-                    if child.wake_fd >= 0:
-                        wakeup.send(child.wake_fd, data)
+                self._relay(self.relay.read(time.monotonic()))
                 continue
             if fd == self._wake_r:
                 try:
@@ -575,6 +578,15 @@ class Supervisor:
                 or run_of(c) != c.row_run
             )
         ]
+        if due:
+            # The others heard from since their last row ride along: one transaction per
+            # heartbeat for the host rather than one per child, each at its own phase (what a
+            # fleet of idle children costs the database, bench/idle.py).
+            due += [
+                c
+                for c in self.children.values()
+                if c.booted and c not in due and c.row_at is not None and c.last_beat > c.row_at
+            ]
         rows = [Row(c.worker_id, c.pid, run_of(c), c.pool) for c in due]
         if self.hostdb.heartbeat(rows, now):
             for c in due:

@@ -4,8 +4,9 @@ NOTIFY's payload to every child through the child's wake pipe, so a host costs o
 connection for wake-up instead of one per child.
 
 The connection is opened lazily, read only when select() says it is readable, and closed before
-every fork (a child must never share its socket). NOTIFYs sent while it is closed are lost:
-the children poll every `poll_interval` anyway. A write to a full pipe is dropped (that child
+every fork (a child must never share its socket). NOTIFYs sent while it is closed are lost: so
+each time it opens again every child is woken (an empty line) and polls every stage once, which
+sees whatever those NOTIFYs were for (an idle child may otherwise sleep `idle_poll_max`). A write to a full pipe is dropped (that child
 has not read its earlier wake-ups yet; it will poll). Never raises into the parent's loop."""
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ RETRY_AFTER = 5.0
 # Payloads longer than this are not relayed (a task kind is a short name); a child woken by
 # another payload, or none, still polls every stage it would have.
 MAX_PAYLOAD = 512
+# What wakes every child after the relay (re)opened: a payload naming no stage, so each child
+# polls every stage (workers/connections.py, `stray`).
+WAKE_ALL = b"\n"
 
 
 class Relay:
@@ -45,13 +49,14 @@ class Relay:
             return None
         return conn.fileno()
 
-    def ensure(self, now: float) -> None:
+    def ensure(self, now: float) -> bool:
         """Open the connection and LISTEN if it is wanted and not open (at most once every
-        RETRY_AFTER after a failure)."""
+        RETRY_AFTER after a failure). True when it has just done so: the children must then be
+        woken (`WAKE_ALL`), as NOTIFYs may have been lost while it was closed."""
         if not self.enabled or self._refused or now < self._retry_at:
-            return
+            return False
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
-            return
+            return False
         self.close()
         try:
             conn = db.connect(
@@ -62,11 +67,11 @@ class Relay:
             )
         except (db.DatabaseUnavailable, psycopg.Error) as exc:
             self._failed(exc, now)
-            return
+            return False
         except Exception as exc:  # a refusal (ConfigError): say so, and stop trying
             log.event("listen_failed", level=40, error=log.first_line(exc))
             self._refused = True
-            return
+            return False
         if db.is_pooled(conn):
             conn.close()
             self._refused = True
@@ -75,14 +80,15 @@ class Relay:
                 level=30,
                 error="listen_dsn goes through a pooler too: the children poll instead",
             )
-            return
+            return False
         try:
             conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
         except psycopg.Error as exc:
             conn.close()
             self._failed(exc, now)
-            return
+            return False
         self._conn = conn
+        return True
 
     def read(self, now: float) -> bytes:
         """The payloads received since the last call, one per line (each once), or b""."""

@@ -66,6 +66,13 @@ class Syncs(Family):
                 log.event("sync_scheduled", connection_id=connection_id, run_id=run_id)
         return len(rows)
 
+    def next_due(self, conn: Conn) -> float | None:
+        """Seconds until the first active connection's sync is due; None: none is scheduled. A
+        connection made or resumed meanwhile is seen at the schedule stage's next turn, at most
+        idle_poll_max later (its first sync is enqueued at once and NOTIFYs)."""
+        row = conn.execute(kinds.Q["next_due_connection"]).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def pruners(self) -> list[Pruner]:
         return [
             Pruner("prune_tombstones", lambda c: maintenance(c).prune_interval, self._prune_tombstones)

@@ -143,6 +143,13 @@ UPDATE leasework.connections c
  WHERE c.id = due.id
 RETURNING c.id, c.workspace, c.provider
 
+-- name: next_due_connection
+-- Seconds until the first active connection's sync is due (NULL: none has a schedule): how long
+-- an idle worker may sleep as far as connections go (workers/idle.py). Walks connections_due.
+SELECT extract(epoch FROM min(next_run_at) - leasework.now())::float8
+  FROM leasework.connections
+ WHERE status = 'active' AND next_run_at IS NOT NULL
+
 -- name: prune_tombstones
 -- Records deleted upstream (tombstoned) longer ago than the retention, oldest first.
 WITH doomed AS MATERIALIZED (

@@ -31,6 +31,8 @@ from .. import db, log
 from ..config import Config
 
 Conn = psycopg.Connection[Any]
+# The longest piece of an idle wait between two looks at whether the worker must stop.
+WAIT_PIECE = 1.0
 
 
 class Connections:
@@ -53,6 +55,9 @@ class Connections:
         # Payloads of the NOTIFYs received since the run loop last looked (a task kind, or
         # `upload`): at most one entry per payload, however many enqueues sent them.
         self.woken: set[str] = set()
+        # A NOTIFY naming nothing this worker serves (the supervisor's fast release sends
+        # `reclaim`) ended the last idle wait: the worker then asks every stage.
+        self.stray = False
 
     def open(self) -> None:
         """Open the control connection, check the schema, then the pool (up to pool_size - 1
@@ -186,9 +191,47 @@ class Connections:
 
     def _note(self, payload: str) -> None:
         """Remember a payload this worker serves. Any NOTIFY still ends an idle wait (the
-        supervisor's fast release sends one without a kind)."""
+        supervisor's fast release sends one without a kind): another is `stray`."""
         if self._wanted(payload):
             self.woken.add(payload)
+        else:
+            self.stray = True
+
+    @property
+    def can_wake(self) -> bool:
+        """Whether a NOTIFY can end this worker's idle wait: LISTEN on a direct control
+        connection; behind a pooler, the parent's relay or a direct `listen_dsn`. False while the
+        control connection is down (nothing is heard then either)."""
+        if self.relay_fd is not None:
+            return True
+        conn = self._control
+        if conn is None or conn.closed or conn.broken:
+            return False
+        if not db.is_pooled(conn):
+            return True
+        return bool(self.config.listen_dsn) and not self._listen_refused
+
+    def listen(self) -> None:
+        """LISTEN now if this worker hears NOTIFYs and does not yet (its start, a reconnect):
+        called before each poll, so that whatever the poll's statements do not see yet was
+        committed after the LISTEN and is heard, though the idle wait after it is long."""
+        if self._listening or self.relay_fd is not None:
+            return
+        listener = False
+        try:
+            listener = self.behind_pooler
+            self._listen_on(self._listen_connection() if listener else self.control())
+        except (psycopg.Error, db.DatabaseUnavailable) as exc:
+            log.event("listen_failed", level=30, error=log.first_line(exc))
+            if listener:
+                self._drop_listener()
+            else:
+                self.drop_control()
+
+    def _listen_on(self, conn: Conn | None) -> None:
+        if conn is not None and not self._listening:
+            conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
+            self._listening = True
 
     def drain_notifies(self) -> None:
         """Move the NOTIFYs psycopg kept while the control connection was busy (it holds every
@@ -215,33 +258,44 @@ class Connections:
         woken, self.woken = self.woken, set()
         return woken
 
-    def idle_wait(self, seconds: float) -> set[str]:
-        """The payloads received since the last call, waiting up to `seconds` for one when there
-        are none yet; empty on a timeout. Re-LISTENs after a reconnect."""
-        if not self.woken:
-            self._wait_for_notify(seconds)
+    def idle_wait(self, seconds: float, stop: Callable[[], bool] | None = None) -> set[str]:
+        """The payloads received since the last call, waiting up to `seconds` for a NOTIFY when
+        there are none yet; empty on a timeout or a stray NOTIFY (`stray` says which).
+        Re-LISTENs after a reconnect. A long wait is made of waits of at most poll_interval (and
+        a second), ended early once `stop()` is true: a worker told to stop leaves an idle sleep
+        as soon as it did when idle workers slept poll_interval. Those waits send nothing to the
+        server."""
+        self.stray = False
+        deadline = time.monotonic() + seconds
+        piece = min(self.config.poll_interval, WAIT_PIECE)
+        while not self.woken and not self.stray:
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop()):
+                break
+            if not self._wait_for_notify(min(left, piece)):
+                break  # the connection failed: poll now, which reconnects
         return self.take_woken()
 
-    def _wait_for_notify(self, seconds: float) -> None:
+    def _wait_for_notify(self, seconds: float) -> bool:
+        """Wait up to `seconds` for a NOTIFY; False if the connection failed."""
         listener = False
         try:
             listener = self.behind_pooler
             if listener and self.relay_fd is not None:
                 self._wait_for_relay(seconds)
-                return
+                return True
             conn = self._listen_connection() if listener else self.control()
             if conn is None:
                 # Behind a pooler without listen_dsn: a LISTEN would be left on whichever server
                 # session ran it, heard by nobody. Polling is the wake-up.
                 time.sleep(seconds)
-                return
-            if not self._listening:
-                conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
-                self._listening = True
+                return True
+            self._listen_on(conn)
             # Consumed to the end: with stop_after=1 psycopg still yields the rest of the packet
             # that brought the first one, which would otherwise be lost.
             for note in conn.notifies(timeout=seconds, stop_after=1):
                 self._note(note.payload)
+            return True
         except (psycopg.Error, db.DatabaseUnavailable) as exc:
             # Reconnecting fails with DatabaseUnavailable while the server is down (a restart):
             # the idle worker waits and tries again, as a busy one does.
@@ -251,6 +305,7 @@ class Connections:
             else:
                 self.drop_control()
             time.sleep(min(seconds, 1.0))
+            return False
 
     async def idle_wait_async(self, seconds: float, also: asyncio.Event) -> set[str]:
         """`idle_wait` on the worker's event loop (async handlers): the loop watches the socket
@@ -289,9 +344,7 @@ class Connections:
             conn = self._listen_connection() if listener else self.control()
             if conn is None:
                 return None
-            if not self._listening:
-                conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
-                self._listening = True
+            self._listen_on(conn)
             return conn.fileno()
         except (psycopg.Error, db.DatabaseUnavailable) as exc:
             log.event("listen_failed", level=30, error=log.first_line(exc))

@@ -323,6 +323,13 @@ def expire_and_promote(conn: Conn, limit: int) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+def next_due(conn: Conn, kinds: Sequence[str]) -> float | None:
+    """Seconds until a run of `kinds` may next be claimed or settled by the table as it is (a
+    delayed or retried run, a lease running out); None: nothing until a NOTIFY (lease.sql)."""
+    row = conn.execute(Q["next_due"], {"kinds": list(kinds)}, prepare=True).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
 def renew(conn: Conn, claim: Claim) -> datetime | None:
     """Extend the lease by its length from database now. None: the run is no longer ours."""
     row = conn.execute(

@@ -201,9 +201,13 @@ WITH expired AS MATERIALIZED (
            queued_at = greatest(r.queued_at, leasework.now())
       FROM promotable
      WHERE r.id = promotable.id
-    RETURNING r.id
+    RETURNING r.id, r.kind
 )
-SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM promoted) AS promoted
+-- A promoted run is due now: NOTIFY its kind (at commit), so that a worker of another pool, or
+-- one asleep until its next due time, claims it at once (workers/idle.py).
+SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM promoted) AS promoted,
+       (SELECT count(pg_notify('leasework', p.kind))
+          FROM (SELECT DISTINCT kind FROM promoted) p) AS notified
 
 -- name: renew_lease
 -- Zero rows means the run is no longer ours: stop at once.
@@ -396,7 +400,9 @@ RETURNING r.id
 
 -- name: requeue_run
 -- Retry in place on the same row, due after %(delay)s seconds. Re-checks the world: a cancel
--- requested meanwhile ends the run `cancelled`; no attempts left ends it `failed`.
+-- requested meanwhile ends the run `cancelled`; no attempts left ends it `failed`. Queued again,
+-- it NOTIFYs its kind at commit: idle workers sleep until the next run they know of is due
+-- (workers/idle.py), and this one is new to them, whatever the worker that requeued it does next.
 UPDATE leasework.runs
    SET status = CASE
            WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
@@ -418,11 +424,13 @@ UPDATE leasework.runs
            attempts, lease_owner, lease_worker, started_at, leasework.now(),
            %(outcome)s::text, %(error)s::text))
  WHERE id = %(id)s AND lease_owner = %(owner)s
-RETURNING status, queued_at
+RETURNING status, queued_at,
+          CASE WHEN status = 'queued' THEN pg_notify('leasework', kind) END IS NULL AS quiet
 
 -- name: release_run
 -- Shutdown: back to `queued` at once, the attempt not charged, so another worker takes it now.
--- A run whose cancel was requested ends `cancelled` instead.
+-- A run whose cancel was requested ends `cancelled` instead. Queued again, it NOTIFYs its kind at
+-- commit, as requeue_run does.
 UPDATE leasework.runs
    SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'queued' END,
        finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN leasework.now() END,
@@ -435,7 +443,8 @@ UPDATE leasework.runs
            attempts, lease_owner, lease_worker, started_at, leasework.now(),
            'released', %(reason)s::text))
  WHERE id = %(id)s AND lease_owner = %(owner)s
-RETURNING status
+RETURNING status,
+          CASE WHEN status = 'queued' THEN pg_notify('leasework', kind) END IS NULL AS quiet
 
 -- name: expire_worker_leases
 -- The supervisor reaped a dead worker: expire its leases now, so the next poll anywhere reclaims
@@ -478,6 +487,32 @@ SELECT lease_expires_at
    AND set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) IS NOT NULL
    AND set_config('plan_cache_mode', 'auto', true) IS NOT NULL
    FOR KEY SHARE
+
+-- name: next_due
+-- Seconds from now until a run of %(kinds)s may next be claimed or settled without anyone saying
+-- so, by what the table holds now: the first queued_at still ahead (a delayed run, a retry's
+-- backoff) and the first lease_expires_at still ahead (a run whose worker may be dead: reclaimed,
+-- or ended, once it passes). NULL: nothing, until something new arrives, which NOTIFYs (enqueue,
+-- requeue, release, retry, resume, promotion, the supervisor's fast release). Paused kinds count
+-- for nothing (resume NOTIFYs). Read by an idle worker after a claim found nothing, to know how
+-- long it may sleep (workers/idle.py); one branch per partial index, as in claim_runs.
+WITH live AS MATERIALIZED (
+    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
+)
+SELECT extract(epoch FROM least(
+           (SELECT min(r.queued_at)
+              FROM leasework.runs r
+             WHERE r.status = 'queued' AND r.tenant IS NULL AND r.queued_at > leasework.now()
+               AND r.kind = ANY((SELECT k FROM live)::text[])),
+           (SELECT min(r.queued_at)
+              FROM leasework.runs r
+             WHERE r.status = 'queued' AND r.tenant IS NOT NULL AND r.queued_at > leasework.now()
+               AND r.kind = ANY((SELECT k FROM live)::text[])),
+           (SELECT min(r.lease_expires_at)
+              FROM leasework.runs r
+             WHERE r.status = 'running' AND r.lease_expires_at > leasework.now()
+               AND r.kind = ANY((SELECT k FROM live)::text[]))
+       ) - leasework.now())::float8 AS due_in
 
 -- name: db_now
 SELECT leasework.now()

@@ -68,3 +68,17 @@ class Stage(Protocol):
     def step(self, site: Site) -> int:
         """Do at most `limit` items of work; return how many were handled."""
         ...
+
+
+class Due(Protocol):
+    """What a stage may also have (optional): `next_due(site)`, asked by the worker after a step
+    that handled nothing, says in how many seconds the stage has work again by what that step saw
+    (a delayed run, a lease running out, a schedule); None when nothing will be due until a NOTIFY
+    naming it; 0 when it cannot tell. The idle worker sleeps until then, at most `idle_poll_max`
+    (workers/idle.py). A stage without it is asked every `poll_interval`, as before. It should
+    be cheap: read in the step's own transaction, not by a query of its own per call. A stage
+    whose work only it makes due (maintenance: durable periods) sets `exact_due = True` and
+    rests until then even past `idle_poll_max`, the cap that covers what a worker cannot see
+    coming (a NOTIFY lost while reconnecting, a column moved by hand)."""
+
+    def next_due(self, site: Site) -> float | None: ...

@@ -24,7 +24,7 @@ import psycopg
 from .. import db, log
 from ..config import Config
 from ..errors import ConfigError, is_transient
-from . import presence
+from . import idle, presence
 from .aexecutor import AsyncExecutor
 from .connections import Connections
 from .context import Context, describe_error
@@ -231,14 +231,19 @@ class Worker:
         passed, so a busy queue does not pay every idle stage's queries per batch."""
         done = 0
         now = time.monotonic()
+        self.conns.listen()  # before any statement: what they miss is heard
+        wakes = self.conns.can_wake
         for stage in self.stages:
             if self.stopping:
                 break
             if skip_idle and now < self._idle_until.get(stage.name, 0.0):
                 continue
             handled = 0
+            due: float | None = 0.0  # unknown, unless the stage can tell
             try:
                 handled = stage.step(self.site)
+                if not handled:
+                    due = self._next_due(stage)
             except Exception as exc:  # one failing stage never skips the ones after it
                 level = 30 if is_transient(exc) else 40
                 log.event(
@@ -249,10 +254,24 @@ class Worker:
             if handled:
                 self._idle_until.pop(stage.name, None)
             else:
-                self._idle_until[stage.name] = now + self.config.poll_interval
+                cfg = self.config
+                exact = bool(getattr(stage, "exact_due", False))
+                rest = idle.rest(due, cfg.poll_interval, cfg.idle_poll_max, wakes=wakes, exact=exact)
+                self._idle_until[stage.name] = time.monotonic() + rest
         self.conns.drain_notifies()
         self.beat(None)
         return done
+
+    def _next_due(self, stage: Stage) -> float | None:
+        """The stage's own answer (`Due.next_due`), or 0 (unknown: poll_interval) without one."""
+        ask: Callable[[Site], float | None] | None = getattr(stage, "next_due", None)
+        return 0.0 if ask is None else ask(self.site)
+
+    def idle_timeout(self, now: float) -> float:
+        """How long an idle wait may last (both run loops ask): until the first stage's rest
+        ends, each resting until it is next due, at most idle_poll_max (workers/idle.py)."""
+        rests = [self._idle_until.get(s.name, now) for s in self.stages]
+        return idle.timeout(now, rests, self.config.poll_interval)
 
     def others_due(self, name: str) -> bool:
         """Is a stage other than `name` due: not resting, or asked for by a NOTIFY?"""
@@ -283,7 +302,11 @@ class Worker:
                     break
                 skip_idle = found > 0
                 if found == 0 and self.running:
-                    woken = self.conns.idle_wait(self.config.poll_interval)
+                    wait = self.idle_timeout(time.monotonic())
+                    woken = self.conns.idle_wait(wait, stop=lambda: not self.running)
+                    # Then only the stages whose rest is over or that a NOTIFY named; every
+                    # stage after one naming none (the supervisor's fast release).
+                    skip_idle = not self.conns.stray
                 else:
                     woken = self.conns.take_woken()
                 skip_idle = self._wake(woken) or skip_idle
@@ -315,7 +338,8 @@ class Worker:
                 woken = self.conns.take_woken()
             else:
                 ax.changed.clear()
-                woken = await self.conns.idle_wait_async(self.config.poll_interval, ax.changed)
+                wait = self.idle_timeout(time.monotonic())
+                woken = await self.conns.idle_wait_async(wait, ax.changed)
                 if ax.changed.is_set():  # a run ended: its stage seals it (and claims anew)
                     for stage in self.stages:
                         if getattr(stage, "asynchronous", False):

@@ -6,6 +6,8 @@ check that depends on it is shown to fail without it (the pooler not detected)."
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -240,9 +242,48 @@ def test_wake_ups_relayed_by_the_parent_end_an_idle_wait(dsn: str, wide_bouncer:
         worker.conns.relay_fd = r
         wakeup.send(w, b"job\nupload\n")
         assert worker.conns.idle_wait(30) == {"job"}  # a payload no stage serves is dropped
-        wakeup.send(w, b"\n")  # the supervisor's fast release: no kind
+        wakeup.send(w, wakeup.WAKE_ALL)  # a fast release, the relay reconnected: no kind
         assert worker.conns.idle_wait(30) == set()
+        assert worker.conns.stray  # so the worker asks every stage
         assert worker.conns._listener is None  # no connection of its own for LISTEN
         os.close(w)
         assert worker.conns.idle_wait(0.01) == set()
         assert worker.conns.relay_fd is None  # the parent is gone: it polls
+
+
+def test_behind_the_pooler_without_listen_an_idle_worker_still_polls_every_poll_interval(
+    dsn: str, conn: Conn, wide_bouncer: Bouncer
+) -> None:
+    """Nothing could end a long idle sleep there (no LISTEN): every stage rests poll_interval at
+    most, whatever idle_poll_max, and a run whose NOTIFY nobody hears is found by polling. With
+    a direct listen_dsn the same worker may sleep until something is due."""
+    app = App()
+    app.task("job")(lambda ctx, payload: None)
+    pooled = wide_bouncer.dsn(dsn)
+    cfg = fast_config(pooled, poll_interval=0.2, idle_poll_max=60.0)
+    polling = Worker(app.with_config(cfg), cfg, keeper_thread=False)
+    polling.open()
+    thread = threading.Thread(target=polling.run, daemon=True)
+    try:
+        assert polling.poll() == 0
+        assert not polling.conns.can_wake
+        assert polling.idle_timeout(time.monotonic()) <= 0.2
+        thread.start()
+        with db.connect(pooled) as c:
+            run_id = app.enqueue(c, "job", {})
+        wait_for(lambda: get_run(conn, run_id)["status"] == "succeeded", timeout=10)
+    finally:
+        polling.stop(graceful=False)
+        if thread.is_alive():
+            thread.join(10)
+        polling.close()
+
+    cfg = fast_config(pooled, poll_interval=0.2, idle_poll_max=60.0, listen_dsn=dsn)
+    listening = Worker(app.with_config(cfg), cfg, keeper_thread=False)
+    listening.open()
+    try:
+        assert listening.poll() == 0
+        assert listening.conns.can_wake
+        assert listening.idle_timeout(time.monotonic()) > 30
+    finally:
+        listening.close()

@@ -110,7 +110,9 @@ def test_sigstop_past_the_lease_then_sigcont_writes_nothing(
 ) -> None:
     # Watchdog and dead man's switch off: only the fence stands between the resumed child and
     # a stale write (with the switch on, a stop outlasting the lease on a busy machine kills it).
-    sup = supervise(processes=2, watchdog=False, deadman=False)
+    # idle_poll_max 1 s: the lease is moved behind the idle child's back (nothing NOTIFYs that),
+    # so it must not sleep until the lease it last read runs out.
+    sup = supervise(processes=2, watchdog=False, deadman=False, idle_poll_max=1.0)
     sup.wait_children(2)
     run_id = _hold(pconn, app_dir)
     run = wait_for(lambda: _running(pconn, run_id, 1))

@@ -7,9 +7,11 @@ waits for the next thing to do; expired and waiting runs are settled by the `run
 
 from __future__ import annotations
 
+import time
+
 from ..config import Config
 from ..tasks import DEFAULT_CONCURRENCY, Registry
-from ..workers import lease
+from ..workers import idle, lease
 from ..workers.stage import Site
 
 
@@ -22,6 +24,7 @@ class AsyncRunsStage:
         self.app = app
         self.config = config
         self.limit = self.slots(app.kinds(stage=self.name))
+        self._due: idle.Seen = None  # when a run of its kinds is next due, as last read
 
     @property
     def wakes(self) -> list[str]:
@@ -62,8 +65,19 @@ class AsyncRunsStage:
                 ax.start(claims, self.app.handler)
                 handled += len(claims)
                 ax.claim_more = len(claims) == limit
+                self._due = None  # read anew when it next runs dry
+                if not claims and not ax.in_flight():
+                    # Dry and idle: when is a run of its kinds next due (a delayed or retried
+                    # run, a lease running out)? An idle worker sleeps until then (`next_due`).
+                    due = lease.next_due(site.conns.control(), kinds)
+                    self._due = due, time.monotonic()
         if not ax.serving:
             # Polled outside the worker's loop (a test, a benchmark's poll()): the runs end here.
             ax.run_pending()
             handled += ax.seal()
         return handled
+
+    def next_due(self, site: Site) -> float | None:
+        """Seconds until a run of its kinds is next due, as the last dry step read it; 0
+        (unknown) if it did not (workers/stage.py, Due). A run ending wakes the worker anyway."""
+        return idle.due_now(self._due, time.monotonic())

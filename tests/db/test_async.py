@@ -625,3 +625,22 @@ def test_run_task_runs_an_async_task(conn: Conn) -> None:
 
     result = run_task(app, conn, "io", {"a": 1})
     assert result.status == "succeeded" and result.result == {"got": {"a": 1}}
+
+
+def test_an_idle_async_stage_says_when_its_next_run_is_due(
+    conn: Conn, make_worker: MakeWorker
+) -> None:
+    """So that an idle async worker sleeps until then (idle_poll_max at most), not polling."""
+    app = App()
+
+    @app.task("io")
+    async def io(ctx: AsyncContext, payload: Any) -> None: ...
+
+    worker = make_worker(app)
+    [stage] = [s for s in worker.stages if s.name == "async"]
+    worker.poll()
+    assert stage.next_due(worker.site) is None  # type: ignore[attr-defined]
+    app.enqueue(conn, "io", delay=600)
+    worker.poll()
+    due = stage.next_due(worker.site)  # type: ignore[attr-defined]
+    assert due is not None and 590 < due <= 600

@@ -644,3 +644,18 @@ def test_an_idle_async_stage_says_when_its_next_run_is_due(
     worker.poll()
     due = stage.next_due(worker.site)  # type: ignore[attr-defined]
     assert due is not None and 590 < due <= 600
+
+
+def test_the_readmes_async_example_runs(conn: Conn) -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    start = text.index("## Async handlers\n")
+    body = text[start : text.index("\n## ", start + 1)]
+    [code] = re.findall(r"```python\n(# myproject/fetching\.py\n.*?)```", body, re.S)
+    space: dict[str, Any] = {"__name__": "fetching"}
+    exec(compile(code, "README.md", "exec"), space)
+    result = run_task(space["app"], conn, "fetch", {"url": "https://example.org", "pages": 3})
+    assert result.status == "succeeded"
+    assert result.result == {"url": "https://example.org", "pages": 3}

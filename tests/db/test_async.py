@@ -659,3 +659,32 @@ def test_the_readmes_async_example_runs(conn: Conn) -> None:
     result = run_task(space["app"], conn, "fetch", {"url": "https://example.org", "pages": 3})
     assert result.status == "succeeded"
     assert result.result == {"url": "https://example.org", "pages": 3}
+
+
+def cancel_reaches_a_run_that_never_checks(
+    conn: Conn, make_worker: MakeWorker, dsn: str, within: float
+) -> None:
+    """A running async run that only awaits a 20 s sleep is cancelled within `within` s."""
+    app = App()
+
+    @app.task("sleepy")
+    async def sleepy(ctx: AsyncContext, payload: Any) -> None:
+        await asyncio.sleep(20)
+
+    run_id = app.enqueue(conn, "sleepy")
+    canceller = when_running(dsn, run_id, lambda c: App().cancel(c, run_id))
+    with serving(make_worker(app, **QUICK)):
+        canceller.join(30)
+        wait_for(lambda: get_run(conn, run_id)["status"] == "cancelled", timeout=within)
+
+
+def test_the_cancel_check_catches_a_task_never_cancelled(
+    monkeypatch: pytest.MonkeyPatch, conn: Conn, make_worker: MakeWorker, dsn: str
+) -> None:
+    """The mutation: the keeper's interrupt no longer cancels the run's task. The check that a
+    cancel reaches a run that never awaits ctx.check() must fail."""
+    cancel_reaches_a_run_that_never_checks(conn, make_worker, dsn, within=15)
+    conn.execute("TRUNCATE leasework.runs CASCADE")
+    monkeypatch.setattr(AsyncContext, "deliver", lambda self: None)
+    with pytest.raises(AssertionError, match="condition not met"):
+        cancel_reaches_a_run_that_never_checks(conn, make_worker, dsn, within=8)

@@ -225,7 +225,9 @@ class AsyncExecutor:
                 executor._write_outcome(ctx, executor._decide(ctx, None, exc))
                 raise
             finally:
-                log.RUN.reset(token)
+                # A task closed unfinished by the garbage collector ends in another context.
+                with suppress(ValueError):
+                    log.RUN.reset(token)
                 # The outcome is written next; the keeper must not take it for a lost lease.
                 self.keeper.drop(claim.id)
             outcome = executor._decide(ctx, returned, raised)

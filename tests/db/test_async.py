@@ -304,20 +304,27 @@ def test_a_lost_lease_cancels_the_task_and_writes_nothing(
         return "never"
 
     run_id = app.enqueue(conn, "job")
-    stolen: list[lease.Claim] = []
+    stolen: list[Any] = []
 
     def steal(c: Conn) -> None:
-        expire_lease(c, run_id)
-        stolen.extend(lease.claim_runs(c, ["job"], worker="thief", lease=30.0))
+        # What a reclaim after the lease ran out does, in one statement: a new owner (with the
+        # keeper's thread on, moving the lease first would race its renewal).
+        row = c.execute(
+            "UPDATE leasework.runs SET lease_owner = gen_random_uuid(), lease_worker = 'thief',"
+            " attempts = attempts + 1, lease_expires_at = leasework.now() + interval '30 s'"
+            " WHERE id = %s AND status = 'running' RETURNING lease_owner",
+            (run_id,),
+        ).fetchone()
+        stolen.append(row[0] if row else None)
 
     thief = when_running(dsn, run_id, steal)
     with serving(make_worker(app, **QUICK)):
         thief.join(30)
         wait_for(lambda: told == ["lost"], timeout=60)
-    [claim] = stolen
+    [owner] = stolen
     row = get_run(conn, run_id)
     # The thief's lease stands: the first worker wrote nothing over it.
-    assert row["status"] == "running" and row["lease_owner"] == claim.owner
+    assert row["status"] == "running" and row["lease_owner"] == owner is not None
     assert row["lease_worker"] == "thief"
 
 
@@ -512,18 +519,25 @@ def test_a_graceful_stop_lets_runs_finish_and_claims_nothing_more(
     conn: Conn, make_worker: MakeWorker
 ) -> None:
     app = App()
-    begun = threading.Event()
+    begun: list[int] = []
+    release = threading.Event()
 
     @app.task("io", concurrency=3)
     async def io(ctx: AsyncContext, payload: Any) -> None:
-        begun.set()
-        await asyncio.sleep(0.5)
+        begun.append(ctx.run_id)
+        while not release.is_set():  # held until the stop is asked
+            await asyncio.sleep(0.01)
 
     for i in range(6):
         app.enqueue(conn, "io", i)
-    worker = make_worker(app, graceful_timeout=30, **QUICK)
-    with serving(worker):
-        assert begun.wait(30)
+    worker = make_worker(app, graceful_timeout=60, **QUICK)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    wait_for(lambda: len(begun) == 3, timeout=30)
+    worker.stop(graceful=True)
+    release.set()
+    thread.join(60)
+    assert not thread.is_alive(), "the worker did not stop"
     assert statuses(conn) == {"succeeded": 3, "queued": 3}
 
 
@@ -565,10 +579,11 @@ def test_the_beat_names_the_run_whose_deadline_comes_first(
     worker = make_worker(app, graceful_timeout=0.1, **QUICK)
     with serving(worker):
         wait_for(lambda: len(begun) == 3, timeout=30)
-        held, count = worker.keeper.most_urgent()
-        assert count == 3 and held is not None
-        firsts = [h for h in worker.keeper.executing_runs()]
-        assert held.renewed == min(h.renewed for h in firsts)
+        with worker.keeper._lock:  # no renewal lands between the two readings
+            held, count = worker.keeper.most_urgent()
+            runs = worker.keeper.executing_runs()
+        assert count == 3 and held is not None and held in runs
+        assert held.renewed == min(h.renewed for h in runs)
 
 
 # -- registration -------------------------------------------------------------------------------

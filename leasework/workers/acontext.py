@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from .. import log
 from ..errors import Aborted, LeaseLost, is_transient
 from . import lease
+from .context import RunFacts
 from .keeper import Held
 from .lease import Claim
 
@@ -54,7 +55,7 @@ async def adiscard_if_busy(conn: AConn) -> bool:
     return True
 
 
-class AsyncContext:
+class AsyncContext(RunFacts):
     """Passed to every `async def` handler as its first argument."""
 
     def __init__(
@@ -81,50 +82,6 @@ class AsyncContext:
         self._shield = 0
         self._pending = False
         self._raised = False  # the handler has been told (check() raised, or its task cancelled)
-
-    # -- what the handler reads -------------------------------------------------------------
-
-    @property
-    def run_id(self) -> int:
-        return self.claim.id
-
-    @property
-    def kind(self) -> str:
-        return self.claim.kind
-
-    @property
-    def payload(self) -> Any:
-        return self.claim.payload
-
-    @property
-    def attempt(self) -> int:
-        return self.claim.attempts
-
-    @property
-    def key(self) -> str | None:
-        return self.claim.key
-
-    @property
-    def tenant(self) -> str | None:
-        return self.claim.tenant
-
-    @property
-    def processed(self) -> int:
-        """Units already done by earlier attempts (and this one): resume from here."""
-        return self._processed
-
-    @property
-    def total(self) -> int | None:
-        return self._total
-
-    @property
-    def worker_id(self) -> str:
-        return self._runner.worker_id
-
-    @property
-    def last_renewal(self) -> float:
-        """Monotonic time the last renewal of this run's lease was sent."""
-        return self.held.renewed
 
     # -- control ----------------------------------------------------------------------------
 

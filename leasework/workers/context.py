@@ -28,7 +28,7 @@ from .lease import Claim
 
 Conn = psycopg.Connection[Any]
 
-__all__ = ["AbortSignal", "Context", "describe_error"]
+__all__ = ["AbortSignal", "Context", "RunFacts", "describe_error"]
 
 
 def discard_if_busy(conn: Conn) -> bool:
@@ -45,43 +45,19 @@ def discard_if_busy(conn: Conn) -> bool:
     return True
 
 
-class Runner(Protocol):
-    """What a context needs of whoever runs its handler (the executor)."""
-
+class _Named(Protocol):
     worker_id: str
-    keeper: Keeper
-    conns: Connections
-
-    def beat(self, ctx: Context | None) -> None: ...
 
 
-class Context:
-    """Passed to every handler as its first argument."""
+class RunFacts:
+    """What a handler reads of its run, the same in `Context` and the async `AsyncContext`: the
+    claim's facts and the progress so far."""
 
-    def __init__(
-        self,
-        claim: Claim,
-        runner: Runner,
-        held: Held,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.claim = claim
-        self.held = held
-        self.signal = held.signal
-        self.result: Any = claim.result
-        self._runner = runner
-        self._clock = clock
-        self.started = clock()
-        self._processed = claim.processed_units
-        self._total = claim.total_units
-        self._tx_conn: Conn | None = None
-        # Interruption: only while the handler's own code runs, at most once, never inside
-        # leasework's statements (`_shield` > 0 defers it to their end).
-        self.interruptible = False
-        self._shield = 0
-        self._pending = False
-        self._raised = False
+    claim: Claim
+    held: Held
+    _processed: int
+    _total: int | None
+    _runner: _Named
 
     @property
     def last_renewal(self) -> float:
@@ -126,6 +102,45 @@ class Context:
     @property
     def worker_id(self) -> str:
         return self._runner.worker_id
+
+
+class Runner(Protocol):
+    """What a context needs of whoever runs its handler (the executor)."""
+
+    worker_id: str
+    keeper: Keeper
+    conns: Connections
+
+    def beat(self, ctx: Context | None) -> None: ...
+
+
+class Context(RunFacts):
+    """Passed to every handler as its first argument."""
+
+    def __init__(
+        self,
+        claim: Claim,
+        runner: Runner,
+        held: Held,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.claim = claim
+        self.held = held
+        self.signal = held.signal
+        self.result: Any = claim.result
+        self._runner = runner
+        self._clock = clock
+        self.started = clock()
+        self._processed = claim.processed_units
+        self._total = claim.total_units
+        self._tx_conn: Conn | None = None
+        # Interruption: only while the handler's own code runs, at most once, never inside
+        # leasework's statements (`_shield` > 0 defers it to their end).
+        self.interruptible = False
+        self._shield = 0
+        self._pending = False
+        self._raised = False
 
     # -- control ----------------------------------------------------------------------------
 

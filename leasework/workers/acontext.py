@@ -58,6 +58,8 @@ async def adiscard_if_busy(conn: AConn) -> bool:
 class AsyncContext(RunFacts):
     """Passed to every `async def` handler as its first argument."""
 
+    _runner: AsyncRunner
+
     def __init__(
         self,
         claim: Claim,

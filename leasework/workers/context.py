@@ -117,6 +117,8 @@ class Runner(Protocol):
 class Context(RunFacts):
     """Passed to every handler as its first argument."""
 
+    _runner: Runner
+
     def __init__(
         self,
         claim: Claim,

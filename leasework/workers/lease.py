@@ -17,6 +17,8 @@ from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
 import psycopg
+from psycopg import abc, errors, pq
+from psycopg.adapt import Transformer
 
 from ..encoding import check_json
 from ..errors import PayloadError, ResultError
@@ -38,8 +40,29 @@ FINISH_AND_CLAIM = (
 
 # finish_and_claim_queued (lease.sql): one run claimed, as above.
 FINISH_AND_CLAIM_QUEUED = Q["finish_and_claim_queued"].replace(b"%(limit)s", b"1")
+# The same with its parameters numbered ($1 for `id`, ...), for the protocol-level prepared
+# statement a Chain keeps on a direct connection (Chain.quick_rows).
+QUICK_PARAMS = ("id", "owner", "result", "kinds", "worker", "lease")
+QUICK_NAME = b"leasework_finish_and_claim_queued"
+
+
+def _numbered(text: bytes, names: Sequence[str]) -> bytes:
+    for i, name in enumerate(names, 1):
+        text = text.replace(b"%%(%s)s" % name.encode(), b"$%d" % i)
+    if b"%(" in text:
+        raise ValueError("a parameter of finish_and_claim_queued is not in QUICK_PARAMS")
+    return text
+
+
+FINISH_AND_CLAIM_QUEUED_NUMBERED = _numbered(FINISH_AND_CLAIM_QUEUED, QUICK_PARAMS)
 
 Conn = psycopg.Connection[Any]
+_IDLE = pq.TransactionStatus.IDLE
+_BAD = pq.ConnStatus.BAD
+_FATAL = pq.ExecStatus.FATAL_ERROR
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_SQLSTATE = pq.DiagnosticField.SQLSTATE
 AConn = psycopg.AsyncConnection[Any]
 ControlState = Literal["ok", "lost", "cancelled", "expired"]
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
@@ -184,9 +207,26 @@ class Chain:
 
     And one cursor, kept open: a new cursor brings a new psycopg Transformer, which looks up
     the dumper of each parameter and the loader of each of the 22 result columns again on
-    every statement; a kept one finds them in its own cache."""
+    every statement; a kept one finds them in its own cache.
 
-    __slots__ = ("_cursor", "_kinds", "_kinds_text", "recheck", "whole_until")
+    On a direct connection the quick statement goes through libpq itself (`quick_rows`): a
+    protocol-level prepared statement of the Chain's own, its parameters sent as the text they
+    already are and its rows loaded by a kept Transformer. psycopg's cursor did the same work
+    with a third of a job's client time around it (its execution generators, the parameter
+    mapping, the prepared-statement bookkeeping; bench/README.md, issue 19, third pass). Behind
+    a pooler, inside a transaction, or on a connection the Chain has not prepared it on yet,
+    what psycopg's cursor does is done instead or first."""
+
+    __slots__ = (
+        "_cursor",
+        "_encoding",
+        "_kinds",
+        "_kinds_text",
+        "_pgconn",
+        "_transformer",
+        "recheck",
+        "whole_until",
+    )
 
     def __init__(self, recheck: float = 1.0) -> None:
         self.recheck = recheck
@@ -194,6 +234,9 @@ class Chain:
         self._cursor: psycopg.Cursor[Any] | None = None
         self._kinds: list[str] | None = None
         self._kinds_text = ""
+        self._pgconn: pq.abc.PGconn | None = None  # the one QUICK_NAME is prepared on
+        self._transformer: abc.Transformer | None = None
+        self._encoding = "utf-8"
 
     def quick(self, now: float) -> bool:
         """Whether to send finish_and_claim_queued at monotonic time `now`."""
@@ -217,6 +260,73 @@ class Chain:
         if cur is None or cur.closed or cur.connection is not conn:
             cur = self._cursor = conn.cursor()
         return cur
+
+    def quick_rows(self, conn: Conn, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """finish_and_claim_queued's rows, for `params` (id, owner, result as JsonText or None,
+        kinds as text, worker, lease). Raises psycopg.Error as the cursor would."""
+        pgconn = conn.pgconn
+        if conn.prepare_threshold is None or pgconn.transaction_status != _IDLE:
+            # Behind a pooler (no prepared statement outlives a transaction there) or inside the
+            # caller's transaction (which psycopg's cursor keeps track of): the cursor.
+            cur = self.cursor(conn)
+            cur.execute(FINISH_AND_CLAIM_QUEUED, params, prepare=True)
+            rows = cur.fetchall()
+            if rows and not _combined_columns_checked[True]:
+                _check_combined_columns([d.name for d in cur.description or ()], quick=True)
+            return rows
+        result = params["result"]
+        values = [
+            b"%d" % params["id"],
+            str(params["owner"]).encode(),
+            None if result is None else result.encode(),
+            params["kinds"].encode(self._encoding),
+            params["worker"].encode(self._encoding),
+            repr(float(params["lease"])).encode(),
+        ]
+        with conn.lock:
+            if self._pgconn is not pgconn:
+                self._prepare(conn)
+            res = pgconn.exec_prepared(QUICK_NAME, values)
+            if res.status == _FATAL and res.error_field(_SQLSTATE) == b"26000":
+                # The server forgot it (DISCARD ALL, DEALLOCATE): prepared again, sent again.
+                self._prepare(conn)
+                res = pgconn.exec_prepared(QUICK_NAME, values)
+            # NOTIFYs that came with the answer wait in libpq's queue: hand them to psycopg as
+            # its own reading of a result does, or conn.notifies() would not see them until
+            # the socket next had something new.
+            handler = pgconn.notify_handler
+            while (note := pgconn.notifies()) is not None:
+                if handler is not None:
+                    handler(note)
+        if res.status != _TUPLES_OK:
+            raise self._error(pgconn, res)
+        tx = self._transformer
+        assert tx is not None
+        tx.set_pgresult(res)
+        if not _combined_columns_checked[True]:
+            names = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
+            _check_combined_columns(names, quick=True)
+        return tx.load_rows(0, res.ntuples, tuple)
+
+    def _error(self, pgconn: pq.abc.PGconn, res: pq.abc.PGresult) -> psycopg.Error:
+        """The exception psycopg's cursor would raise for `res`: the server's error as its
+        class, a lost connection as OperationalError."""
+        if pgconn.status == _BAD:
+            return psycopg.OperationalError(res.get_error_message(self._encoding))
+        return errors.error_from_result(res, encoding=self._encoding)
+
+    def _prepare(self, conn: Conn) -> None:
+        pgconn = conn.pgconn
+        self._encoding = conn.info.encoding
+        res = pgconn.prepare(QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED)
+        if res.status != _COMMAND_OK and res.error_field(_SQLSTATE) == b"42P05":
+            # Prepared already on this session (a Chain made anew): made again from our text.
+            pgconn.exec_(b"DEALLOCATE " + QUICK_NAME)
+            res = pgconn.prepare(QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED)
+        if res.status != _COMMAND_OK:
+            raise self._error(pgconn, res)
+        self._pgconn = pgconn
+        self._transformer = Transformer(conn)
 
 
 def finish_and_claim(
@@ -252,19 +362,15 @@ def finish_and_claim(
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
     sent = time.monotonic()
     if chain is None or not chain.quick(sent):
-        with own_tx, (conn.cursor() if chain is None else nullcontext(chain.cursor(conn))) as cur:
+        with own_tx, conn.cursor() if chain is None else nullcontext(chain.cursor(conn)) as cur:
             cur.execute(FINISH_AND_CLAIM, params, prepare=True)
             row = cur.fetchone()
             assert row is not None  # one row always
             if row[1] is not None and not _combined_columns_checked[False]:
-                _check_combined_columns(cur.description, quick=False)
+                _check_combined_columns([d.name for d in cur.description or ()], quick=False)
         return bool(row[0]), None if row[1] is None else _claim(row[1:], lease, sent)
     with own_tx:
-        cur = chain.cursor(conn)
-        cur.execute(FINISH_AND_CLAIM_QUEUED, params, prepare=True)
-        rows = cur.fetchall()
-        if rows and not _combined_columns_checked[True]:
-            _check_combined_columns(cur.description, quick=True)
+        rows = chain.quick_rows(conn, params)
     sealed, claimed, others_due = False, None, not rows  # no row: cannot tell, so claim wholly
     for row in rows:
         others_due = row[1]
@@ -311,10 +417,10 @@ def _check_claim_columns(description: Sequence[Any] | None) -> None:
 _combined_columns_checked = [False, False]
 
 
-def _check_combined_columns(description: Sequence[Any] | None, quick: bool) -> None:
+def _check_combined_columns(columns: Sequence[str], quick: bool) -> None:
     """Once per process and statement: finish_and_claim returns `finished`, then Claim's fields
     in order; finish_and_claim_queued `sealed`, `others_due`, then the same."""
-    names = tuple(d.name for d in description or ())
+    names = tuple(columns)
     head = ("sealed", "others_due") if quick else ("finished",)
     if names != (*head, *CLAIM_COLUMNS):
         raise RuntimeError(f"finish_and_claim returns {names}, expected {head} + Claim's fields")

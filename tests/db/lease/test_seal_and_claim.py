@@ -214,16 +214,26 @@ def test_the_sealed_row_does_not_come_back_with_its_payload(conn: Conn) -> None:
     following = app.enqueue(conn, "k", {"small": 1})
     claim = claim_one(conn)
     chain = lease.Chain()
-    cur = chain.cursor(conn)
+    params = {
+        "id": claim.id,
+        "owner": claim.owner,
+        "result": lease.encode_result({"r": "y" * 100_000}),
+        "kinds": chain.kinds(["k"]),
+        "worker": "w1",
+        "lease": 30.0,
+    }
 
-    sealed, nxt = lease.finish_and_claim(
-        conn, claim, ["k"], worker="w1", lease=30.0, result={"r": "y" * 100_000}, chain=chain
+    rows = chain.quick_rows(conn, params)
+
+    (sealed,) = [r for r in rows if r[0]]
+    (claimed,) = [r for r in rows if not r[0]]
+    assert sealed[2] == big and claimed[2] == following
+    payload, result = (
+        2 + lease.CLAIM_COLUMNS.index("payload"),
+        2 + lease.CLAIM_COLUMNS.index("result"),
     )
-
-    assert sealed and nxt is not None and nxt.id == following and nxt.payload == {"small": 1}
-    assert cur.pgresult is not None
-    assert cur.pgresult.ntuples == 2
-    assert all(len(cur.pgresult.get_value(i, 9) or b"") < 1000 for i in range(2))
+    assert sealed[payload] is None and sealed[result] is None
+    assert claimed[payload] == {"small": 1}
     assert get_run(conn, big)["result"] == {"r": "y" * 100_000}
 
 
@@ -398,3 +408,96 @@ def test_a_beat_between_runs_lets_a_child_recycle_after_exactly_its_jobs(
         assert worker.poll() == 2
 
     assert [get_run(conn, i)["status"] for i in ids] == ["succeeded"] * 2 + ["queued"] * 3
+
+
+# -- the quick statement through libpq (Chain.quick_rows) ------------------------------------------
+
+
+def seal_next(conn: Conn, claim: lease.Claim, chain: lease.Chain) -> lease.Claim | None:
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+    assert sealed
+    return nxt
+
+
+def test_a_prepared_statement_the_server_forgot_is_prepared_again(conn: Conn) -> None:
+    ids = enqueue(conn, 3)
+    chain = lease.Chain()
+    claim = seal_next(conn, claim_one(conn), chain)
+    assert claim is not None and claim.id == ids[1]
+    conn.execute("DEALLOCATE ALL")  # what a pooler's or an operator's reset does
+
+    nxt = seal_next(conn, claim, chain)
+
+    assert nxt is not None and nxt.id == ids[2]
+
+
+def test_a_new_chain_on_the_same_connection_prepares_its_own(conn: Conn) -> None:
+    ids = enqueue(conn, 3)
+    claim = seal_next(conn, claim_one(conn), lease.Chain())
+    assert claim is not None
+
+    nxt = seal_next(conn, claim, lease.Chain())  # the name is taken on this session already
+
+    assert nxt is not None and nxt.id == ids[2]
+
+
+def test_an_error_is_psycopgs_and_leaves_the_connection_usable(conn: Conn) -> None:
+    enqueue(conn, 2)
+    claim = claim_one(conn)
+    chain = lease.Chain()
+    params = {
+        "id": claim.id,
+        "owner": claim.owner,
+        "result": None,
+        "kinds": "{unclosed",
+        "worker": "w1",
+        "lease": 30.0,
+    }
+
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+        chain.quick_rows(conn, params)
+
+    assert get_run(conn, claim.id)["status"] == "running"  # nothing written
+    assert seal_next(conn, claim, chain) is not None
+
+
+def test_a_lost_connection_raises_operational_error_and_reads_as_closed(
+    dsn: str, conn: Conn
+) -> None:
+    enqueue(conn, 2)
+    with psycopg.connect(dsn, autocommit=True) as worker_conn:
+        claim = claim_one(worker_conn)
+        chain = lease.Chain()
+        conn.execute("SELECT pg_terminate_backend(%s)", (worker_conn.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError):
+            lease.finish_and_claim(worker_conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+        assert worker_conn.closed
+    assert get_run(conn, claim.id)["status"] == "running"  # a lost seal is reclaimed later
+
+
+def test_a_notify_that_arrives_during_the_statement_is_still_read(dsn: str, conn: Conn) -> None:
+    enqueue(conn, 2)
+    with psycopg.connect(dsn, autocommit=True) as listening:
+        listening.execute("LISTEN leasework_test_quick")
+        claim = claim_one(listening)
+        conn.execute("NOTIFY leasework_test_quick, 'before'")
+        seal_next(listening, claim, lease.Chain())  # reads the NOTIFY with its answer
+
+        payloads = [n.payload for n in listening.notifies(timeout=1.0, stop_after=1)]
+
+    assert payloads == ["before"]
+
+
+def test_inside_a_transaction_the_statement_goes_through_the_cursor(dsn: str, conn: Conn) -> None:
+    first, second = enqueue(conn, 2)
+    with psycopg.connect(dsn) as in_tx:  # not autocommit: finish_and_claim opens a transaction
+        claim = claim_one(in_tx)
+        in_tx.commit()
+        chain = lease.Chain()
+
+        nxt = seal_next(in_tx, claim, chain)
+
+        assert nxt is not None and nxt.id == second
+        assert in_tx.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert get_run(conn, first)["status"] == "succeeded"
+    assert get_run(conn, second)["status"] == "running"

@@ -75,6 +75,37 @@ BEGIN
 END
 $$;
 
+-- The rule on a run's status and the columns that go with it, checked on every write of a run
+-- (runs_state_valid, below): the status is one of the seven; running <=> the lease columns are
+-- set (lease_owner and lease_expires_at: every statement that moves a run out of `running` clears
+-- them, which is why the owner-scoped statements can match lease_owner alone); terminal <=>
+-- finished_at is set. `status` is not a domain, unlike the numeric columns: code of the release
+-- before migration 0005 binds one untyped parameter both to `status` and to a text argument
+-- (finish_run's history entry), which Postgres cannot type once the column is a domain, and older
+-- workers must keep running during a rolling upgrade.
+-- A PL/pgSQL function, not the three table CHECKs it replaced (migration 0012): Postgres reads a
+-- CHECK's expression from its catalog text and compiles it for every statement that updates the
+-- table, once per updated table in the statement, and those three, with their eleven text
+-- constants, were a fifth of the server's instructions per job in one-at-a-time mode (figures:
+-- bench/README.md, issue 19, third pass); PL/pgSQL compiles the body once per session. Not
+-- LANGUAGE sql, which the planner would inline and so parse again per statement. The operators and
+-- the type are schema-qualified because PL/pgSQL resolves them by the calling session's
+-- search_path: no role can put its own `=` in front of the rule.
+CREATE OR REPLACE FUNCTION leasework.run_state_valid(
+    status text, lease_owner uuid, lease_expires_at timestamptz, finished_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN status OPERATOR(pg_catalog.=) ANY (
+               '{waiting,queued,running,succeeded,partial,failed,cancelled}'::pg_catalog.text[])
+       AND (status OPERATOR(pg_catalog.=) 'running')
+           OPERATOR(pg_catalog.=) (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)
+       AND (status OPERATOR(pg_catalog.=) ANY (
+               '{succeeded,partial,failed,cancelled}'::pg_catalog.text[]))
+           OPERATOR(pg_catalog.=) (finished_at IS NOT NULL);
+END
+$$;
+
 CREATE TABLE IF NOT EXISTS leasework.runs (
     id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     kind                text NOT NULL,
@@ -107,18 +138,9 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     -- One entry per ended attempt: {attempt, owner, worker, started_at, ended_at, outcome, error},
     -- built by leasework.history_entry() (below).
     history             jsonb NOT NULL DEFAULT '[]'::jsonb,
-    -- Not a domain, unlike the columns below: code of the release before migration 0005 binds one
-    -- untyped parameter both to `status` and to a text argument (finish_run's history entry),
-    -- which Postgres cannot type once the column is a domain, and older workers must keep
-    -- running during a rolling upgrade.
-    CONSTRAINT runs_status_valid CHECK (
-        status IN ('waiting', 'queued', 'running', 'succeeded', 'partial', 'failed', 'cancelled')),
-    -- running <=> the lease columns are set
-    CONSTRAINT runs_running_has_lease CHECK (
-        (status = 'running') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
-    -- terminal <=> finished_at is set
-    CONSTRAINT runs_terminal_has_finished_at CHECK (
-        (status IN ('succeeded', 'partial', 'failed', 'cancelled')) = (finished_at IS NOT NULL))
+    -- The status and the columns that go with it, one rule (leasework.run_state_valid, above).
+    CONSTRAINT runs_state_valid CHECK (
+        leasework.run_state_valid(status, lease_owner, lease_expires_at, finished_at))
 );
 
 -- Storage of the queue table, chosen deliberately and measured with bench/bloat.py (figures:

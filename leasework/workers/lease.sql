@@ -4,7 +4,7 @@
 --
 -- The owner-scoped statements match `id = %(id)s AND lease_owner = %(owner)s` and no status:
 -- lease_owner is set only while a run is running (this file is its only writer, and every
--- statement that moves a run out of `running` clears it; runs_running_has_lease checks it), so
+-- statement that moves a run out of `running` clears it; runs_state_valid checks it), so
 -- the owner implies the status. A `status = 'running'` test made their generic plans walk the
 -- partial index of running runs (runs_running_by_expiry: every running run and every dead entry)
 -- instead of the primary key, a cost that grows with the runs running (figures: bench/README.md,

@@ -173,7 +173,7 @@ def test_a_role_without_grants_cannot_call_the_functions(conn: Any, login: Any) 
         "ON CONFLICT (id) DO UPDATE SET version = 999",
         "TRUNCATE leasework.runs",
         "DROP TABLE leasework.runs",
-        "ALTER TABLE leasework.runs DROP CONSTRAINT runs_running_has_lease",
+        "ALTER TABLE leasework.runs DROP CONSTRAINT runs_state_valid",
     ],
 )
 def test_the_worker_role_cannot_touch_the_schema(

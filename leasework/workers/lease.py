@@ -36,15 +36,8 @@ FINISH_AND_CLAIM = (
     .replace(b"%(finishing)s::bigint", b"%(id)s::bigint")
 )
 
-# finish_and_claim_untenanted (lease.sql), with the same parameters written in as above.
-FINISH_AND_CLAIM_UNTENANTED = (
-    Q["finish_and_claim_untenanted"]
-    .replace(b"<finish_run>", Q["finish_run"])
-    .replace(b"%(status)s::text", b"'succeeded'::text")
-    .replace(b"%(error)s::text", b"NULL::text")
-    .replace(b"%(limit)s", b"1")
-    .replace(b"%(finishing)s::bigint", b"%(id)s::bigint")
-)
+# finish_and_claim_queued (lease.sql): one run claimed, as above.
+FINISH_AND_CLAIM_QUEUED = Q["finish_and_claim_queued"].replace(b"%(limit)s", b"1")
 
 Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
@@ -182,13 +175,15 @@ class Chain:
     """What a caller of finish_and_claim keeps from one job to the next (one per worker, one
     connection at a time; not thread-safe).
 
-    Which statement to send: the shorter finish_and_claim_untenanted while no tenanted run has
-    been seen due, the whole one for `recheck` seconds after one was. Either is correct for any
-    queue (lease.sql says why); this spares a queue without tenants the tenanted branches' cost,
-    and a queue with them a statement that claims nothing more often than once per `recheck`.
+    Which statement to send: the quick finish_and_claim_queued (one update for the seal and the
+    claim) while nothing else has been seen due, the whole finish_and_claim for `recheck`
+    seconds after something was (a tenanted run due, a lease expired). Either is correct for any
+    queue (lease.sql says why); this spares a plain queue the whole claim's cost, and a queue with
+    tenants or a crashed worker's runs a statement that claims nothing more often than once per
+    `recheck`.
 
     And one cursor, kept open: a new cursor brings a new psycopg Transformer, which looks up
-    the dumper of each parameter and the loader of each of the 21 result columns again on
+    the dumper of each parameter and the loader of each of the 22 result columns again on
     every statement; a kept one finds them in its own cache."""
 
     __slots__ = ("_cursor", "_kinds", "_kinds_text", "recheck", "whole_until")
@@ -200,10 +195,12 @@ class Chain:
         self._kinds: list[str] | None = None
         self._kinds_text = ""
 
-    def untenanted(self, now: float) -> bool:
+    def quick(self, now: float) -> bool:
+        """Whether to send finish_and_claim_queued at monotonic time `now`."""
         return now >= self.whole_until
 
-    def saw_tenanted(self, now: float) -> None:
+    def saw_others_due(self, now: float) -> None:
+        """finish_and_claim_queued found a run that only the whole claim takes."""
         self.whole_until = now + self.recheck
 
     def kinds(self, kinds: Sequence[str]) -> str:
@@ -238,9 +235,10 @@ def finish_and_claim(
     without a tenant (the claim's limiter would count it as still holding its lease).
 
     With a `chain` (the caller's, kept from job to job), the statement runs on its kept cursor,
-    and while the chain has seen no tenanted run lately it is finish_and_claim_untenanted; if
-    that finds a tenanted run due, it seals and claims nothing, and the claim is made here with
-    claim_runs (one statement more, at most once per `chain.recheck`)."""
+    and while the chain has seen nothing else due lately it is finish_and_claim_queued; if that
+    finds something else due (or returns no row, so cannot tell), it seals and claims nothing,
+    and the claim is made here with claim_runs (one statement more, at most once per
+    `chain.recheck` while the queue stays so)."""
     if claim.tenant is not None:
         raise ValueError("finish_and_claim seals runs without a tenant only")
     params = {
@@ -253,24 +251,33 @@ def finish_and_claim(
     }
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
     sent = time.monotonic()
-    untenanted = chain is not None and chain.untenanted(sent)
-    statement = FINISH_AND_CLAIM_UNTENANTED if untenanted else FINISH_AND_CLAIM
-    cursor = conn.cursor() if chain is None else nullcontext(chain.cursor(conn))
-    tenanted_due = False
-    with own_tx, cursor as cur:
-        cur.execute(statement, params, prepare=True)
-        row = cur.fetchone()
-        assert row is not None  # one row always
-        if untenanted:
-            tenanted_due, row = row[1], (row[0], *row[2:])
-        if row[1] is not None and not _combined_columns_checked[untenanted]:
-            _check_combined_columns(cur.description, untenanted)
-    if tenanted_due:  # nothing was claimed: claim with the whole statement
-        assert chain is not None and row[1] is None
-        chain.saw_tenanted(sent)
+    if chain is None or not chain.quick(sent):
+        with own_tx, (conn.cursor() if chain is None else nullcontext(chain.cursor(conn))) as cur:
+            cur.execute(FINISH_AND_CLAIM, params, prepare=True)
+            row = cur.fetchone()
+            assert row is not None  # one row always
+            if row[1] is not None and not _combined_columns_checked[False]:
+                _check_combined_columns(cur.description, quick=False)
+        return bool(row[0]), None if row[1] is None else _claim(row[1:], lease, sent)
+    with own_tx:
+        cur = chain.cursor(conn)
+        cur.execute(FINISH_AND_CLAIM_QUEUED, params, prepare=True)
+        rows = cur.fetchall()
+        if rows and not _combined_columns_checked[True]:
+            _check_combined_columns(cur.description, quick=True)
+    sealed, claimed, others_due = False, None, not rows  # no row: cannot tell, so claim wholly
+    for row in rows:
+        others_due = row[1]
+        if row[0]:
+            sealed = True
+        else:
+            claimed = _claim(row[2:], lease, sent)
+    if others_due:  # nothing was claimed: claim with the whole statement
+        assert claimed is None
+        chain.saw_others_due(sent)
         claims = claim_runs(conn, kinds, worker=worker, lease=lease)
-        return bool(row[0]), claims[0] if claims else None
-    return bool(row[0]), None if row[1] is None else _claim(row[1:], lease, sent)
+        return sealed, claims[0] if claims else None
+    return sealed, claimed
 
 
 def _claim(row: tuple[Any, ...], lease: float, sent: float) -> Claim:
@@ -300,18 +307,18 @@ def _check_claim_columns(description: Sequence[Any] | None) -> None:
     _claim_columns_checked = True
 
 
-# Per statement (finish_and_claim, finish_and_claim_untenanted): its columns checked already.
+# Per statement (finish_and_claim, finish_and_claim_queued): its columns checked already.
 _combined_columns_checked = [False, False]
 
 
-def _check_combined_columns(description: Sequence[Any] | None, untenanted: bool) -> None:
+def _check_combined_columns(description: Sequence[Any] | None, quick: bool) -> None:
     """Once per process and statement: finish_and_claim returns `finished`, then Claim's fields
-    in order; finish_and_claim_untenanted `finished`, `tenanted`, then the same."""
+    in order; finish_and_claim_queued `sealed`, `others_due`, then the same."""
     names = tuple(d.name for d in description or ())
-    head = ("finished", "tenanted") if untenanted else ("finished",)
+    head = ("sealed", "others_due") if quick else ("finished",)
     if names != (*head, *CLAIM_COLUMNS):
         raise RuntimeError(f"finish_and_claim returns {names}, expected {head} + Claim's fields")
-    _combined_columns_checked[untenanted] = True
+    _combined_columns_checked[quick] = True
 
 
 def expire_and_promote(conn: Conn, limit: int) -> tuple[int, int]:

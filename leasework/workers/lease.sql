@@ -294,24 +294,30 @@ SELECT (SELECT count(*) FROM finished) AS finished, c.*
   FROM (SELECT) AS one
   LEFT JOIN claimed c ON true
 
--- name: finish_and_claim_untenanted
--- finish_and_claim for a queue without tenanted runs, its common case: the same seal
--- (finish_run), then claim_runs without its tenanted branches, which no run without a tenant
--- can pass through but whose plan nodes the server still initialises and runs on every
--- statement (about a sixth of a job's server time; bench/README.md, issue 19). Sent only by a
--- caller that found no tenanted run due lately (lease.Chain); correct whatever the queue:
--- `tenanted` asks, in the statement's own snapshot, whether claim_runs' tenanted branches could
--- find a candidate (their predicates without the limiter and the locks, so it errs towards yes),
--- and when it does nothing is claimed (`chosen` is gated on it: the branches below do not even
--- run) and the row says so; the caller then claims with claim_runs. When it does not, those
+-- name: finish_and_claim_queued
+-- finish_and_claim for its common case, a queue whose next run is queued and has no tenant: the
+-- same seal (finish_run's writes) and claim (claim_runs' untenanted_queued branch and its writes),
+-- but ONE UPDATE that writes both rows. Each update of `runs` in a statement costs the server a
+-- fixed price whatever the rows (opening nine indexes, compiling their predicates and the CHECK,
+-- building the projections), and the seal and the claim as two updates, with claim_runs' other
+-- branches beside them, were most of a job's server time (figures: bench/README.md, issue 19,
+-- third pass). Each SET is `CASE WHEN r.id = %(id)s` (the run being sealed: finish_run's value)
+-- `ELSE` (the run claimed: claim_runs' value); each RETURNING row says which it is (`sealed`).
+--
+-- Sent only by a caller that found nothing else due lately (lease.Chain); correct whatever the
+-- queue: `others` asks, in the statement's own snapshot, whether claim_runs could take a run this
+-- statement cannot (a tenanted run queued and due, or a lease expired and reclaimable: claim_runs'
+-- other branches' predicates without the limiter and the locks, so it errs towards yes), and when
+-- it does nothing is claimed (the claim's ARRAY is gated on it: untenanted_queued does not even
+-- run) and the rows say so; the caller then claims with claim_runs. When it does not, those
 -- branches are empty in this snapshot, so this claims exactly what claim_runs would.
--- untenanted_queued, untenanted_expired and `claimed` are claim_runs' own text (a unit test
--- compares them). One row always: `finished`, `tenanted`, then the claimed run's columns.
-WITH finished AS (
-<finish_run>
-), live AS MATERIALIZED (
+-- untenanted_queued is claim_runs' own text (a unit test compares them).
+-- Rows: the sealed run (unless it was no longer ours: then nothing was written for it) and the
+-- claimed one (if any), each with `sealed`, `others_due`, then the claimed run's columns (payload
+-- and result NULL on the sealed row, which the caller does not read). No row: neither.
+WITH live AS MATERIALIZED (
     SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
-), tenanted AS MATERIALIZED (
+), others AS MATERIALIZED (
     SELECT EXISTS (
             SELECT 1 FROM leasework.runs r
              WHERE r.tenant IS NOT NULL
@@ -319,8 +325,9 @@ WITH finished AS (
                AND r.kind = ANY((SELECT k FROM live)::text[]))
         OR EXISTS (
             SELECT 1 FROM leasework.runs r
-             WHERE r.tenant IS NOT NULL
-               AND r.status = 'running' AND r.lease_expires_at < leasework.now()
+             WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()
+               AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+               AND r.id IS DISTINCT FROM %(id)s::bigint
                AND r.kind = ANY((SELECT k FROM live)::text[])) AS due
 ), untenanted_queued AS MATERIALIZED (
     SELECT r.id, r.priority, r.queued_at
@@ -331,48 +338,34 @@ WITH finished AS (
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
-), untenanted_expired AS MATERIALIZED (
-    SELECT r.id, r.priority, r.queued_at
-      FROM leasework.runs r
-     WHERE r.tenant IS NULL
-       AND r.status = 'running' AND r.lease_expires_at < leasework.now()
-       AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
-       AND r.id IS DISTINCT FROM %(finishing)s::bigint
-       AND r.kind = ANY((SELECT k FROM live)::text[])
-     ORDER BY r.priority, r.queued_at, r.id
-     LIMIT %(limit)s
-       FOR UPDATE OF r SKIP LOCKED
-), chosen AS MATERIALIZED (
-    SELECT id
-      FROM (SELECT * FROM untenanted_queued
-            UNION ALL
-            SELECT * FROM untenanted_expired) u
-     WHERE NOT (SELECT due FROM tenanted)
-     ORDER BY priority, queued_at, id
-     LIMIT %(limit)s
-), claimed AS (
-    UPDATE leasework.runs r
-       SET status = 'running',
-           attempts = r.attempts + 1,
-           lease_owner = gen_random_uuid(),
-           lease_worker = %(worker)s,
-           lease_expires_at = leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)),
-           started_at = leasework.now(),
-           history = CASE
-               WHEN r.status = 'running' AND coalesce((r.history -> -1 ->> 'attempt')::int, 0) < r.attempts
-               THEN r.history || jsonb_build_array(leasework.history_entry(
-                    r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
-                    'expired', 'lease expired'))
-               ELSE r.history
-           END
-     WHERE r.id = ANY(ARRAY(SELECT id FROM chosen))
-    RETURNING id, kind, key, tenant, "group", exclusive, priority, payload, result, attempts,
-              max_attempts, lease_owner, lease_expires_at, lease_seconds, timeout_seconds,
-              processed_units, total_units, created_at, queued_at, started_at
 )
-SELECT (SELECT count(*) FROM finished) AS finished, (SELECT due FROM tenanted) AS tenanted, c.*
-  FROM (SELECT) AS one
-  LEFT JOIN claimed c ON true
+UPDATE leasework.runs r
+   SET status = CASE WHEN r.id = %(id)s::bigint THEN 'succeeded' ELSE 'running' END,
+       result = CASE WHEN r.id = %(id)s::bigint THEN coalesce(%(result)s::jsonb, r.result)
+                ELSE r.result END,
+       error = CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE r.error END,
+       finished_at = CASE WHEN r.id = %(id)s::bigint THEN leasework.now() END,
+       attempts = CASE WHEN r.id = %(id)s::bigint THEN r.attempts ELSE r.attempts + 1 END,
+       lease_owner = CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE gen_random_uuid() END,
+       lease_worker = CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE %(worker)s END,
+       lease_expires_at = CASE WHEN r.id = %(id)s::bigint THEN NULL
+           ELSE leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)) END,
+       started_at = CASE WHEN r.id = %(id)s::bigint THEN r.started_at ELSE leasework.now() END,
+       history = CASE WHEN r.id = %(id)s::bigint
+           THEN r.history || jsonb_build_array(leasework.history_entry(
+                r.attempts, r.lease_owner, r.lease_worker, r.started_at, leasework.now(),
+                'succeeded', NULL))
+           ELSE r.history END
+ WHERE r.id = ANY(ARRAY[%(id)s::bigint]
+                  || ARRAY(SELECT id FROM untenanted_queued WHERE NOT (SELECT due FROM others)))
+   -- The seal is owner-scoped as ever; the claimed run was locked queued by untenanted_queued.
+   AND (r.id IS DISTINCT FROM %(id)s::bigint OR r.lease_owner = %(owner)s::uuid)
+RETURNING r.id = %(id)s::bigint AS sealed, (SELECT due FROM others) AS others_due,
+          id, kind, key, tenant, "group", exclusive, priority,
+          CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE payload END AS payload,
+          CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE result END AS result, attempts,
+          max_attempts, lease_owner, lease_expires_at, lease_seconds, timeout_seconds,
+          processed_units, total_units, created_at, queued_at, started_at
 
 -- name: finish_runs
 -- A batch's successes in one statement (tasks declared with batch=N): each row is matched by its

@@ -37,7 +37,7 @@ def test_compact_refuses_what_it_could_break(text: str) -> None:
 
 COMBINED = {
     "finish_and_claim": lease.FINISH_AND_CLAIM,
-    "finish_and_claim_untenanted": lease.FINISH_AND_CLAIM_UNTENANTED,
+    "finish_and_claim_queued": lease.FINISH_AND_CLAIM_QUEUED,
 }
 
 
@@ -46,7 +46,7 @@ COMBINED = {
     [
         "claim_runs",
         "finish_and_claim",
-        "finish_and_claim_untenanted",
+        "finish_and_claim_queued",
         "finish_run",
         "finish_runs",
         "expire_and_promote",
@@ -64,16 +64,39 @@ def _between(text: bytes, start: bytes, end: bytes) -> bytes:
     return text[i : text.index(end, i)]
 
 
-@pytest.mark.parametrize(
-    ("start", "end"),
-    [
-        (b"untenanted_queued AS MATERIALIZED (", b"),untenanted_expired"),
-        (b"untenanted_expired AS MATERIALIZED (", b"),chosen"),
-        (b"UPDATE leasework.runs r SET status = 'running'", b"queued_at,started_at"),
-    ],
-)
-def test_the_untenanted_claim_is_claim_runs_own_text(start: bytes, end: bytes) -> None:
-    # finish_and_claim_untenanted must claim exactly what claim_runs does when no tenanted run
-    # is due: its branches and its UPDATE are claim_runs' own, written out a second time.
-    whole, untenanted = lease.Q["claim_runs"], lease.Q["finish_and_claim_untenanted"]
-    assert _between(untenanted, start, end) == _between(whole, start, end)
+def test_the_quick_claim_is_claim_runs_own_text() -> None:
+    # finish_and_claim_queued must claim exactly what claim_runs does when nothing else is due:
+    # its branch is claim_runs' own, written out a second time.
+    whole, quick = lease.Q["claim_runs"], lease.Q["finish_and_claim_queued"]
+    start, end = b"untenanted_queued AS MATERIALIZED (", b"SKIP LOCKED)"
+    assert _between(quick, start, end) == _between(whole, start, end)
+
+
+def _where(text: bytes, start: bytes, end: bytes) -> set[bytes]:
+    """The conditions ANDed in the WHERE clause after `start`, up to `end`, as a set."""
+    i = text.index(b" WHERE ", text.index(start)) + len(b" WHERE ")
+    return {c for c in text[i : text.index(end, i)].split(b" AND ") if c}
+
+
+def test_the_quick_claims_probe_asks_what_claim_runs_other_branches_take() -> None:
+    # `others` must see every run claim_runs' tenanted and expired branches could take (their
+    # predicates less the limiter, which it leaves out on purpose): a condition of its own would
+    # hide one. Each probe's conditions are its branch's, less the tenant's (the expired probe
+    # asks for both branches at once).
+    whole, quick = lease.Q["claim_runs"], lease.Q["finish_and_claim_queued"]
+    kinds = b"r.kind = ANY((SELECT k FROM live)::text[])"
+    probe = _where(quick, b"others AS MATERIALIZED (", kinds + b")") | {kinds}
+    branch = _where(whole, b"tenanted_queued AS MATERIALIZED (", b" AND NOT EXISTS")
+    assert probe == branch
+
+    probe = _where(quick, b") OR EXISTS (", kinds + b")") | {kinds}
+    for start, end in [
+        (b"tenanted_expired AS MATERIALIZED (", b" AND NOT EXISTS"),
+        (b"untenanted_expired AS MATERIALIZED (", b" ORDER BY"),
+    ]:
+        branch = {
+            c.replace(b"%(finishing)s", b"%(id)s")  # finish_and_claim passes the sealed run's id
+            for c in _where(whole, start, end)
+            if not c.startswith(b"r.tenant IS ")
+        }
+        assert probe == branch, probe ^ branch

@@ -2,8 +2,9 @@
 (lease.finish_and_claim). The seal stays owner-scoped and commits synchronously, the claim is
 the ordinary claim, the statement never touches one row twice, and the runs stage falls back to
 the separate finish wherever the combined statement does not apply. Each statement-level test
-runs with both statements: the whole one and finish_and_claim_untenanted (a Chain that has
-seen no tenanted run), which must claim what the whole one would, tenanted runs included."""
+runs with both statements: the whole one and finish_and_claim_queued (a Chain that has seen
+nothing else due), which must claim what the whole one would, tenanted runs and expired leases
+included."""
 
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ def claim_one(conn: Conn, kinds: list[str] | None = None) -> lease.Claim:
     return claims[0]
 
 
-@pytest.fixture(params=["whole", "untenanted"])
+@pytest.fixture(params=["whole", "quick"])
 def chain(request: pytest.FixtureRequest) -> lease.Chain | None:
-    """None: finish_and_claim's whole statement; a fresh Chain: the untenanted one first."""
+    """None: finish_and_claim's whole statement; a fresh Chain: the quick one first."""
     return None if request.param == "whole" else lease.Chain()
 
 
@@ -117,7 +118,7 @@ def test_it_commits_synchronously_as_a_claim_alone_does(
 
 
 def test_a_tenanted_run_due_is_claimed_as_the_whole_statement_would(conn: Conn) -> None:
-    # The untenanted statement must not take the untenanted run when a tenanted one comes first:
+    # The quick statement must not take the untenanted run when a tenanted one comes first:
     # it seals, claims nothing, and the claim is made with the whole statement.
     first, second = enqueue(conn, 2)
     app = App()
@@ -136,7 +137,7 @@ def test_a_tenanted_run_due_is_claimed_as_the_whole_statement_would(conn: Conn) 
     assert sealed and nxt is not None and nxt.id == later and nxt.tenant == "acme"
     assert get_run(conn, first)["status"] == "succeeded"
     assert get_run(conn, second)["status"] == "queued"
-    assert not chain.untenanted(claim.sent)  # the whole statement until the recheck
+    assert not chain.quick(claim.sent)  # the whole statement until the recheck
 
 
 def test_a_tenanted_run_whose_lease_expired_is_reclaimed_as_the_whole_statement_would(
@@ -158,7 +159,90 @@ def test_a_tenanted_run_whose_lease_expired_is_reclaimed_as_the_whole_statement_
     assert sealed and nxt is not None and nxt.id == dead and nxt.attempts == 2
 
 
-def test_tenanted_runs_not_due_leave_the_untenanted_statement_in_use(conn: Conn) -> None:
+def test_a_lease_expired_without_a_tenant_is_reclaimed_as_the_whole_statement_would(
+    conn: Conn,
+) -> None:
+    # The quick statement claims queued runs only: an expired lease (its worker died) comes
+    # first by priority, so it seals, claims nothing, and the whole statement reclaims it.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    dead = app.enqueue(conn, "k", {}, priority=-1)
+    first, second = enqueue(conn, 2)
+    assert claim_one(conn).id == dead
+    claim = claim_one(conn)
+    assert claim.id == first
+    expire_lease(conn, dead)
+    chain = lease.Chain(recheck=60.0)
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == dead and nxt.attempts == 2
+    assert [h["outcome"] for h in get_run(conn, dead)["history"]] == ["expired"]
+    assert get_run(conn, first)["status"] == "succeeded"
+    assert get_run(conn, second)["status"] == "queued"
+    assert not chain.quick(claim.sent)
+
+
+def test_a_lease_that_cannot_be_reclaimed_leaves_the_quick_statement_in_use(conn: Conn) -> None:
+    # An expired run on its last attempt, or with a cancel requested, is settle's to end, not the
+    # claim's: it must not send every job to the whole statement until then.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    spent = app.enqueue(conn, "k", {}, priority=-1, max_attempts=1)
+    cancelled = app.enqueue(conn, "k", {}, priority=-1)
+    _, second = enqueue(conn, 2)
+    assert claim_one(conn).id == spent
+    assert claim_one(conn).id == cancelled
+    conn.execute("SELECT leasework.cancel(%s)", (cancelled,))
+    expire_lease(conn, spent)
+    expire_lease(conn, cancelled)
+    claim = claim_one(conn)
+    chain = lease.Chain()
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == second
+    assert chain.quick(claim.sent)
+
+
+def test_the_sealed_row_does_not_come_back_with_its_payload(conn: Conn) -> None:
+    # The quick statement returns the sealed row too (to say it was sealed): not its payload
+    # and result, which can be large and which the caller has read already.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    big = app.enqueue(conn, "k", {"blob": "x" * 100_000})
+    following = app.enqueue(conn, "k", {"small": 1})
+    claim = claim_one(conn)
+    chain = lease.Chain()
+    cur = chain.cursor(conn)
+
+    sealed, nxt = lease.finish_and_claim(
+        conn, claim, ["k"], worker="w1", lease=30.0, result={"r": "y" * 100_000}, chain=chain
+    )
+
+    assert sealed and nxt is not None and nxt.id == following and nxt.payload == {"small": 1}
+    assert cur.pgresult is not None
+    assert cur.pgresult.ntuples == 2
+    assert all(len(cur.pgresult.get_value(i, 9) or b"") < 1000 for i in range(2))
+    assert get_run(conn, big)["result"] == {"r": "y" * 100_000}
+
+
+def test_a_seal_of_a_run_no_longer_ours_still_claims(conn: Conn, chain: lease.Chain | None) -> None:
+    first, second = enqueue(conn, 2)
+    claim = claim_one(conn)
+    assert claim.id == first
+    expire_lease(conn, first)
+    stolen = claim_one(conn)  # another worker reclaimed it
+    assert stolen.id == first and stolen.owner != claim.owner
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert not sealed and nxt is not None and nxt.id == second
+    run = get_run(conn, first)
+    assert run["status"] == "running" and run["lease_owner"] == stolen.owner
+
+
+def test_tenanted_runs_not_due_leave_the_quick_statement_in_use(conn: Conn) -> None:
     _, second = enqueue(conn, 2)
     app = App()
     app.task("k")(lambda ctx, p: None)
@@ -171,15 +255,15 @@ def test_tenanted_runs_not_due_leave_the_untenanted_statement_in_use(conn: Conn)
     sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
 
     assert sealed and nxt is not None and nxt.id == second
-    assert chain.untenanted(claim.sent)
+    assert chain.quick(claim.sent)
 
 
-def test_the_chain_sends_the_untenanted_statement_again_after_its_recheck() -> None:
+def test_the_chain_sends_the_quick_statement_again_after_its_recheck() -> None:
     chain = lease.Chain(recheck=5.0)
-    assert chain.untenanted(100.0)
-    chain.saw_tenanted(100.0)
-    assert not chain.untenanted(104.9)
-    assert chain.untenanted(105.0)
+    assert chain.quick(100.0)
+    chain.saw_others_due(100.0)
+    assert not chain.quick(104.9)
+    assert chain.quick(105.0)
 
 
 def test_a_run_with_a_tenant_is_refused(conn: Conn) -> None:

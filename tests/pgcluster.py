@@ -8,6 +8,7 @@ from /proc. Shared by tests/process/test_postgres_crash.py and tests/chaos/."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -33,6 +34,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _own(directory: Path) -> None:
+    """As root, the server runs as `postgres`, who must own (and reach) the directory."""
+    if os.geteuid() == 0:
+        directory.chmod(0o755)
+        shutil.chown(directory, "postgres")
+
+
+_TEMPLATE: Path | None = None
+
+
+def _template() -> Path:
+    """The data directory of one initdb per process, copied by every Cluster.init (removed at
+    exit). Never started: copies share no state, only the files initdb wrote."""
+    global _TEMPLATE
+    if _TEMPLATE is None:
+        root = Path(tempfile.mkdtemp(prefix="leasework-pg-template-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        _own(root)
+        subprocess.run(
+            as_postgres(["initdb", "-D", str(root / "data"), "-U", "postgres", "--auth=trust"]),
+            check=True,
+            capture_output=True,
+        )
+        _TEMPLATE = root / "data"
+    return _TEMPLATE
+
+
 class Cluster:
     def __init__(
         self,
@@ -55,11 +83,11 @@ class Cluster:
         self.paused: list[int] = []
 
     def init(self) -> None:
-        if os.geteuid() == 0:
-            self.data.parent.chmod(0o755)
-            shutil.chown(self.data.parent, "postgres")
+        """A fresh data directory: a copy of this process's one initdb (the same files a new
+        initdb writes, in a tenth of the time; each cluster still has its own directory)."""
+        _own(self.data.parent)
         subprocess.run(
-            as_postgres(["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust"]),
+            as_postgres(["cp", "-a", str(_template()), str(self.data)]),
             check=True,
             capture_output=True,
         )

@@ -490,15 +490,16 @@ def test_a_blocking_call_keeps_its_lease_and_is_logged_with_its_run(
     app = App()
     expiries: set[Any] = set()
 
+    def logged() -> bool:
+        return any(r.getMessage() == "loop_blocked" for r in caplog.records)
+
     @app.task("blocker")
     async def blocker(ctx: AsyncContext, payload: Any) -> None:
         started = time.monotonic()
         with psycopg.connect(dsn, autocommit=True) as c:
-            # Blocked for 3 s at least (the keeper logs a loop blocked past 1.25 s), until the
-            # lease was renewed twice, 20 s at most.
-            while (len(expiries) < 3 or time.monotonic() - started < 3) and (
-                time.monotonic() - started < 20
-            ):
+            # Blocked until the keeper has logged the loop blocked (past 1.25 s) and the lease
+            # was renewed twice, 20 s at most.
+            while (len(expiries) < 3 or not logged()) and (time.monotonic() - started < 20):
                 time.sleep(0.1)  # blocking, on purpose
                 row = c.execute(
                     "SELECT lease_expires_at FROM leasework.runs WHERE id = %s", (ctx.run_id,)
@@ -677,14 +678,14 @@ def test_the_readmes_async_example_runs(conn: Conn) -> None:
 
 
 def cancel_reaches_a_run_that_never_checks(
-    conn: Conn, make_worker: MakeWorker, dsn: str, within: float
+    conn: Conn, make_worker: MakeWorker, dsn: str, within: float, sleep: float = 20
 ) -> None:
-    """A running async run that only awaits a 20 s sleep is cancelled within `within` s."""
+    """A running async run that only awaits a `sleep` s sleep is cancelled within `within` s."""
     app = App()
 
     @app.task("sleepy")
     async def sleepy(ctx: AsyncContext, payload: Any) -> None:
-        await asyncio.sleep(20)
+        await asyncio.sleep(sleep)
 
     run_id = app.enqueue(conn, "sleepy")
     canceller = when_running(dsn, run_id, lambda c: App().cancel(c, run_id))
@@ -697,9 +698,12 @@ def test_the_cancel_check_catches_a_task_never_cancelled(
     monkeypatch: pytest.MonkeyPatch, conn: Conn, make_worker: MakeWorker, dsn: str
 ) -> None:
     """The mutation: the keeper's interrupt no longer cancels the run's task. The check that a
-    cancel reaches a run that never awaits ctx.check() must fail."""
+    cancel reaches a run that never awaits ctx.check() must fail. Mutated, nothing ends the run
+    but its sleep (the graceful stop waits for it too): 4 s without the cancel (twenty control
+    intervals; it lands in a fraction of a second), then a sleep that outlasts that window by
+    4 s rather than 20."""
     cancel_reaches_a_run_that_never_checks(conn, make_worker, dsn, within=15)
     conn.execute("TRUNCATE leasework.runs CASCADE")
     monkeypatch.setattr(AsyncContext, "deliver", lambda self: None)
     with pytest.raises(AssertionError, match="condition not met"):
-        cancel_reaches_a_run_that_never_checks(conn, make_worker, dsn, within=8)
+        cancel_reaches_a_run_that_never_checks(conn, make_worker, dsn, within=4, sleep=8)

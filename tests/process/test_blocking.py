@@ -81,14 +81,15 @@ SHORT_LEASE: dict[str, Any] = {
 
 
 # The default lease: neither the lease rule nor hang_timeout fires within a test; only a cancel
-# or a timeout (after abort_grace) can end a handler stuck holding the GIL.
+# or a timeout (after abort_grace) can end a handler stuck holding the GIL. Such a handler can
+# never return, so abort_grace is only waited out here: 1 s.
 LONG_LEASE: dict[str, Any] = {
     "lease": 120.0,
     "renew_interval": None,
     "control_interval": 1.0,
     "watchdog_margin": None,
     "hang_timeout": 120.0,
-    "abort_grace": 3.0,
+    "abort_grace": 1.0,
 }
 
 
@@ -114,39 +115,66 @@ class LeaseSampler:
     def __init__(self, conn: psycopg.Connection[Any], run_id: int) -> None:
         self.conn, self.run_id, self.samples, self.lapsed = conn, run_id, 0, []
 
-    def until(self, done: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            row = self.conn.execute(
-                "SELECT status, lease_expires_at < leasework.now() AS lapsed, attempts"
-                " FROM leasework.runs WHERE id = %s",
-                (self.run_id,),
-            ).fetchone()
-            assert row is not None
-            if row[0] == "running":
-                self.samples += 1
-                if row[1]:
-                    self.lapsed.append(row[2])
-            run = get_run(self.conn, self.run_id)
-            return run if done(run) else None
+    def sample(self, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """One sample; the run once `done` holds for it, else None."""
+        row = self.conn.execute(
+            "SELECT status, lease_expires_at < leasework.now() AS lapsed, attempts"
+            " FROM leasework.runs WHERE id = %s",
+            (self.run_id,),
+        ).fetchone()
+        assert row is not None
+        if row[0] == "running":
+            self.samples += 1
+            if row[1]:
+                self.lapsed.append(row[2])
+        run = get_run(self.conn, self.run_id)
+        return run if done(run) else None
 
-        result: dict[str, Any] = wait_for(check, timeout=timeout, interval=0.1)
+    def until(self, done: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
+        result: dict[str, Any] = wait_for(lambda: self.sample(done), timeout=timeout, interval=0.1)
         return result
 
 
-def test_a_handler_blocked_for_two_leases_succeeds_on_its_first_attempt(
+def ended(run: dict[str, Any]) -> bool:
+    return run["status"] not in ("queued", "running")
+
+
+def test_blocked_past_the_lease_in_a_sleep_or_an_open_transaction_each_runs_once(
     supervise: Any, pconn: Any, app_dir: Path
 ) -> None:
+    """Side by side, on two children (a third one idle, free to take either run whose lease
+    lapsed): a handler blocked in one sleep for two and a half leases, and one holding its
+    ctx.transaction() open for ten seconds, a statement every second. Neither committed lease
+    ever lapses; each run succeeds on its first attempt, started once; the transaction's effect
+    is written once. (Two scenarios that only wait, run at once rather than one after the
+    other.)"""
     add_handlers(app_dir)
-    sup = supervise(processes=2, **SHORT_LEASE)
-    sup.wait_children(2)
-    run_id = enqueue(pconn, "sleepy", {"seconds": 15}, timeout=None)
-    sampler = LeaseSampler(pconn, run_id)
-    done = sampler.until(lambda r: r["status"] not in ("queued", "running"), timeout=60)
-    assert done["status"] == "succeeded", done
-    assert done["attempts"] == 1 and done["result"]["attempt"] == 1
-    assert [h["outcome"] for h in done["history"]] == ["succeeded"]
-    assert len(starts(app_dir, run_id)) == 1, "run twice"
-    assert sampler.samples > 50 and sampler.lapsed == [], "the committed lease lapsed"
+    sup = supervise(processes=3, **SHORT_LEASE)
+    sup.wait_children(3)
+    sleepy = enqueue(pconn, "sleepy", {"seconds": 15}, timeout=None)
+    tx_held = enqueue(pconn, "tx_held", {"seconds": 10}, timeout=None)
+    samplers = [LeaseSampler(pconn, sleepy), LeaseSampler(pconn, tx_held)]
+    done = wait_for(
+        lambda: (runs := [s.sample(ended) for s in samplers]) and all(runs) and runs,
+        timeout=60,
+        interval=0.1,
+    )
+    slept, held = done
+
+    # The sleep, blocked for two leases and more.
+    assert slept["status"] == "succeeded", slept
+    assert slept["attempts"] == 1 and slept["result"]["attempt"] == 1
+    assert [h["outcome"] for h in slept["history"]] == ["succeeded"]
+    assert len(starts(app_dir, sleepy)) == 1, "run twice"
+    assert samplers[0].samples > 50 and samplers[0].lapsed == [], "the committed lease lapsed"
+
+    # The open transaction.
+    assert held["status"] == "succeeded" and held["attempts"] == 1, held["error"]
+    assert samplers[1].lapsed == [], "the committed lease lapsed while the transaction was open"
+    effects = pconn.execute(
+        "SELECT attempt FROM public.supervisor_test_effects WHERE run_id = %s", (tx_held,)
+    ).fetchall()
+    assert effects == [(1,)]
     assert not sup.events("child_killed_by_watchdog")
 
 
@@ -210,21 +238,3 @@ def test_a_timeout_ends_each_blocked_attempt(supervise: Any, pconn: Any, app_dir
     assert [h["outcome"] for h in history] == ["timeout", "timeout"], history
     assert len(starts(app_dir, run_id)) == 2
     assert not sup.events("child_killed_by_watchdog"), "interrupted, not killed"
-
-
-def test_an_open_transaction_does_not_hold_up_renewal(
-    supervise: Any, pconn: Any, app_dir: Path
-) -> None:
-    add_handlers(app_dir)
-    sup = supervise(processes=2, **SHORT_LEASE)
-    sup.wait_children(2)
-    run_id = enqueue(pconn, "tx_held", {"seconds": 10}, timeout=None)
-    sampler = LeaseSampler(pconn, run_id)
-    done = sampler.until(lambda r: r["status"] not in ("queued", "running"), timeout=40)
-    assert done["status"] == "succeeded" and done["attempts"] == 1, done["error"]
-    assert sampler.lapsed == [], "the committed lease lapsed while the transaction was open"
-    effects = pconn.execute(
-        "SELECT attempt FROM public.supervisor_test_effects WHERE run_id = %s", (run_id,)
-    ).fetchall()
-    assert effects == [(1,)]
-    assert not sup.events("child_killed_by_watchdog")

@@ -200,7 +200,8 @@ class Chain:
 
     Which statement to send: the quick finish_and_claim_queued (one update for the seal and the
     claim) while nothing else has been seen due, the whole finish_and_claim for `recheck`
-    seconds after something was (a tenanted run due, a lease expired). Either is correct for any
+    seconds after something was (a tenanted run due, a lease expired, a kind polled paused).
+    Either is correct for any
     queue (lease.sql says why); this spares a plain queue the whole claim's cost, and a queue with
     tenants or a crashed worker's runs a statement that claims nothing more often than once per
     `recheck`.

@@ -307,34 +307,37 @@ SELECT (SELECT count(*) FROM finished) AS finished, c.*
 -- Sent only by a caller that found nothing else due lately (lease.Chain); correct whatever the
 -- queue: `others` asks, in the statement's own snapshot, whether claim_runs could take a run this
 -- statement cannot (a tenanted run queued and due, or a lease expired and reclaimable: claim_runs'
--- other branches' predicates without the limiter and the locks, so it errs towards yes), and when
--- it does nothing is claimed (the claim's ARRAY is gated on it: untenanted_queued does not even
--- run) and the rows say so; the caller then claims with claim_runs. When it does not, those
--- branches are empty in this snapshot, so this claims exactly what claim_runs would.
--- untenanted_queued is claim_runs' own text (a unit test compares them).
+-- other branches' predicates without the limiter and the locks, so it errs towards yes), or
+-- whether one of %(kinds)s is paused, and when it does nothing is claimed (the claim's ARRAY is
+-- gated on it: untenanted_queued does not even run) and the rows say so; the caller then claims
+-- with claim_runs. When it does not, those branches are empty in this snapshot and no kind is
+-- paused, so this claims exactly what claim_runs would: untenanted_queued is claim_runs' own text
+-- (a unit test compares them) with %(kinds)s for claim_runs' `live`, the kinds less the paused
+-- ones, which are none here. (Reading `live` as claim_runs does cost a job more than this probe:
+-- about 7 % of the server's instructions, bench/README.md, issue 19, third pass.) A worker with a
+-- paused kind sends the whole statement for as long as the pause lasts (lease.Chain).
 -- Rows: the sealed run (unless it was no longer ours: then nothing was written for it) and the
 -- claimed one (if any), each with `sealed`, `others_due`, then the claimed run's columns (payload
 -- and result NULL on the sealed row, which the caller does not read). No row: neither.
-WITH live AS MATERIALIZED (
-    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
-), others AS MATERIALIZED (
-    SELECT EXISTS (
+WITH others AS MATERIALIZED (
+    SELECT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = ANY(%(kinds)s::text[]))
+        OR EXISTS (
             SELECT 1 FROM leasework.runs r
              WHERE r.tenant IS NOT NULL
                AND r.status = 'queued' AND r.queued_at <= leasework.now()
-               AND r.kind = ANY((SELECT k FROM live)::text[]))
+               AND r.kind = ANY(%(kinds)s::text[]))
         OR EXISTS (
             SELECT 1 FROM leasework.runs r
              WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()
                AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
                AND r.id IS DISTINCT FROM %(id)s::bigint
-               AND r.kind = ANY((SELECT k FROM live)::text[])) AS due
+               AND r.kind = ANY(%(kinds)s::text[])) AS due
 ), untenanted_queued AS MATERIALIZED (
     SELECT r.id, r.priority, r.queued_at
       FROM leasework.runs r
      WHERE r.tenant IS NULL
        AND r.status = 'queued' AND r.queued_at <= leasework.now()
-       AND r.kind = ANY((SELECT k FROM live)::text[])
+       AND r.kind = ANY(%(kinds)s::text[])
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED

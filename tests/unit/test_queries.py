@@ -67,9 +67,20 @@ def _between(text: bytes, start: bytes, end: bytes) -> bytes:
 def test_the_quick_claim_is_claim_runs_own_text() -> None:
     # finish_and_claim_queued must claim exactly what claim_runs does when nothing else is due:
     # its branch is claim_runs' own, written out a second time.
+    # Its branch is claim_runs' own, written out a second time, with the kinds polled for
+    # claim_runs' `live` (those kinds less the paused ones: it claims nothing when one is paused).
     whole, quick = lease.Q["claim_runs"], lease.Q["finish_and_claim_queued"]
     start, end = b"untenanted_queued AS MATERIALIZED (", b"SKIP LOCKED)"
-    assert _between(quick, start, end) == _between(whole, start, end)
+    assert _between(quick, start, end) == _between(whole, start, end).replace(LIVE, KINDS)
+
+
+LIVE, KINDS = b"(SELECT k FROM live)::text[]", b"%(kinds)s::text[]"
+
+
+def test_the_quick_claim_asks_whether_a_kind_is_paused() -> None:
+    quick = lease.Q["finish_and_claim_queued"]
+    assert b"EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = ANY(%(kinds)s" in quick
+    assert LIVE not in quick
 
 
 def _where(text: bytes, start: bytes, end: bytes) -> set[bytes]:
@@ -83,13 +94,14 @@ def test_the_quick_claims_probe_asks_what_claim_runs_other_branches_take() -> No
     # predicates less the limiter, which it leaves out on purpose): a condition of its own would
     # hide one. Each probe's conditions are its branch's, less the tenant's (the expired probe
     # asks for both branches at once).
-    whole, quick = lease.Q["claim_runs"], lease.Q["finish_and_claim_queued"]
-    kinds = b"r.kind = ANY((SELECT k FROM live)::text[])"
-    probe = _where(quick, b"others AS MATERIALIZED (", kinds + b")") | {kinds}
+    whole, quick = lease.Q["claim_runs"].replace(LIVE, KINDS), lease.Q["finish_and_claim_queued"]
+    kinds = b"r.kind = ANY(%(kinds)s::text[])"
+    _paused, queued, expired = quick.split(b" OR EXISTS (")[:3]
+    probe = _where(queued, b"FROM leasework.runs r", kinds) | {kinds}
     branch = _where(whole, b"tenanted_queued AS MATERIALIZED (", b" AND NOT EXISTS")
     assert probe == branch
 
-    probe = _where(quick, b") OR EXISTS (", kinds + b")") | {kinds}
+    probe = _where(expired, b"FROM leasework.runs r", kinds) | {kinds}
     for start, end in [
         (b"tenanted_expired AS MATERIALIZED (", b" AND NOT EXISTS"),
         (b"untenanted_expired AS MATERIALIZED (", b" ORDER BY"),

@@ -252,6 +252,31 @@ def test_a_seal_of_a_run_no_longer_ours_still_claims(conn: Conn, chain: lease.Ch
     assert run["status"] == "running" and run["lease_owner"] == stolen.owner
 
 
+def test_a_paused_kind_is_claimed_by_neither_statement(
+    conn: Conn, chain: lease.Chain | None
+) -> None:
+    # The quick statement asks whether a kind it polls is paused and then claims nothing; the
+    # whole claim leaves the paused kind's runs and takes the others.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    app.task("paused")(lambda ctx, p: None)
+    first, *_ = enqueue(conn, 1)
+    held = app.enqueue(conn, "paused", {}, priority=-1)
+    later = app.enqueue(conn, "k", {})
+    claim = claim_one(conn)
+    assert claim.id == first
+    conn.execute("INSERT INTO leasework.paused_kinds (kind) VALUES ('paused')")
+
+    sealed, nxt = lease.finish_and_claim(
+        conn, claim, ["k", "paused"], worker="w1", lease=30.0, chain=chain
+    )
+
+    assert sealed and nxt is not None and nxt.id == later
+    assert get_run(conn, held)["status"] == "queued"
+    if chain is not None:
+        assert not chain.quick(claim.sent)  # the whole statement while the pause lasts
+
+
 def test_tenanted_runs_not_due_leave_the_quick_statement_in_use(conn: Conn) -> None:
     _, second = enqueue(conn, 2)
     app = App()

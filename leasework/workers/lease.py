@@ -201,10 +201,9 @@ class Chain:
     Which statement to send: the quick finish_and_claim_queued (one update for the seal and the
     claim) while nothing else has been seen due, the whole finish_and_claim for `recheck`
     seconds after something was (a tenanted run due, a lease expired, a kind polled paused).
-    Either is correct for any
-    queue (lease.sql says why); this spares a plain queue the whole claim's cost, and a queue with
-    tenants or a crashed worker's runs a statement that claims nothing more often than once per
-    `recheck`.
+    Either is correct for any queue (lease.sql says why); this spares a plain queue the whole
+    claim's cost, and a queue with tenants or a crashed worker's runs a statement that claims
+    nothing more often than once per `recheck`.
 
     And one cursor, kept open: a new cursor brings a new psycopg Transformer, which looks up
     the dumper of each parameter and the loader of each of the 22 result columns again on
@@ -215,8 +214,8 @@ class Chain:
     already are and its rows loaded by a kept Transformer. psycopg's cursor did the same work
     with a third of a job's client time around it (its execution generators, the parameter
     mapping, the prepared-statement bookkeeping; bench/README.md, issue 19, third pass). Behind
-    a pooler, inside a transaction, or on a connection the Chain has not prepared it on yet,
-    what psycopg's cursor does is done instead or first."""
+    a pooler (no prepared statement outlives a transaction there) or inside the caller's
+    transaction, the kept cursor runs it instead."""
 
     __slots__ = (
         "_cursor",

@@ -72,8 +72,9 @@ class Executor:
         self.jobs_done = 0
         self._durations: dict[int, float] = {}  # unsealed successes: run id -> seconds it took
         log.install_record_factory()  # the handlers' records carry their run, for any handler
-        # One-at-a-time mode's chain of seal-and-claims (lease.Chain): the shorter claim while no
-        # tenanted run is due, looked at again every poll_interval once one was; a kept cursor.
+        # One-at-a-time mode's chain of seal-and-claims (lease.Chain): the quick statement while
+        # nothing only the whole claim takes is due, looked at again every poll_interval once
+        # something was; its own prepared statement, a kept cursor.
         self._chain = lease.Chain(recheck=config.poll_interval)
 
     # -- running ------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ _FATAL = pq.ExecStatus.FATAL_ERROR
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _SQLSTATE = pq.DiagnosticField.SQLSTATE
+_BINARY = pq.Format.BINARY
 AConn = psycopg.AsyncConnection[Any]
 ControlState = Literal["ok", "lost", "cancelled", "expired"]
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
@@ -211,7 +212,8 @@ class Chain:
 
     On a direct connection the quick statement goes through libpq itself (`quick_rows`): a
     protocol-level prepared statement of the Chain's own, its parameters sent as the text they
-    already are and its rows loaded by a kept Transformer. psycopg's cursor did the same work
+    already are and its rows returned in binary (no timestamp to format on the server or to
+    parse here) and loaded by a kept Transformer, with the connection's loaders. psycopg's cursor did the same work
     with a third of a job's client time around it (its execution generators, the parameter
     mapping, the prepared-statement bookkeeping; bench/README.md, issue 19, third pass). Behind
     a pooler (no prepared statement outlives a transaction there) or inside the caller's
@@ -286,11 +288,11 @@ class Chain:
         with conn.lock:
             if self._pgconn is not pgconn:
                 self._prepare(conn)
-            res = pgconn.exec_prepared(QUICK_NAME, values)
+            res = pgconn.exec_prepared(QUICK_NAME, values, result_format=_BINARY)
             if res.status == _FATAL and res.error_field(_SQLSTATE) == b"26000":
                 # The server forgot it (DISCARD ALL, DEALLOCATE): prepared again, sent again.
                 self._prepare(conn)
-                res = pgconn.exec_prepared(QUICK_NAME, values)
+                res = pgconn.exec_prepared(QUICK_NAME, values, result_format=_BINARY)
             # NOTIFYs that came with the answer wait in libpq's queue: hand them to psycopg as
             # its own reading of a result does, or conn.notifies() would not see them until
             # the socket next had something new.

@@ -526,3 +526,31 @@ def test_inside_a_transaction_the_statement_goes_through_the_cursor(dsn: str, co
         assert in_tx.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert get_run(conn, first)["status"] == "succeeded"
     assert get_run(conn, second)["status"] == "running"
+
+
+def test_the_quick_statement_claims_the_same_values_as_the_whole_one(conn: Conn) -> None:
+    # Its rows come back in binary through libpq, the whole statement's in text through the
+    # cursor: every field of the claim must load to the same value and type either way.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    ids = [
+        app.enqueue(conn, "k", {"i": i, "s": "é"}, max_attempts=5, key=f"key-{i}", priority=2)
+        for i in range(3)
+    ]
+    conn.execute("UPDATE leasework.runs SET lease_seconds = 45.5, total_units = 7")
+    claim = claim_one(conn)
+    _, by_whole = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0)
+    assert by_whole is not None and by_whole.id == ids[1]
+    _, by_quick = lease.finish_and_claim(
+        conn, by_whole, ["k"], worker="w1", lease=30.0, chain=lease.Chain()
+    )
+    assert by_quick is not None and by_quick.id == ids[2]
+
+    for name in lease.CLAIM_COLUMNS:
+        field = "owner" if name == "lease_owner" else name
+        whole, quick = getattr(by_whole, field), getattr(by_quick, field)
+        assert type(whole) is type(quick), field
+    assert by_quick.payload == {"i": 2, "s": "é"} and by_quick.key == "key-2"
+    assert by_quick.lease_seconds == 45.5 and by_quick.total_units == 7
+    assert by_quick.started_at.tzinfo is not None
+    assert by_quick.max_attempts == 5 and by_quick.priority == 2

@@ -52,6 +52,7 @@ class Connections:
         # instead of a connection of our own when behind a pooler.
         self.relay_fd: int | None = None
         self._listening = False
+        self._wake_failed = False  # the last _wake_fd could not reach the database
         # Payloads of the NOTIFYs received since the run loop last looked (a task kind, or
         # `upload`): at most one entry per payload, however many enqueues sent them.
         self.woken: set[str] = set()
@@ -211,27 +212,34 @@ class Connections:
             return True
         return bool(self.config.listen_dsn) and not self._listen_refused
 
-    def listen(self) -> None:
+    def listen(self) -> bool:
         """LISTEN now if this worker hears NOTIFYs and does not yet (its start, a reconnect):
         called before each poll, so that whatever the poll's statements do not see yet was
-        committed after the LISTEN and is heard, though the idle wait after it is long."""
+        committed after the LISTEN and is heard, though the idle wait after it is long. Whether
+        it LISTENed only now: then that poll must ask every stage, since a NOTIFY sent before
+        (a run enqueued while the connection was down) reached nobody."""
         if self._listening or self.relay_fd is not None:
-            return
+            return False
         listener = False
         try:
             listener = self.behind_pooler
-            self._listen_on(self._listen_connection() if listener else self.control())
+            return self._listen_on(self._listen_connection() if listener else self.control())
         except (psycopg.Error, db.DatabaseUnavailable) as exc:
             log.event("listen_failed", level=30, error=log.first_line(exc))
             if listener:
                 self._drop_listener()
             else:
                 self.drop_control()
+            return False
 
-    def _listen_on(self, conn: Conn | None) -> None:
+    def _listen_on(self, conn: Conn | None) -> bool:
+        """LISTEN on `conn` unless listening already; whether it did (then anything committed
+        before went unheard: the caller polls before it waits)."""
         if conn is not None and not self._listening:
             conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
             self._listening = True
+            return True
+        return False
 
     def drain_notifies(self) -> None:
         """Move the NOTIFYs psycopg kept while the control connection was busy (it holds every
@@ -277,7 +285,9 @@ class Connections:
         return self.take_woken()
 
     def _wait_for_notify(self, seconds: float) -> bool:
-        """Wait up to `seconds` for a NOTIFY; False if the connection failed."""
+        """Wait up to `seconds` for a NOTIFY; False if the worker must poll first: the
+        connection failed, or it was reopened and LISTENs only now (a run enqueued while it was
+        down, a server restart say, NOTIFYed nobody: the poll finds it)."""
         listener = False
         try:
             listener = self.behind_pooler
@@ -290,7 +300,9 @@ class Connections:
                 # session ran it, heard by nobody. Polling is the wake-up.
                 time.sleep(seconds)
                 return True
-            self._listen_on(conn)
+            if self._listen_on(conn):
+                self.stray = True  # what it missed may be any stage's: ask them all
+                return False
             # Consumed to the end: with stop_after=1 psycopg still yields the rest of the packet
             # that brought the first one, which would otherwise be lost.
             for note in conn.notifies(timeout=seconds, stop_after=1):
@@ -314,7 +326,13 @@ class Connections:
         self.drain_notifies()
         if self.woken or also.is_set():
             return self.take_woken()
+        was_listening = self._listening
         fd = self._wake_fd()
+        if self._wake_failed:
+            seconds = min(seconds, 1.0)  # the connection failed: poll again soon, which reconnects
+        elif fd is not None and not was_listening and self.relay_fd is None:
+            self.stray = True  # it LISTENs only now: poll every stage first (_wait_for_notify)
+            return self.take_woken()
         loop = asyncio.get_running_loop()
         heard = asyncio.Event()
         if fd is not None:
@@ -337,6 +355,7 @@ class Connections:
         there is none (behind a pooler without listen_dsn or relay: polling is the wake-up, or
         the database is unreachable for now)."""
         listener = False
+        self._wake_failed = False
         try:
             listener = self.behind_pooler
             if listener and self.relay_fd is not None:
@@ -347,6 +366,7 @@ class Connections:
             self._listen_on(conn)
             return conn.fileno()
         except (psycopg.Error, db.DatabaseUnavailable) as exc:
+            self._wake_failed = True
             log.event("listen_failed", level=30, error=log.first_line(exc))
             if listener:
                 self._drop_listener()

@@ -231,7 +231,8 @@ class Worker:
         passed, so a busy queue does not pay every idle stage's queries per batch."""
         done = 0
         now = time.monotonic()
-        self.conns.listen()  # before any statement: what they miss is heard
+        if self.conns.listen():  # before any statement: what they miss is heard
+            skip_idle = False  # LISTENing only now (a reconnect): what it missed is anyone's
         wakes = self.conns.can_wake
         for stage in self.stages:
             if self.stopping:

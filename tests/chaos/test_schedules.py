@@ -99,6 +99,20 @@ def test_random_fault_schedules_fast(tmp_path: Path, seed: int, schedule: list[S
 @settings(max_examples=int(os.environ.get("LEASEWORK_CHAOS_EXAMPLES", "20")), **COMMON)
 @given(seed=st.integers(0, 2**32 - 1), schedule=SCHEDULES)
 @example(seed=1, schedule=[("pg_pause", 0.0, 1.5), ("kill9", 0.0, 0.0), ("blackhole", 0.1, 2.0)])
+# Runs enqueued right after a Postgres restart, before the idle workers LISTENed again: their
+# NOTIFYs reached nobody and the workers slept idle_poll_max (found by this test; fixed in
+# workers/connections.py: a worker that LISTENs anew asks every stage first).
+@example(
+    seed=4294967294,
+    schedule=[
+        ("sigstop", 0.78, 1.1),
+        ("pg_crash", 0.1, 0.0),
+        ("burst", 1e-05, 8.0),
+        ("terminate_control", 0.05, 0.0),
+        ("delay", 0.26, 0.08),
+        ("pg_pause", 0.14, 0.67),
+    ],
+)
 def test_random_fault_schedules(tmp_path: Path, seed: int, schedule: list[Step]) -> None:
     _check_schedule(tmp_path, seed, schedule)
 

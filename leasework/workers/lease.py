@@ -276,11 +276,13 @@ class Chain:
             if rows and not _combined_columns_checked[True]:
                 _check_combined_columns([d.name for d in cur.description or ()], quick=True)
             return rows
+        if self._pgconn is not pgconn:
+            self._encoding = conn.info.encoding  # the text below goes in the client's encoding
         result = params["result"]
         values = [
             b"%d" % params["id"],
             str(params["owner"]).encode(),
-            None if result is None else result.encode(),
+            None if result is None else result.encode(self._encoding),
             params["kinds"].encode(self._encoding),
             params["worker"].encode(self._encoding),
             repr(float(params["lease"])).encode(),

@@ -554,3 +554,21 @@ def test_the_quick_statement_claims_the_same_values_as_the_whole_one(conn: Conn)
     assert by_quick.lease_seconds == 45.5 and by_quick.total_units == 7
     assert by_quick.started_at.tzinfo is not None
     assert by_quick.max_attempts == 5 and by_quick.priority == 2
+
+
+def test_text_goes_in_the_connections_client_encoding(dsn: str, conn: Conn) -> None:
+    # The quick statement's parameters are sent as bytes by leasework itself, not by psycopg:
+    # in the client encoding of the connection, whatever it is.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    first = app.enqueue(conn, "k", {})
+    second = app.enqueue(conn, "k", {})
+    with psycopg.connect(dsn, autocommit=True, client_encoding="LATIN1") as latin:
+        claim = claim_one(latin)
+        assert claim.id == first
+        sealed, nxt = lease.finish_and_claim(
+            latin, claim, ["k"], worker="wé", lease=30.0, result={"r": "é"}, chain=lease.Chain()
+        )
+    assert sealed and nxt is not None and nxt.id == second
+    assert get_run(conn, first)["result"] == {"r": "é"}
+    assert get_run(conn, second)["lease_worker"] == "wé"

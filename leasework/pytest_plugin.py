@@ -79,19 +79,47 @@ def leasework_database(pytestconfig: pytest.Config) -> str:
     return dsn
 
 
+# Each leasework table (the schema version excepted) with its identity's sequence, if any.
+_TABLES = """
+SELECT c.relname,
+       (SELECT s.oid::regclass::text
+          FROM pg_depend d
+          JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+         WHERE d.classid = 'pg_class'::regclass AND d.refobjid = c.oid
+           AND d.deptype IN ('a', 'i')
+         LIMIT 1)
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'leasework' AND c.relkind IN ('r', 'p') AND c.relname <> 'schema_version'
+"""
+
+
 def empty(conn: Conn) -> None:
-    """Empty every leasework table (the schema version excepted) and restart its ids."""
-    tables = [
-        r[0]
-        for r in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'leasework' "
-            "AND tablename <> 'schema_version'"
-        ).fetchall()
-    ]
-    if tables:
+    """Empty every leasework table (the schema version excepted) and restart its ids. Only the
+    tables that need it are truncated: those holding a row, and those whose ids were drawn since
+    they were last restarted (TRUNCATE gives each table it names new files whatever it holds, so
+    truncating all thirteen cost every test about 26 ms, three times what the one or two a test
+    used cost)."""
+    tables: dict[str, str | None] = dict(conn.execute(_TABLES).fetchall())
+    if not tables:
+        return
+    checks = sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT {name} WHERE EXISTS (SELECT FROM {table}){drawn}").format(
+            name=sql.Literal(name),
+            table=sql.Identifier("leasework", name),
+            drawn=sql.SQL("")
+            if sequence is None
+            else sql.SQL(" OR pg_sequence_last_value({seq}::regclass) IS NOT NULL").format(
+                seq=sql.Literal(sequence)
+            ),
+        )
+        for name, sequence in sorted(tables.items())
+    )
+    used = [r[0] for r in conn.execute(checks).fetchall()]
+    if used:
         conn.execute(
             sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
-                sql.SQL(", ").join(sql.Identifier("leasework", t) for t in tables)
+                sql.SQL(", ").join(sql.Identifier("leasework", t) for t in used)
             )
         )
 

@@ -218,25 +218,29 @@ def test_stages_tell_when_they_are_next_due(conn: Conn, make_worker: MakeWorker)
     assert 9 < worker.idle_timeout(time.monotonic()) <= 10.0
 
 
+def _runs_a_silent_run_after_losing_its_connection(conn: Conn, s: Sleeper) -> None:
+    """Asleep, the worker loses its control connection while a run arrives without a NOTIFY
+    (as one sent while nobody listened): the poll after its new LISTEN must run it."""
+    s.asleep()
+    row = conn.execute("INSERT INTO leasework.runs (kind) VALUES ('job') RETURNING id").fetchone()
+    assert row is not None
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name LIKE 'leasework:%:control'"
+    )
+    run = wait_for(lambda: (r := get_run(conn, row[0]))["status"] == "succeeded" and r, timeout=10)
+    assert run["attempts"] == 1
+
+
 def test_a_worker_whose_connection_was_lost_asks_every_stage_once_it_listens_again(
     conn: Conn, sleeper: Callable[..., Sleeper]
 ) -> None:
     """While its connection is down, NOTIFYs reach nobody (a server restart, a terminated
     session): a run enqueued then is found by the poll that follows the new LISTEN, not after
-    idle_poll_max. The run here is inserted without a NOTIFY, as if sent while nobody listened."""
+    idle_poll_max."""
     app = App()
     app.task("job")(lambda ctx, payload: None)
-    s = sleeper(app)
-    s.asleep()
-    run_id = conn.execute(
-        "INSERT INTO leasework.runs (kind) VALUES ('job') RETURNING id"
-    ).fetchone()[0]  # type: ignore[index]
-    conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name LIKE 'leasework:%:control'"
-    )
-    run = wait_for(lambda: (r := get_run(conn, run_id))["status"] == "succeeded" and r, timeout=10)
-    assert run["attempts"] == 1
+    _runs_a_silent_run_after_losing_its_connection(conn, sleeper(app))
 
 
 def test_an_async_worker_whose_connection_was_lost_asks_every_stage_once_it_listens_again(
@@ -249,14 +253,4 @@ def test_an_async_worker_whose_connection_was_lost_asks_every_stage_once_it_list
     async def job(ctx: Any, payload: Any) -> None:
         return None
 
-    s = sleeper(app)
-    s.asleep()
-    run_id = conn.execute(
-        "INSERT INTO leasework.runs (kind) VALUES ('job') RETURNING id"
-    ).fetchone()[0]  # type: ignore[index]
-    conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name LIKE 'leasework:%:control'"
-    )
-    run = wait_for(lambda: (r := get_run(conn, run_id))["status"] == "succeeded" and r, timeout=10)
-    assert run["attempts"] == 1
+    _runs_a_silent_run_after_losing_its_connection(conn, sleeper(app))

@@ -68,22 +68,12 @@ class AsyncContext(RunFacts):
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.claim = claim
-        self.held = held
-        self.signal = held.signal
-        self.result: Any = claim.result
+        super().__init__(claim, held, clock)
         self._runner = runner
-        self._clock = clock
-        self.started = clock()
-        self._processed = claim.processed_units
-        self._total = claim.total_units
         self._tx_conn: AConn | None = None
         # The task running the handler (set by the executor). Cancelled at most once, never while
         # leasework's own statements are in flight (`_shield` > 0 defers it).
         self.task: asyncio.Task[Any] | None = None
-        self._shield = 0
-        self._pending = False
-        self._raised = False  # the handler has been told (check() raised, or its task cancelled)
 
     # -- control ----------------------------------------------------------------------------
 

@@ -59,6 +59,21 @@ class RunFacts:
     _total: int | None
     _runner: _Named
 
+    def __init__(self, claim: Claim, held: Held, clock: Callable[[], float]) -> None:
+        self.claim = claim
+        self.held = held
+        self.signal = held.signal
+        self.result: Any = claim.result
+        self._clock = clock
+        self.started = clock()
+        self._processed = claim.processed_units
+        self._total = claim.total_units
+        # Interruption: only while the handler's own code runs, at most once, never inside
+        # leasework's statements (`_shield` > 0 defers it to their end).
+        self._shield = 0
+        self._pending = False
+        self._raised = False  # the handler has been told
+
     @property
     def last_renewal(self) -> float:
         """Monotonic time the last renewal of this run's lease was sent."""
@@ -127,22 +142,10 @@ class Context(RunFacts):
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.claim = claim
-        self.held = held
-        self.signal = held.signal
-        self.result: Any = claim.result
+        super().__init__(claim, held, clock)
         self._runner = runner
-        self._clock = clock
-        self.started = clock()
-        self._processed = claim.processed_units
-        self._total = claim.total_units
         self._tx_conn: Conn | None = None
-        # Interruption: only while the handler's own code runs, at most once, never inside
-        # leasework's statements (`_shield` > 0 defers it to their end).
-        self.interruptible = False
-        self._shield = 0
-        self._pending = False
-        self._raised = False
+        self.interruptible = False  # the handler's own code runs (interruptions land only then)
 
     # -- control ----------------------------------------------------------------------------
 

@@ -38,12 +38,19 @@ FINISH_AND_CLAIM = (
     .replace(b"%(finishing)s::bigint", b"%(id)s::bigint")
 )
 
-# finish_and_claim_queued (lease.sql): one run claimed, as above.
-FINISH_AND_CLAIM_QUEUED = Q["finish_and_claim_queued"].replace(b"%(limit)s", b"1")
-# The same with its parameters numbered ($1 for `id`, ...), for the protocol-level prepared
-# statement a Chain keeps on a direct connection (Chain.quick_rows).
+# finish_and_claim_queued (lease.sql): one run claimed, as above. Probed: it also asks whether
+# claim_runs could take a run it cannot (due_elsewhere). Lean: only whether a kind is paused.
+_QUEUED = Q["finish_and_claim_queued"].replace(b"%(limit)s", b"1")
+FINISH_AND_CLAIM_QUEUED = _QUEUED.replace(b"<due_elsewhere>", Q["due_elsewhere"])
+FINISH_AND_CLAIM_LEAN = _QUEUED.replace(b" <due_elsewhere>", b"")
+# How long a Chain sends the lean form after a probed one found nothing else due: how late a
+# worker kept busy by untenanted queued runs may see a tenanted run due or an expired lease.
+PROBE_EVERY = 0.25
+# The same with their parameters numbered ($1 for `id`, ...), for the protocol-level prepared
+# statements a Chain keeps on a direct connection (Chain.quick_rows).
 QUICK_PARAMS = ("id", "owner", "result", "kinds", "worker", "lease")
 QUICK_NAME = b"leasework_finish_and_claim_queued"
+LEAN_NAME = b"leasework_finish_and_claim_lean"
 
 
 def _numbered(text: bytes, names: Sequence[str]) -> bytes:
@@ -55,6 +62,12 @@ def _numbered(text: bytes, names: Sequence[str]) -> bytes:
 
 
 FINISH_AND_CLAIM_QUEUED_NUMBERED = _numbered(FINISH_AND_CLAIM_QUEUED, QUICK_PARAMS)
+FINISH_AND_CLAIM_LEAN_NUMBERED = _numbered(FINISH_AND_CLAIM_LEAN, QUICK_PARAMS)
+# Each form's text for the cursor, and its name and numbered text for libpq, by `probed`.
+_QUICK_FORMS = {
+    True: (FINISH_AND_CLAIM_QUEUED, QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED),
+    False: (FINISH_AND_CLAIM_LEAN, LEAN_NAME, FINISH_AND_CLAIM_LEAN_NUMBERED),
+}
 
 Conn = psycopg.Connection[Any]
 _IDLE = pq.TransactionStatus.IDLE
@@ -199,25 +212,30 @@ class Chain:
     """What a caller of finish_and_claim keeps from one job to the next (one per worker, one
     connection at a time; not thread-safe).
 
-    Which statement to send: the quick finish_and_claim_queued (one update for the seal and the
-    claim) while nothing else has been seen due, the whole finish_and_claim for `recheck`
-    seconds after something was (a tenanted run due, a lease expired, a kind polled paused).
-    Either is correct for any queue (lease.sql says why); this spares a plain queue the whole
-    claim's cost, and a queue with tenants or a crashed worker's runs a statement that claims
-    nothing more often than once per `recheck`.
+    Which statement to send. The whole finish_and_claim for `recheck` seconds after something
+    only it takes was seen due (a tenanted run due, a lease expired, a kind polled paused);
+    otherwise finish_and_claim_queued (one update for the seal and the claim), probed: it asks
+    whether anything else is due and claims nothing if so. After a probed one found nothing else
+    due, its lean form (only a pause is asked: the probe was a tenth of a job's server work) for
+    `probe_every` seconds, probed again at once when the lean one claims nothing. So a plain
+    queue pays the probe once per `probe_every`, a queue with tenants or a crashed worker's runs
+    a statement that claims nothing at most once per `recheck`, and a worker kept busy by
+    untenanted runs takes a tenanted run due or an expired lease at most `probe_every` late (an
+    idle worker and one whose queue ran dry claim with claim_runs, so at once). A pause holds
+    from its commit in every form.
 
     And one cursor, kept open: a new cursor brings a new psycopg Transformer, which looks up
     the dumper of each parameter and the loader of each of the 22 result columns again on
     every statement; a kept one finds them in its own cache.
 
     On a direct connection the quick statement goes through libpq itself (`quick_rows`): a
-    protocol-level prepared statement of the Chain's own, its parameters sent as the text they
-    already are and its rows returned in binary (no timestamp to format on the server or to
-    parse here) and loaded by a kept Transformer, with the connection's loaders. psycopg's cursor did the same work
-    with a third of a job's client time around it (its execution generators, the parameter
-    mapping, the prepared-statement bookkeeping; bench/README.md, issue 19, third pass). Behind
-    a pooler (no prepared statement outlives a transaction there) or inside the caller's
-    transaction, the kept cursor runs it instead."""
+    protocol-level prepared statement of the Chain's own per form, its parameters sent as the
+    text they already are and its rows returned in binary (no timestamp to format on the server
+    or to parse here), the claimed row alone loaded by a kept Transformer, with the connection's
+    loaders. psycopg's cursor did the same work with a third of a job's client time around it
+    (its execution generators, the parameter mapping, the prepared-statement bookkeeping;
+    bench/README.md, issue 19, third pass). Behind a pooler (no prepared statement outlives a
+    transaction there) or inside the caller's transaction, the kept cursor runs it instead."""
 
     __slots__ = (
         "_cursor",
@@ -225,18 +243,24 @@ class Chain:
         "_kinds",
         "_kinds_text",
         "_pgconn",
+        "_prepared",
         "_transformer",
+        "lean_until",
+        "probe_every",
         "recheck",
         "whole_until",
     )
 
-    def __init__(self, recheck: float = 1.0) -> None:
+    def __init__(self, recheck: float = 1.0, probe_every: float = PROBE_EVERY) -> None:
         self.recheck = recheck
+        self.probe_every = probe_every
         self.whole_until = float("-inf")  # monotonic time until which the whole claim is sent
+        self.lean_until = float("-inf")  # ... and the lean form of the quick one
         self._cursor: psycopg.Cursor[Any] | None = None
         self._kinds: list[str] | None = None
         self._kinds_text = ""
-        self._pgconn: pq.abc.PGconn | None = None  # the one QUICK_NAME is prepared on
+        self._pgconn: pq.abc.PGconn | None = None  # the one _prepared are prepared on
+        self._prepared: set[bytes] = set()
         self._transformer: abc.Transformer | None = None
         self._encoding = "utf-8"
 
@@ -244,9 +268,22 @@ class Chain:
         """Whether to send finish_and_claim_queued at monotonic time `now`."""
         return now >= self.whole_until
 
+    def probed(self, now: float) -> bool:
+        """Whether finish_and_claim_queued sent at `now` asks whether anything else is due."""
+        return now >= self.lean_until
+
     def saw_others_due(self, now: float) -> None:
         """finish_and_claim_queued found a run that only the whole claim takes."""
         self.whole_until = now + self.recheck
+        self.lean_until = float("-inf")
+
+    def saw_nothing_else(self, now: float) -> None:
+        """A probed finish_and_claim_queued found nothing else due."""
+        self.lean_until = now + self.probe_every
+
+    def saw_nothing_queued(self) -> None:
+        """A lean finish_and_claim_queued claimed nothing: probe on the next one."""
+        self.lean_until = float("-inf")
 
     def kinds(self, kinds: Sequence[str]) -> str:
         """`kinds` as the text of a text[] value, made again only when the kinds change: psycopg's
@@ -263,19 +300,24 @@ class Chain:
             cur = self._cursor = conn.cursor()
         return cur
 
-    def quick_rows(self, conn: Conn, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """finish_and_claim_queued's rows, for `params` (id, owner, result as JsonText or None,
-        kinds as text, worker, lease). Raises psycopg.Error as the cursor would."""
+    def quick_rows(
+        self, conn: Conn, params: dict[str, Any], *, probed: bool = True
+    ) -> tuple[bool, bool, tuple[Any, ...] | None]:
+        """Send finish_and_claim_queued (its probed or its lean form) for `params` (id, owner,
+        result as JsonText or None, kinds as text, worker, lease). Returns (sealed, others_due,
+        the claimed run's columns or None); (False, True, None) when no row came back (so cannot
+        tell). Raises psycopg.Error as the cursor would."""
+        text, name, numbered = _QUICK_FORMS[probed]
         pgconn = conn.pgconn
         if conn.prepare_threshold is None or pgconn.transaction_status != _IDLE:
             # Behind a pooler (no prepared statement outlives a transaction there) or inside the
             # caller's transaction (which psycopg's cursor keeps track of): the cursor.
             cur = self.cursor(conn)
-            cur.execute(FINISH_AND_CLAIM_QUEUED, params, prepare=True)
+            cur.execute(text, params, prepare=True)
             rows = cur.fetchall()
             if rows and not _combined_columns_checked[True]:
                 _check_combined_columns([d.name for d in cur.description or ()], quick=True)
-            return rows
+            return _quick_outcome(rows)
         if self._pgconn is not pgconn:
             self._encoding = conn.info.encoding  # the text below goes in the client's encoding
         result = params["result"]
@@ -288,13 +330,14 @@ class Chain:
             repr(float(params["lease"])).encode(),
         ]
         with conn.lock:
-            if self._pgconn is not pgconn:
-                self._prepare(conn)
-            res = pgconn.exec_prepared(QUICK_NAME, values, result_format=_BINARY)
+            if self._pgconn is not pgconn or name not in self._prepared:
+                self._prepare(conn, name, numbered)
+            res = pgconn.exec_prepared(name, values, result_format=_BINARY)
             if res.status == _FATAL and res.error_field(_SQLSTATE) == b"26000":
                 # The server forgot it (DISCARD ALL, DEALLOCATE): prepared again, sent again.
-                self._prepare(conn)
-                res = pgconn.exec_prepared(QUICK_NAME, values, result_format=_BINARY)
+                self._prepared.clear()
+                self._prepare(conn, name, numbered)
+                res = pgconn.exec_prepared(name, values, result_format=_BINARY)
             # NOTIFYs that came with the answer wait in libpq's queue: hand them to psycopg as
             # its own reading of a result does, or conn.notifies() would not see them until
             # the socket next had something new.
@@ -304,13 +347,22 @@ class Chain:
                     handler(note)
         if res.status != _TUPLES_OK:
             raise self._error(pgconn, res)
-        tx = self._transformer
-        assert tx is not None
-        tx.set_pgresult(res)
         if not _combined_columns_checked[True]:
             names = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
             _check_combined_columns(names, quick=True)
-        return tx.load_rows(0, res.ntuples, tuple)
+        # Columns 0 and 1 are `sealed` and `others_due`, binary booleans (one byte, 1 for true):
+        # read as they are; only the claimed run's row is loaded, the sealed one never read.
+        sealed, others_due, claimed = False, res.ntuples == 0, None
+        for i in range(res.ntuples):
+            others_due = res.get_value(i, 1) == b"\x01"
+            if res.get_value(i, 0) == b"\x01":
+                sealed = True
+            else:
+                tx = self._transformer
+                assert tx is not None
+                tx.set_pgresult(res)
+                claimed = tx.load_row(i, tuple)[2:]
+        return sealed, others_due, claimed
 
     def _error(self, pgconn: pq.abc.PGconn, res: pq.abc.PGresult) -> psycopg.Error:
         """The exception psycopg's cursor would raise for `res`: the server's error as its
@@ -319,18 +371,34 @@ class Chain:
             return psycopg.OperationalError(res.get_error_message(self._encoding))
         return errors.error_from_result(res, encoding=self._encoding)
 
-    def _prepare(self, conn: Conn) -> None:
+    def _prepare(self, conn: Conn, name: bytes, numbered: bytes) -> None:
         pgconn = conn.pgconn
+        if self._pgconn is not pgconn:
+            self._prepared.clear()
         self._encoding = conn.info.encoding
-        res = pgconn.prepare(QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED)
+        res = pgconn.prepare(name, numbered)
         if res.status != _COMMAND_OK and res.error_field(_SQLSTATE) == b"42P05":
             # Prepared already on this session (a Chain made anew): made again from our text.
-            pgconn.exec_(b"DEALLOCATE " + QUICK_NAME)
-            res = pgconn.prepare(QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED)
+            pgconn.exec_(b"DEALLOCATE " + name)
+            res = pgconn.prepare(name, numbered)
         if res.status != _COMMAND_OK:
             raise self._error(pgconn, res)
+        if self._pgconn is not pgconn:
+            self._transformer = Transformer(conn)
         self._pgconn = pgconn
-        self._transformer = Transformer(conn)
+        self._prepared.add(name)
+
+
+def _quick_outcome(rows: Sequence[tuple[Any, ...]]) -> tuple[bool, bool, tuple[Any, ...] | None]:
+    """Chain.quick_rows' answer from the cursor's rows."""
+    sealed, others_due, claimed = False, not rows, None
+    for row in rows:
+        others_due = row[1]
+        if row[0]:
+            sealed = True
+        else:
+            claimed = row[2:]
+    return sealed, others_due, claimed
 
 
 def finish_and_claim(
@@ -352,7 +420,8 @@ def finish_and_claim(
     and while the chain has seen nothing else due lately it is finish_and_claim_queued; if that
     finds something else due (or returns no row, so cannot tell), it seals and claims nothing,
     and the claim is made here with claim_runs (one statement more, at most once per
-    `chain.recheck` while the queue stays so)."""
+    `chain.recheck` while the queue stays so). So too when its lean form claims nothing: it did
+    not ask about tenanted runs or expired leases."""
     if claim.tenant is not None:
         raise ValueError("finish_and_claim seals runs without a tenant only")
     params = {
@@ -373,21 +442,24 @@ def finish_and_claim(
             if row[1] is not None and not _combined_columns_checked[False]:
                 _check_combined_columns([d.name for d in cur.description or ()], quick=False)
         return bool(row[0]), None if row[1] is None else _claim(row[1:], lease, sent)
+    probed = chain.probed(sent)
     with own_tx:
-        rows = chain.quick_rows(conn, params)
-    sealed, claimed, others_due = False, None, not rows  # no row: cannot tell, so claim wholly
-    for row in rows:
-        others_due = row[1]
-        if row[0]:
-            sealed = True
-        else:
-            claimed = _claim(row[2:], lease, sent)
+        sealed, others_due, row = chain.quick_rows(conn, params, probed=probed)
     if others_due:  # nothing was claimed: claim with the whole statement
-        assert claimed is None
+        assert row is None
         chain.saw_others_due(sent)
-        claims = claim_runs(conn, kinds, worker=worker, lease=lease)
-        return sealed, claims[0] if claims else None
-    return sealed, claimed
+    elif row is not None:
+        if probed:
+            chain.saw_nothing_else(sent)
+        return sealed, _claim(row, lease, sent)
+    elif probed:
+        return sealed, None  # nothing due at all
+    else:
+        # The lean form asks nothing of tenanted runs or expired leases: claim_runs takes them
+        # now (the worker would otherwise rest with them due), and the next one probes.
+        chain.saw_nothing_queued()
+    claims = claim_runs(conn, kinds, worker=worker, lease=lease)
+    return sealed, claims[0] if claims else None
 
 
 def _claim(row: tuple[Any, ...], lease: float, sent: float) -> Claim:

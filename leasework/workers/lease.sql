@@ -303,44 +303,28 @@ SELECT (SELECT count(*) FROM finished) AS finished, c.*
 -- branches beside them, were most of a job's server time (figures: bench/README.md, issue 19,
 -- third pass). Each SET is `CASE WHEN r.id = %(id)s` (the run being sealed: finish_run's value)
 -- `ELSE` (the run claimed: claim_runs' value); each RETURNING row says which it is (`sealed`).
+-- The claim is a scalar subquery (an InitPlan) rather than a CTE and an ARRAY of it: fewer plan
+-- nodes to start per statement (bench/README.md, issue 19, fourth pass).
 --
--- Sent only by a caller that found nothing else due lately (lease.Chain); correct whatever the
--- queue: `others` asks, in the statement's own snapshot, whether claim_runs could take a run this
--- statement cannot (a tenanted run queued and due, or a lease expired and reclaimable: claim_runs'
--- other branches' predicates without the limiter and the locks, so it errs towards yes), or
--- whether one of %(kinds)s is paused, and when it does nothing is claimed (the claim's ARRAY is
--- gated on it: untenanted_queued does not even run) and the rows say so; the caller then claims
--- with claim_runs. When it does not, those branches are empty in this snapshot and no kind is
--- paused, so this claims exactly what claim_runs would: untenanted_queued is claim_runs' own text
--- (a unit test compares them) with %(kinds)s for claim_runs' `live`, the kinds less the paused
--- ones, which are none here. (Reading `live` as claim_runs does cost a job more than this probe:
--- about 7 % of the server's instructions, bench/README.md, issue 19, third pass.) A worker with a
--- paused kind sends the whole statement for as long as the pause lasts (lease.Chain).
+-- Sent only by a caller that found nothing else due lately (lease.Chain). `others` asks, in the
+-- statement's own snapshot, whether one of %(kinds)s is paused <due_elsewhere>, and when it does
+-- nothing is claimed (the claim is gated on it: untenanted_queued does not even run) and the rows
+-- say so; the caller then claims with claim_runs. The claim is claim_runs' untenanted_queued
+-- branch (a unit test compares the texts) with %(kinds)s for claim_runs' `live`, the kinds less
+-- the paused ones, which are none here. (Reading `live` as claim_runs does cost a job more than
+-- this probe: about 7 % of the server's instructions, bench/README.md, issue 19, third pass.) A
+-- worker with a paused kind sends the whole statement for as long as the pause lasts.
+-- lease.py sends it in two forms. Probed: <due_elsewhere> is the fragment below, so `others` also
+-- asks whether claim_runs could take a run this statement cannot; when it does not, this claims
+-- exactly what claim_runs would. Lean: <due_elsewhere> left out, so only a pause is asked; a
+-- caller sends it for at most lease.PROBE_EVERY after a probed one found nothing else due, and
+-- probes again at once when it claims nothing (lease.Chain).
 -- Rows: the sealed run (unless it was no longer ours: then nothing was written for it) and the
 -- claimed one (if any), each with `sealed`, `others_due`, then the claimed run's columns (payload
 -- and result NULL on the sealed row, which the caller does not read). No row: neither.
 WITH others AS MATERIALIZED (
     SELECT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = ANY(%(kinds)s::text[]))
-        OR EXISTS (
-            SELECT 1 FROM leasework.runs r
-             WHERE r.tenant IS NOT NULL
-               AND r.status = 'queued' AND r.queued_at <= leasework.now()
-               AND r.kind = ANY(%(kinds)s::text[]))
-        OR EXISTS (
-            SELECT 1 FROM leasework.runs r
-             WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()
-               AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
-               AND r.id IS DISTINCT FROM %(id)s::bigint
-               AND r.kind = ANY(%(kinds)s::text[])) AS due
-), untenanted_queued AS MATERIALIZED (
-    SELECT r.id, r.priority, r.queued_at
-      FROM leasework.runs r
-     WHERE r.tenant IS NULL
-       AND r.status = 'queued' AND r.queued_at <= leasework.now()
-       AND r.kind = ANY(%(kinds)s::text[])
-     ORDER BY r.priority, r.queued_at, r.id
-     LIMIT %(limit)s
-       FOR UPDATE OF r SKIP LOCKED
+           <due_elsewhere> AS due
 )
 UPDATE leasework.runs r
    SET status = CASE WHEN r.id = %(id)s::bigint THEN 'succeeded' ELSE 'running' END,
@@ -359,8 +343,16 @@ UPDATE leasework.runs r
                 r.attempts, r.lease_owner, r.lease_worker, r.started_at, leasework.now(),
                 'succeeded', NULL))
            ELSE r.history END
- WHERE r.id = ANY(ARRAY[%(id)s::bigint]
-                  || ARRAY(SELECT id FROM untenanted_queued WHERE NOT (SELECT due FROM others)))
+ WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (SELECT due FROM others) THEN (
+           -- untenanted_queued
+           SELECT r.id
+             FROM leasework.runs r
+            WHERE r.tenant IS NULL
+              AND r.status = 'queued' AND r.queued_at <= leasework.now()
+              AND r.kind = ANY(%(kinds)s::text[])
+            ORDER BY r.priority, r.queued_at, r.id
+            LIMIT %(limit)s
+              FOR UPDATE OF r SKIP LOCKED) END])
    -- The seal is owner-scoped as ever; the claimed run was locked queued by untenanted_queued.
    AND (r.id IS DISTINCT FROM %(id)s::bigint OR r.lease_owner = %(owner)s::uuid)
 RETURNING r.id = %(id)s::bigint AS sealed, (SELECT due FROM others) AS others_due,
@@ -369,6 +361,23 @@ RETURNING r.id = %(id)s::bigint AS sealed, (SELECT due FROM others) AS others_du
           CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE result END AS result, attempts,
           max_attempts, lease_owner, lease_expires_at, lease_seconds, timeout_seconds,
           processed_units, total_units, created_at, queued_at, started_at
+
+-- name: due_elsewhere
+-- finish_and_claim_queued's probe, in its probed form: whether claim_runs could take a run that
+-- statement cannot, a tenanted run queued and due or a lease expired and reclaimable (claim_runs'
+-- other branches' predicates without the limiter and the locks, so it errs towards yes; a unit
+-- test compares them). A fragment of that statement, not a statement.
+OR EXISTS (
+    SELECT 1 FROM leasework.runs r
+     WHERE r.tenant IS NOT NULL
+       AND r.status = 'queued' AND r.queued_at <= leasework.now()
+       AND r.kind = ANY(%(kinds)s::text[]))
+OR EXISTS (
+    SELECT 1 FROM leasework.runs r
+     WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()
+       AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+       AND r.id IS DISTINCT FROM %(id)s::bigint
+       AND r.kind = ANY(%(kinds)s::text[]))
 
 -- name: finish_runs
 -- A batch's successes in one statement (tasks declared with batch=N): each row is matched by its

@@ -38,6 +38,7 @@ def test_compact_refuses_what_it_could_break(text: str) -> None:
 COMBINED = {
     "finish_and_claim": lease.FINISH_AND_CLAIM,
     "finish_and_claim_queued": lease.FINISH_AND_CLAIM_QUEUED,
+    "finish_and_claim_lean": lease.FINISH_AND_CLAIM_LEAN,
 }
 
 
@@ -47,6 +48,7 @@ COMBINED = {
         "claim_runs",
         "finish_and_claim",
         "finish_and_claim_queued",
+        "finish_and_claim_lean",
         "finish_run",
         "finish_runs",
         "expire_and_promote",
@@ -66,12 +68,22 @@ def _between(text: bytes, start: bytes, end: bytes) -> bytes:
 
 def test_the_quick_claim_is_claim_runs_own_text() -> None:
     # finish_and_claim_queued must claim exactly what claim_runs does when nothing else is due:
-    # its branch is claim_runs' own, written out a second time.
-    # Its branch is claim_runs' own, written out a second time, with the kinds polled for
-    # claim_runs' `live` (those kinds less the paused ones: it claims nothing when one is paused).
+    # its claim is claim_runs' untenanted_queued branch, written out a second time (from FROM
+    # on: it selects the id alone), with the kinds polled for claim_runs' `live` (those kinds
+    # less the paused ones: it claims nothing when one is paused).
     whole, quick = lease.Q["claim_runs"], lease.Q["finish_and_claim_queued"]
-    start, end = b"untenanted_queued AS MATERIALIZED (", b"SKIP LOCKED)"
-    assert _between(quick, start, end) == _between(whole, start, end).replace(LIVE, KINDS)
+    branch = _between(whole, b"untenanted_queued AS MATERIALIZED (", b"SKIP LOCKED)")
+    claim = _between(quick, b"THEN (SELECT r.id FROM", b"SKIP LOCKED)")
+    assert claim[claim.index(b"FROM") :] == branch[branch.index(b"FROM") :].replace(LIVE, KINDS)
+
+
+def test_the_lean_quick_claim_is_the_probed_one_less_its_probe() -> None:
+    probed, lean = lease.FINISH_AND_CLAIM_QUEUED, lease.FINISH_AND_CLAIM_LEAN
+    assert probed == lean.replace(b") AS due)", b") " + lease.Q["due_elsewhere"] + b" AS due)")
+    assert b"leasework.paused_kinds" in lean and b"<" not in lean.replace(b"<=", b"")
+    assert lease.FINISH_AND_CLAIM_LEAN_NUMBERED.count(b"$") == lease.FINISH_AND_CLAIM_LEAN.count(
+        b"%("
+    )
 
 
 LIVE, KINDS = b"(SELECT k FROM live)::text[]", b"%(kinds)s::text[]"
@@ -94,7 +106,7 @@ def test_the_quick_claims_probe_asks_what_claim_runs_other_branches_take() -> No
     # predicates less the limiter, which it leaves out on purpose): a condition of its own would
     # hide one. Each probe's conditions are its branch's, less the tenant's (the expired probe
     # asks for both branches at once).
-    whole, quick = lease.Q["claim_runs"].replace(LIVE, KINDS), lease.Q["finish_and_claim_queued"]
+    whole, quick = lease.Q["claim_runs"].replace(LIVE, KINDS), lease.FINISH_AND_CLAIM_QUEUED
     kinds = b"r.kind = ANY(%(kinds)s::text[])"
     _paused, queued, expired = quick.split(b" OR EXISTS (")[:3]
     probe = _where(queued, b"FROM leasework.runs r", kinds) | {kinds}

@@ -36,10 +36,20 @@ def claim_one(conn: Conn, kinds: list[str] | None = None) -> lease.Claim:
     return claims[0]
 
 
-@pytest.fixture(params=["whole", "quick"])
+@pytest.fixture(params=["whole", "quick", "lean"])
 def chain(request: pytest.FixtureRequest) -> lease.Chain | None:
-    """None: finish_and_claim's whole statement; a fresh Chain: the quick one first."""
-    return None if request.param == "whole" else lease.Chain()
+    """None: finish_and_claim's whole statement; a fresh Chain: the quick one first, probed; a
+    Chain within its lean window: the quick one's lean form."""
+    if request.param == "whole":
+        return None
+    return lean_chain() if request.param == "lean" else lease.Chain()
+
+
+def lean_chain(recheck: float = 60.0) -> lease.Chain:
+    """A Chain whose probed statement found nothing else due a moment ago (for ever, here)."""
+    chain = lease.Chain(recheck=recheck)
+    chain.lean_until = float("inf")
+    return chain
 
 
 def test_seals_the_run_and_claims_the_next(conn: Conn, chain: lease.Chain | None) -> None:
@@ -223,17 +233,24 @@ def test_the_sealed_row_does_not_come_back_with_its_payload(conn: Conn) -> None:
         "lease": 30.0,
     }
 
-    rows = chain.quick_rows(conn, params)
+    with conn.cursor() as cur:  # both forms, with both rows as they come back
+        for text in (lease.FINISH_AND_CLAIM_QUEUED, lease.FINISH_AND_CLAIM_LEAN):
+            with conn.transaction(force_rollback=True):
+                rows = cur.execute(text, params).fetchall()
+            (sealed,) = [r for r in rows if r[0]]
+            (claimed,) = [r for r in rows if not r[0]]
+            assert sealed[2] == big and claimed[2] == following
+            payload, result = (
+                2 + lease.CLAIM_COLUMNS.index("payload"),
+                2 + lease.CLAIM_COLUMNS.index("result"),
+            )
+            assert sealed[payload] is None and sealed[result] is None
+            assert claimed[payload] == {"small": 1}
 
-    (sealed,) = [r for r in rows if r[0]]
-    (claimed,) = [r for r in rows if not r[0]]
-    assert sealed[2] == big and claimed[2] == following
-    payload, result = (
-        2 + lease.CLAIM_COLUMNS.index("payload"),
-        2 + lease.CLAIM_COLUMNS.index("result"),
-    )
-    assert sealed[payload] is None and sealed[result] is None
-    assert claimed[payload] == {"small": 1}
+    was_sealed, others_due, row = chain.quick_rows(conn, params)  # the claimed row alone
+
+    assert was_sealed and not others_due and row is not None
+    assert row[0] == following and row[lease.CLAIM_COLUMNS.index("payload")] == {"small": 1}
     assert get_run(conn, big)["result"] == {"r": "y" * 100_000}
 
 
@@ -291,6 +308,70 @@ def test_tenanted_runs_not_due_leave_the_quick_statement_in_use(conn: Conn) -> N
 
     assert sealed and nxt is not None and nxt.id == second
     assert chain.quick(claim.sent)
+
+
+def test_the_lean_form_leaves_a_tenanted_run_due_to_the_next_probe(conn: Conn) -> None:
+    # Within its lean window the chain does not ask about tenanted runs: the untenanted one is
+    # taken. The window is short (lease.PROBE_EVERY); once it is over, the probed statement
+    # sees the tenanted run and the whole claim takes it.
+    first, second, third = enqueue(conn, 3)
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    claim = claim_one(conn)
+    assert claim.id == first
+    urgent = app.enqueue(conn, "k", {}, tenant="acme", priority=-1)
+    chain = lean_chain()
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == second
+    chain.lean_until = float("-inf")  # the window is over
+    sealed, nxt = lease.finish_and_claim(conn, nxt, ["k"], worker="w1", lease=30.0, chain=chain)
+    assert sealed and nxt is not None and nxt.id == urgent
+    assert get_run(conn, third)["status"] == "queued"
+    assert not chain.quick(claim.sent)
+
+
+@pytest.mark.parametrize("what", ["tenanted", "expired"])
+def test_a_lean_form_that_claims_nothing_claims_with_claim_runs_at_once(
+    conn: Conn, what: str
+) -> None:
+    # No untenanted run left: the lean form claims nothing, and the worker would rest with a
+    # tenanted run due or a lease to reclaim. claim_runs takes it in the same call, and the
+    # chain probes on the next statement.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    (first,) = enqueue(conn, 1)
+    if what == "tenanted":
+        other = app.enqueue(conn, "k", {}, tenant="acme", priority=1)
+        claim = claim_one(conn)
+    else:
+        other = app.enqueue(conn, "k", {}, priority=-1)
+        assert claim_one(conn).id == other
+        claim = claim_one(conn)
+        expire_lease(conn, other)
+    assert claim.id == first
+    chain = lean_chain()
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == other
+    assert chain.quick(claim.sent) and chain.probed(claim.sent)
+
+
+def test_the_quick_statement_is_lean_until_probe_every_after_a_probe_found_nothing(
+    conn: Conn,
+) -> None:
+    _, second, _ = enqueue(conn, 3)
+    claim = claim_one(conn)
+    chain = lease.Chain(probe_every=5.0)
+    assert chain.probed(claim.sent)
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == second
+    assert not chain.probed(nxt.sent) and not chain.probed(nxt.sent + 4.9)
+    assert chain.probed(nxt.sent + 5.0)
 
 
 def test_the_chain_sends_the_quick_statement_again_after_its_recheck() -> None:

@@ -347,8 +347,13 @@ class Story:
 
     def run(self, run_id: int) -> dict[str, Any]:
         with self.conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute("SELECT * FROM leasework.runs WHERE id = %s", (run_id,)).fetchone()
+            row = cur.execute(
+                "SELECT *, leasework.run_history(history, status, attempts, lease_worker,"
+                " started_at, finished_at) AS shown FROM leasework.runs WHERE id = %s",
+                (run_id,),
+            ).fetchone()
         assert row is not None
+        row["history"] = row.pop("shown")  # the history as every reader shows it
         return row
 
     def finished(self, *ids: int) -> bool:

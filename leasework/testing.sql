@@ -2,7 +2,8 @@
 -- database. None of them changes a status or writes a lease column.
 
 -- name: run_row
-SELECT id, kind, status, payload, result, error, attempts, queued_at, key, tenant, history
+SELECT id, kind, status, payload, result, error, attempts, queued_at, key, tenant,
+       leasework.run_history(history, status, attempts, lease_worker, started_at, finished_at) AS history
   FROM leasework.runs
  WHERE id = %(id)s
 

@@ -133,8 +133,13 @@ def shift_clock(conn: psycopg.Connection[Any], seconds: float) -> None:
 
 def get_run(conn: psycopg.Connection[Any], run_id: int) -> dict[str, Any]:
     with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        row = cur.execute("SELECT * FROM leasework.runs WHERE id = %s", (run_id,)).fetchone()
+        row = cur.execute(
+            "SELECT *, leasework.run_history(history, status, attempts, lease_worker,"
+            " started_at, finished_at) AS shown FROM leasework.runs WHERE id = %s",
+            (run_id,),
+        ).fetchone()
     assert row is not None, f"run {run_id} not found"
+    row["history"] = row.pop("shown")  # as every reader shows it (leasework.run_history)
     return row
 
 

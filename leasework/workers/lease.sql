@@ -259,6 +259,8 @@ SELECT cancel_requested_at IS NOT NULL AS cancel_requested,
 
 -- name: finish_run
 -- Terminal: succeeded, partial, failed or cancelled. A NULL result keeps the one gathered so far.
+-- A success appends no history entry: the row records that attempt, lease_worker kept
+-- (leasework.run_history, schema.sql).
 UPDATE leasework.runs
    SET status = %(status)s::text,
        result = coalesce(%(result)s::jsonb, result),
@@ -266,10 +268,11 @@ UPDATE leasework.runs
        finished_at = leasework.now(),
        lease_owner = NULL,
        lease_expires_at = NULL,
-       lease_worker = NULL,
-       history = history || jsonb_build_array(leasework.history_entry(
-           attempts, lease_owner, lease_worker, started_at, leasework.now(),
-           %(status)s::text, %(error)s::text))
+       lease_worker = CASE WHEN %(status)s::text = 'succeeded' THEN lease_worker END,
+       history = CASE WHEN %(status)s::text = 'succeeded' THEN history
+           ELSE history || jsonb_build_array(leasework.history_entry(
+               attempts, lease_owner, lease_worker, started_at, leasework.now(),
+               %(status)s::text, %(error)s::text)) END
  WHERE id = %(id)s AND lease_owner = %(owner)s
 RETURNING status
 
@@ -334,15 +337,10 @@ UPDATE leasework.runs r
        finished_at = CASE WHEN r.id = %(id)s::bigint THEN leasework.now() END,
        attempts = CASE WHEN r.id = %(id)s::bigint THEN r.attempts ELSE r.attempts + 1 END,
        lease_owner = CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE gen_random_uuid() END,
-       lease_worker = CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE %(worker)s END,
+       lease_worker = CASE WHEN r.id = %(id)s::bigint THEN r.lease_worker ELSE %(worker)s END,
        lease_expires_at = CASE WHEN r.id = %(id)s::bigint THEN NULL
            ELSE leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)) END,
-       started_at = CASE WHEN r.id = %(id)s::bigint THEN r.started_at ELSE leasework.now() END,
-       history = CASE WHEN r.id = %(id)s::bigint
-           THEN r.history || jsonb_build_array(leasework.history_entry(
-                r.attempts, r.lease_owner, r.lease_worker, r.started_at, leasework.now(),
-                'succeeded', NULL))
-           ELSE r.history END
+       started_at = CASE WHEN r.id = %(id)s::bigint THEN r.started_at ELSE leasework.now() END
  WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (SELECT due FROM others) THEN (
            -- untenanted_queued
            SELECT r.id
@@ -382,18 +380,15 @@ OR EXISTS (
 -- name: finish_runs
 -- A batch's successes in one statement (tasks declared with batch=N): each row is matched by its
 -- own id AND owner, so a run in the batch whose lease was lost meanwhile writes nothing, exactly as
--- finish_run would. The same row writes as finish_run with status `succeeded`.
+-- finish_run would. The same row writes as finish_run with status `succeeded` (no history
+-- entry, lease_worker kept).
 UPDATE leasework.runs r
    SET status = 'succeeded',
        result = coalesce(d.result, r.result),
        error = NULL,
        finished_at = leasework.now(),
        lease_owner = NULL,
-       lease_expires_at = NULL,
-       lease_worker = NULL,
-       history = r.history || jsonb_build_array(leasework.history_entry(
-           r.attempts, r.lease_owner, r.lease_worker, r.started_at, leasework.now(),
-           'succeeded', NULL))
+       lease_expires_at = NULL
   FROM unnest(%(ids)s::bigint[], %(owners)s::uuid[], %(results)s::jsonb[]) AS d(id, owner, result)
  WHERE r.id = ANY(%(ids)s::bigint[])
    AND r.id = d.id AND r.lease_owner = d.owner

@@ -68,7 +68,7 @@ def test_kill_9_right_after_the_finish_commits(chaos: Chaos) -> None:
     deadline = time.monotonic() + 30
     while killed < 3 and time.monotonic() < deadline:
         rows = run.query(
-            "SELECT t.run_id, r.history->-1->>'worker' FROM public.chaos_transitions t"
+            "SELECT t.run_id, r.lease_worker FROM public.chaos_transitions t"
             " JOIN leasework.runs r ON r.id = t.run_id"
             " WHERE t.new_status = 'succeeded' AND t.run_id <> ALL(%s)",
             (list(seen),),

@@ -418,7 +418,7 @@ def test_stale_worker_publish_writes_nothing(conn: Conn, make_worker: Any) -> No
     run = get_run(conn, run_id)
     assert run["status"] == "succeeded"
     assert run["attempts"] == 2
-    assert run["lease_worker"] is None
+    assert run["lease_worker"] == worker_b.id  # the worker of its successful attempt
     assert {k: r["data"]["by"] for k, r in records(conn, cid).items()} == {("t", "x"): "B"}
     outcomes = [h["outcome"] for h in run["history"]]
     assert outcomes == ["expired", "succeeded"]
@@ -519,7 +519,9 @@ def _intervals(conn: Conn, tenant: str) -> list[tuple[int, str, Any, Any]]:
     """(run id, kind, started, ended) of every attempt of every run of a tenant."""
     out = []
     for run in conn.execute(
-        "SELECT id, kind, history FROM leasework.runs WHERE tenant = %s", (tenant,)
+        "SELECT id, kind, leasework.run_history(history, status, attempts, lease_worker,"
+        " started_at, finished_at) FROM leasework.runs WHERE tenant = %s",
+        (tenant,),
     ).fetchall():
         for h in run[2]:
             out.append((run[0], run[1], _ts(conn, h["started_at"]), _ts(conn, h["ended_at"])))

@@ -76,6 +76,7 @@ def install_record_factory() -> None:
     if not getattr(current, "_leasework", False):
         logging.setLogRecordFactory(_stamping(current))
 
+
 # A password in key=value form: its whole value as libpq reads it, quoted (spaces and escaped
 # quotes inside) or not (backslash-escaped characters, `Top\ Secret`, included).
 _PASSWORD_KV = re.compile(
@@ -236,6 +237,13 @@ def event(name: str, level: int = logging.INFO, exc_info: bool = False, **fields
     """Log one event: `event("run_claimed", run_id=7, kind="sync")`."""
     if logger.isEnabledFor(level):
         logger.log(level, name, extra={"fields": fields}, exc_info=exc_info)
+
+
+def enabled(level: int = logging.INFO) -> bool:
+    """Whether an event at `level` would be logged: for a hot path, before it builds the fields
+    of an event that would be dropped (logging caches the answer until its configuration
+    changes)."""
+    return logger.isEnabledFor(level)
 
 
 def monotonic() -> float:

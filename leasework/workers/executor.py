@@ -95,13 +95,14 @@ class Executor:
         self.keeper.begin(held)
         ctx = Context(claim, self, held)
         self.current = ctx
-        log.event(
-            "run_claimed",
-            run_id=claim.id,
-            kind=claim.kind,
-            attempt=claim.attempts,
-            worker=self.worker_id,
-        )
+        if log.enabled():  # once per run: skip building the event when INFO is off
+            log.event(
+                "run_claimed",
+                run_id=claim.id,
+                kind=claim.kind,
+                attempt=claim.attempts,
+                worker=self.worker_id,
+            )
         returned: Any = None
         raised: BaseException | None = None
         try:
@@ -269,6 +270,8 @@ class Executor:
     def _log_sealed(self, claim: Claim, sealed: bool) -> None:
         duration = self._durations.pop(claim.id, None)
         if sealed:
+            if not log.enabled():
+                return
             log.event(
                 "run_succeeded",
                 run_id=claim.id,

@@ -164,6 +164,8 @@ class Keeper:
 
     def drop(self, run_id: int) -> None:
         """The run's outcome is written (or it was lost): stop looking after it."""
+        if run_id not in self._held:  # dropped already (the executor drops twice on its way out)
+            return
         with self._lock:
             self._held.pop(run_id, None)
             if not self._held:

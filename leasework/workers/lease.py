@@ -221,17 +221,16 @@ class Chain:
     """What a caller of finish_and_claim keeps from one job to the next (one per worker, one
     connection at a time; not thread-safe).
 
-    Which statement to send. The whole finish_and_claim for `recheck` seconds after something
-    only it takes was seen due (a tenanted run due, a lease expired, a kind polled paused);
-    otherwise finish_and_claim_queued (one update for the seal and the claim), probed: it asks
-    whether anything else is due and claims nothing if so. After a probed one found nothing else
-    due, its lean form (only a pause is asked: the probe was a tenth of a job's server work) for
-    `probe_every` seconds, probed again at once when the lean one claims nothing. So a plain
-    queue pays the probe once per `probe_every`, a queue with tenants or a crashed worker's runs
-    a statement that claims nothing at most once per `recheck`, and a worker kept busy by
-    untenanted runs takes a tenanted run due or an expired lease at most `probe_every` late (an
-    idle worker and one whose queue ran dry claim with claim_runs, so at once). A pause holds
-    from its commit in every form.
+    Which statement to send. The whole finish_and_claim for `recheck` seconds after the quick
+    one claimed nothing (a kind polled paused, a tenanted run due, a lease expired, or simply no
+    queued run without a tenant); otherwise finish_and_claim_queued (one update for the seal and
+    the claim), probed: it claims nothing if anything else is due. After a probed one claimed a
+    run, its lean form (only a pause is asked: the probe was a tenth of a job's server work) for
+    `probe_every` seconds. So a plain queue pays the probe once per `probe_every`, a queue with
+    tenants or a crashed worker's runs a statement that claims nothing at most once per
+    `recheck`, and a worker kept busy by untenanted runs takes a tenanted run due or an expired
+    lease at most `probe_every` late (an idle worker, and one whose untenanted runs ran out,
+    claims with claim_runs, so at once). A pause holds from its commit in every form.
 
     And one cursor, kept open: a new cursor brings a new psycopg Transformer, which looks up
     the dumper of each parameter and the loader of each of the 22 result columns again on
@@ -282,17 +281,14 @@ class Chain:
         return now >= self.lean_until
 
     def saw_others_due(self, now: float) -> None:
-        """finish_and_claim_queued found a run that only the whole claim takes."""
+        """finish_and_claim_queued claimed nothing: something only the whole claim takes may be
+        due (a pause, a tenanted run, an expired lease), or nothing at all."""
         self.whole_until = now + self.recheck
         self.lean_until = float("-inf")
 
     def saw_nothing_else(self, now: float) -> None:
-        """A probed finish_and_claim_queued found nothing else due."""
+        """A probed finish_and_claim_queued claimed a run: nothing else was due."""
         self.lean_until = now + self.probe_every
-
-    def saw_nothing_queued(self) -> None:
-        """A lean finish_and_claim_queued claimed nothing: probe on the next one."""
-        self.lean_until = float("-inf")
 
     def kinds(self, kinds: Sequence[str]) -> str:
         """`kinds` as the text of a text[] value, made again only when the kinds change: psycopg's
@@ -311,11 +307,10 @@ class Chain:
 
     def quick_rows(
         self, conn: Conn, params: dict[str, Any], *, probed: bool = True
-    ) -> tuple[bool, bool, tuple[Any, ...] | None]:
+    ) -> tuple[bool, tuple[Any, ...] | None]:
         """Send finish_and_claim_queued (its probed or its lean form) for `params` (id, owner,
-        result as JsonText or None, kinds as text, worker, lease). Returns (sealed, others_due,
-        the claimed run's columns or None); (False, True, None) when no row came back (so cannot
-        tell). Raises psycopg.Error as the cursor would."""
+        result as JsonText or None, kinds as text, worker, lease). Returns (sealed, the claimed
+        run's columns or None). Raises psycopg.Error as the cursor would."""
         text, name, numbered = _QUICK_FORMS[probed]
         pgconn = conn.pgconn
         if conn.prepare_threshold is None or pgconn.transaction_status != _IDLE:
@@ -360,19 +355,18 @@ class Chain:
         if not _combined_columns_checked[True]:
             names = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
             _check_combined_columns(names, quick=True)
-        # Columns 0 and 1 are `sealed` and `others_due`, binary booleans (one byte, 1 for true):
-        # read as they are; only the claimed run's row is loaded, the sealed one never read.
-        sealed, others_due, claimed = False, res.ntuples == 0, None
+        # Column 0 is `sealed`, a binary boolean (one byte, 1 for true): read as it is; only
+        # the claimed run's row is loaded, the sealed one never read.
+        sealed, claimed = False, None
         for i in range(res.ntuples):
-            others_due = res.get_value(i, 1) == b"\x01"
             if res.get_value(i, 0) == b"\x01":
                 sealed = True
             else:
                 tx = self._transformer
                 assert tx is not None
                 tx.set_pgresult(res)
-                claimed = tx.load_row(i, tuple)[2:]
-        return sealed, others_due, claimed
+                claimed = tx.load_row(i, tuple)[1:]
+        return sealed, claimed
 
     def _error(self, pgconn: pq.abc.PGconn, res: pq.abc.PGresult) -> psycopg.Error:
         """The exception psycopg's cursor would raise for `res`: the server's error as its
@@ -399,16 +393,15 @@ class Chain:
         self._prepared.add(name)
 
 
-def _quick_outcome(rows: Sequence[tuple[Any, ...]]) -> tuple[bool, bool, tuple[Any, ...] | None]:
+def _quick_outcome(rows: Sequence[tuple[Any, ...]]) -> tuple[bool, tuple[Any, ...] | None]:
     """Chain.quick_rows' answer from the cursor's rows."""
-    sealed, others_due, claimed = False, not rows, None
+    sealed, claimed = False, None
     for row in rows:
-        others_due = row[1]
         if row[0]:
             sealed = True
         else:
-            claimed = row[2:]
-    return sealed, others_due, claimed
+            claimed = row[1:]
+    return sealed, claimed
 
 
 def finish_and_claim(
@@ -428,10 +421,9 @@ def finish_and_claim(
 
     With a `chain` (the caller's, kept from job to job), the statement runs on its kept cursor,
     and while the chain has seen nothing else due lately it is finish_and_claim_queued; if that
-    finds something else due (or returns no row, so cannot tell), it seals and claims nothing,
-    and the claim is made here with claim_runs (one statement more, at most once per
-    `chain.recheck` while the queue stays so). So too when its lean form claims nothing: it did
-    not ask about tenanted runs or expired leases."""
+    claims nothing (something else due, or nothing queued without a tenant), it still seals, and
+    the claim is made here with claim_runs (one statement more, at most once per `chain.recheck`
+    while the queue stays so)."""
     if claim.tenant is not None:
         raise ValueError("finish_and_claim seals runs without a tenant only")
     params = {
@@ -454,20 +446,16 @@ def finish_and_claim(
         return bool(row[0]), None if row[1] is None else _claim(row[1:], lease, sent)
     probed = chain.probed(sent)
     with own_tx:
-        sealed, others_due, row = chain.quick_rows(conn, params, probed=probed)
-    if others_due:  # nothing was claimed: claim with the whole statement
-        assert row is None
-        chain.saw_others_due(sent)
-    elif row is not None:
+        sealed, row = chain.quick_rows(conn, params, probed=probed)
+    if row is not None:
         if probed:
             chain.saw_nothing_else(sent)
         return sealed, _claim(row, lease, sent)
-    elif probed:
-        return sealed, None  # nothing due at all
-    else:
-        # The lean form asks nothing of tenanted runs or expired leases: claim_runs takes them
-        # now (the worker would otherwise rest with them due), and the next one probes.
-        chain.saw_nothing_queued()
+    # Nothing claimed: a kind polled is paused, something only claim_runs takes was due (the
+    # probed form), or no queued run without a tenant was (either form). claim_runs claims now
+    # (the worker would otherwise rest with a run due), and the whole statement is sent for
+    # `chain.recheck`.
+    chain.saw_others_due(sent)
     claims = claim_runs(conn, kinds, worker=worker, lease=lease)
     return sealed, claims[0] if claims else None
 
@@ -515,9 +503,9 @@ _combined_columns_checked = [False, False]
 
 def _check_combined_columns(columns: Sequence[str], quick: bool) -> None:
     """Once per process and statement: finish_and_claim returns `finished`, then Claim's fields
-    in order; finish_and_claim_queued `sealed`, `others_due`, then the same."""
+    in order; finish_and_claim_queued `sealed`, then the same."""
     names = tuple(columns)
-    head = ("sealed", "others_due") if quick else ("finished",)
+    head = ("sealed",) if quick else ("finished",)
     if names != (*head, *CLAIM_COLUMNS):
         raise RuntimeError(f"finish_and_claim returns {names}, expected {head} + Claim's fields")
     _combined_columns_checked[quick] = True

@@ -309,26 +309,22 @@ SELECT (SELECT count(*) FROM finished) AS finished, c.*
 -- The claim is a scalar subquery (an InitPlan) rather than a CTE and an ARRAY of it: fewer plan
 -- nodes to start per statement (bench/README.md, issue 19, fourth pass).
 --
--- Sent only by a caller that found nothing else due lately (lease.Chain). `others` asks, in the
--- statement's own snapshot, whether one of %(kinds)s is paused <due_elsewhere>, and when it does
--- nothing is claimed (the claim is gated on it: untenanted_queued does not even run) and the rows
--- say so; the caller then claims with claim_runs. The claim is claim_runs' untenanted_queued
+-- Sent only by a caller that found nothing else due lately (lease.Chain). The claim is gated: it
+-- runs only if no kind of %(kinds)s is paused <due_elsewhere>, and otherwise nothing is claimed;
+-- the caller then claims with claim_runs (as it does whenever this claims nothing: it cannot
+-- tell a gate shut from an empty queue, and need not). The claim is claim_runs' untenanted_queued
 -- branch (a unit test compares the texts) with %(kinds)s for claim_runs' `live`, the kinds less
 -- the paused ones, which are none here. (Reading `live` as claim_runs does cost a job more than
--- this probe: about 7 % of the server's instructions, bench/README.md, issue 19, third pass.) A
--- worker with a paused kind sends the whole statement for as long as the pause lasts.
--- lease.py sends it in two forms. Probed: <due_elsewhere> is the fragment below, so `others` also
--- asks whether claim_runs could take a run this statement cannot; when it does not, this claims
--- exactly what claim_runs would. Lean: <due_elsewhere> left out, so only a pause is asked; a
--- caller sends it for at most lease.PROBE_EVERY after a probed one found nothing else due, and
--- probes again at once when it claims nothing (lease.Chain).
+-- this gate: about 7 % of the server's instructions, bench/README.md, issue 19, third pass.)
+-- lease.py sends it in two forms. Probed: <due_elsewhere> is the fragment below, so the gate
+-- also asks whether claim_runs could take a run this statement cannot; when it does not, this
+-- claims exactly what claim_runs would. Lean: <due_elsewhere> left out, so only a pause is asked;
+-- a caller sends it for at most lease.PROBE_EVERY after a probed one claimed a run (lease.Chain).
+-- The gate is an EXISTS in place, not a CTE read twice, and says nothing in the rows: a CTE and a
+-- column for it cost 3 % of the statement (bench/README.md, issue 19, fourth pass).
 -- Rows: the sealed run (unless it was no longer ours: then nothing was written for it) and the
--- claimed one (if any), each with `sealed`, `others_due`, then the claimed run's columns (payload
--- and result NULL on the sealed row, which the caller does not read). No row: neither.
-WITH others AS MATERIALIZED (
-    SELECT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = ANY(%(kinds)s::text[]))
-           <due_elsewhere> AS due
-)
+-- claimed one (if any), each with `sealed`, then the claimed run's columns (payload and result
+-- NULL on the sealed row, which the caller does not read). No row: neither.
 UPDATE leasework.runs r
    SET status = CASE WHEN r.id = %(id)s::bigint THEN 'succeeded' ELSE 'running' END,
        result = CASE WHEN r.id = %(id)s::bigint THEN coalesce(%(result)s::jsonb, r.result)
@@ -341,7 +337,9 @@ UPDATE leasework.runs r
        lease_expires_at = CASE WHEN r.id = %(id)s::bigint THEN NULL
            ELSE leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)) END,
        started_at = CASE WHEN r.id = %(id)s::bigint THEN r.started_at ELSE leasework.now() END
- WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (SELECT due FROM others) THEN (
+ WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (
+           EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = ANY(%(kinds)s::text[]))
+           <due_elsewhere>) THEN (
            -- untenanted_queued
            SELECT r.id
              FROM leasework.runs r
@@ -353,7 +351,7 @@ UPDATE leasework.runs r
               FOR UPDATE OF r SKIP LOCKED) END])
    -- The seal is owner-scoped as ever; the claimed run was locked queued by untenanted_queued.
    AND (r.id IS DISTINCT FROM %(id)s::bigint OR r.lease_owner = %(owner)s::uuid)
-RETURNING r.id = %(id)s::bigint AS sealed, (SELECT due FROM others) AS others_due,
+RETURNING r.id = %(id)s::bigint AS sealed,
           id, kind, key, tenant, "group", exclusive, priority,
           CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE payload END AS payload,
           CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE result END AS result, attempts,
@@ -361,7 +359,7 @@ RETURNING r.id = %(id)s::bigint AS sealed, (SELECT due FROM others) AS others_du
           processed_units, total_units, created_at, queued_at, started_at
 
 -- name: due_elsewhere
--- finish_and_claim_queued's probe, in its probed form: whether claim_runs could take a run that
+-- finish_and_claim_queued's gate, in its probed form: whether claim_runs could take a run that
 -- statement cannot, a tenanted run queued and due or a lease expired and reclaimable (claim_runs'
 -- other branches' predicates without the limiter and the locks, so it errs towards yes; a unit
 -- test compares them). A fragment of that statement, not a statement.

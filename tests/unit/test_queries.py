@@ -79,7 +79,11 @@ def test_the_quick_claim_is_claim_runs_own_text() -> None:
 
 def test_the_lean_quick_claim_is_the_probed_one_less_its_probe() -> None:
     probed, lean = lease.FINISH_AND_CLAIM_QUEUED, lease.FINISH_AND_CLAIM_LEAN
-    assert probed == lean.replace(b") AS due)", b") " + lease.Q["due_elsewhere"] + b" AS due)")
+    gate = b"ANY(%(kinds)s::text[]))) THEN (SELECT r.id FROM"
+    assert lean.count(gate) == 1
+    assert probed == lean.replace(
+        gate, gate.replace(b"))) THEN", b")) " + lease.Q["due_elsewhere"] + b") THEN")
+    )
     assert b"leasework.paused_kinds" in lean and b"<" not in lean.replace(b"<=", b"")
     assert lease.FINISH_AND_CLAIM_LEAN_NUMBERED.count(b"$") == lease.FINISH_AND_CLAIM_LEAN.count(
         b"%("

@@ -239,17 +239,17 @@ def test_the_sealed_row_does_not_come_back_with_its_payload(conn: Conn) -> None:
                 rows = cur.execute(text, params).fetchall()
             (sealed,) = [r for r in rows if r[0]]
             (claimed,) = [r for r in rows if not r[0]]
-            assert sealed[2] == big and claimed[2] == following
+            assert sealed[1] == big and claimed[1] == following
             payload, result = (
-                2 + lease.CLAIM_COLUMNS.index("payload"),
-                2 + lease.CLAIM_COLUMNS.index("result"),
+                1 + lease.CLAIM_COLUMNS.index("payload"),
+                1 + lease.CLAIM_COLUMNS.index("result"),
             )
             assert sealed[payload] is None and sealed[result] is None
             assert claimed[payload] == {"small": 1}
 
-    was_sealed, others_due, row = chain.quick_rows(conn, params)  # the claimed row alone
+    was_sealed, row = chain.quick_rows(conn, params)  # the claimed row alone
 
-    assert was_sealed and not others_due and row is not None
+    assert was_sealed and row is not None
     assert row[0] == following and row[lease.CLAIM_COLUMNS.index("payload")] == {"small": 1}
     assert get_run(conn, big)["result"] == {"r": "y" * 100_000}
 
@@ -338,7 +338,7 @@ def test_a_lean_form_that_claims_nothing_claims_with_claim_runs_at_once(
 ) -> None:
     # No untenanted run left: the lean form claims nothing, and the worker would rest with a
     # tenanted run due or a lease to reclaim. claim_runs takes it in the same call, and the
-    # chain probes on the next statement.
+    # chain sends the whole statement until its recheck.
     app = App()
     app.task("k")(lambda ctx, p: None)
     (first,) = enqueue(conn, 1)
@@ -356,7 +356,7 @@ def test_a_lean_form_that_claims_nothing_claims_with_claim_runs_at_once(
     sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
 
     assert sealed and nxt is not None and nxt.id == other
-    assert chain.quick(claim.sent) and chain.probed(claim.sent)
+    assert not chain.quick(claim.sent) and chain.probed(claim.sent)
 
 
 def test_the_quick_statement_is_lean_until_probe_every_after_a_probe_found_nothing(

@@ -24,7 +24,7 @@ from .. import db, log
 from ..errors import Aborted, ResultError
 from . import lease
 from .acontext import AsyncContext
-from .executor import Done, Executor
+from .executor import Done, Executor, log_claimed
 from .keeper import Held
 from .lease import Claim
 from .outcome import Outcome
@@ -185,13 +185,7 @@ class AsyncExecutor:
             self.keeper.begin(held)
             ctx = AsyncContext(claim, self, held)
             self.running[claim.id] = ctx
-            log.event(
-                "run_claimed",
-                run_id=claim.id,
-                kind=claim.kind,
-                attempt=claim.attempts,
-                worker=self.worker_id,
-            )
+            log_claimed(claim, self.worker_id)
             ctx.task = loop.create_task(
                 self._run(ctx, handler_for(claim.kind)), name=f"leasework-run-{claim.id}"
             )

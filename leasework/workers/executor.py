@@ -49,6 +49,19 @@ class _NotWritten:
 NOT_WRITTEN: Any = _NotWritten()
 
 
+def log_claimed(claim: Claim, worker_id: str) -> None:
+    """The `run_claimed` event of a run about to start; its fields are built only when INFO is
+    on (once per run: one-at-a-time mode's hot path)."""
+    if log.enabled():
+        log.event(
+            "run_claimed",
+            run_id=claim.id,
+            kind=claim.kind,
+            attempt=claim.attempts,
+            worker=worker_id,
+        )
+
+
 class Executor:
     def __init__(
         self,
@@ -95,14 +108,7 @@ class Executor:
         self.keeper.begin(held)
         ctx = Context(claim, self, held)
         self.current = ctx
-        if log.enabled():  # once per run: skip building the event when INFO is off
-            log.event(
-                "run_claimed",
-                run_id=claim.id,
-                kind=claim.kind,
-                attempt=claim.attempts,
-                worker=self.worker_id,
-            )
+        log_claimed(claim, self.worker_id)
         returned: Any = None
         raised: BaseException | None = None
         try:

@@ -133,7 +133,11 @@ class Executor:
                 ctx.signal.trip("shutdown")
                 self._write_outcome(ctx, self._decide(ctx, None, exc))
                 raise
-            outcome = self._decide(ctx, returned, raised)
+            if raised is None and ctx.signal.reason is None:
+                # The common end, as decide() has it, without its questions: a success.
+                outcome = Outcome("seal", status="succeeded", result=returned)
+            else:
+                outcome = self._decide(ctx, returned, raised)
             if outcome.action == "seal" and outcome.status == "succeeded":
                 try:
                     encoded = lease.encode_result(outcome.result, self.config.result_max_bytes)

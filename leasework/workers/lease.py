@@ -587,7 +587,8 @@ def finish_many(conn: Conn, done: Sequence[tuple[Claim, Any]]) -> set[int]:
     # adapts and quotes a list element by element in Python (a tenth of a batch's client time).
     params = {
         "ids": "{" + ",".join([str(c.id) for c, _ in done]) + "}",
-        "owners": "{" + ",".join([str(c.owner) for c, _ in done]) + "}",
+        # UUIDs as their 32 hex digits (which uuid input takes): cheaper than their str().
+        "owners": "{" + ",".join([c.owner.hex for c, _ in done]) + "}",
         "results": _array_text([encode_result(r) for _, r in done]),
     }
     rows = conn.execute(Q["finish_runs"], params, prepare=True).fetchall()

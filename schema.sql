@@ -174,26 +174,26 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                               'outcome', outcome, 'error', error);
 $$;
 
--- A run's history as readers show it (show, the dashboard, leasework.testing): runs.history, and
+-- A run's history as readers show it (show, the dashboard, leasework.testing), from its row `r`
+-- (`leasework.run_history(r)`): runs.history, and
 -- for a run that succeeded the entry of its successful attempt, made from the row. A success does
--- not append that entry itself: it would be a sixth of the bytes of WAL a one-at-a-time job writes
--- and about a tenth of the server's work in its statement (bench/README.md, issue 19, fourth
--- pass), to repeat what the row holds: attempts, started_at, finished_at, and lease_worker, which
+-- not append that entry itself: it was over a quarter of the bytes of WAL a one-at-a-time job
+-- wrote (about 300 of 1,075) and 8 % of the server's instructions in its statement
+-- (bench/README.md, issue 19, fourth pass), to repeat what the row holds: attempts, started_at, finished_at, and lease_worker, which
 -- the seal keeps. The owner of that attempt is not kept (NULL here): lease_owner is set exactly
 -- while a run is running, and a stale worker's owner-scoped write must never match a finished
 -- run. A run sealed before migration 0013 has the entry already (its last), and gets no second
 -- one. (Not the last entry's attempt number: a release does not charge the attempt, so the
 -- success can have the number of the entry before it.)
-CREATE OR REPLACE FUNCTION leasework.run_history(
-    history jsonb, status text, attempts integer, worker text, started_at timestamptz,
-    finished_at timestamptz) RETURNS jsonb
+CREATE OR REPLACE FUNCTION leasework.run_history(r leasework.runs) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE
-               WHEN status = 'succeeded'
-                    AND (history -> -1 ->> 'outcome') IS DISTINCT FROM 'succeeded'
-               THEN history || jsonb_build_array(leasework.history_entry(
-                   attempts, NULL, worker, started_at, finished_at, 'succeeded', NULL))
-               ELSE history
+               WHEN r.status = 'succeeded'
+                    AND (r.history -> -1 ->> 'outcome') IS DISTINCT FROM 'succeeded'
+               THEN r.history || jsonb_build_array(leasework.history_entry(
+                   r.attempts, NULL, r.lease_worker, r.started_at, r.finished_at, 'succeeded',
+                   NULL))
+               ELSE r.history
            END;
 $$;
 

@@ -27,9 +27,8 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg.rows import dict_row
 
-from . import db, status
+from . import db, operations, status
 from .app import App
 from .config import Config
 from .documents import Documents
@@ -346,14 +345,8 @@ class Story:
         return None if row is None else row[0]
 
     def run(self, run_id: int) -> dict[str, Any]:
-        with self.conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(
-                "SELECT *, leasework.run_history(history, status, attempts, lease_worker,"
-                " started_at, finished_at) AS shown FROM leasework.runs WHERE id = %s",
-                (run_id,),
-            ).fetchone()
+        row = operations.get_run(self.conn, run_id)
         assert row is not None
-        row["history"] = row.pop("shown")  # the history as every reader shows it
         return row
 
     def finished(self, *ids: int) -> bool:

@@ -3,7 +3,7 @@
 
 -- name: run_row
 SELECT id, kind, status, payload, result, error, attempts, queued_at, key, tenant,
-       leasework.run_history(history, status, attempts, lease_worker, started_at, finished_at) AS history
+       leasework.run_history(runs) AS history
   FROM leasework.runs
  WHERE id = %(id)s
 

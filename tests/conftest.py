@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from leasework import App, Config, db
+from leasework import App, Config, db, operations
 from leasework.pytest_plugin import empty
 from leasework.workers.worker import Worker
 
@@ -132,14 +132,9 @@ def shift_clock(conn: psycopg.Connection[Any], seconds: float) -> None:
 
 
 def get_run(conn: psycopg.Connection[Any], run_id: int) -> dict[str, Any]:
-    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        row = cur.execute(
-            "SELECT *, leasework.run_history(history, status, attempts, lease_worker,"
-            " started_at, finished_at) AS shown FROM leasework.runs WHERE id = %s",
-            (run_id,),
-        ).fetchone()
+    """Every column of a run, its history as every reader shows it (operations.get_run)."""
+    row = operations.get_run(conn, run_id)
     assert row is not None, f"run {run_id} not found"
-    row["history"] = row.pop("shown")  # as every reader shows it (leasework.run_history)
     return row
 
 

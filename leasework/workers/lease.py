@@ -225,7 +225,7 @@ class Chain:
     one claimed nothing (a kind polled paused, a tenanted run due, a lease expired, or simply no
     queued run without a tenant); otherwise finish_and_claim_queued (one update for the seal and
     the claim), probed: it claims nothing if anything else is due. After a probed one claimed a
-    run, its lean form (only a pause is asked: the probe was a tenth of a job's server work) for
+    run, its lean form (only a pause is asked: the probe was 8 % of a job's server work) for
     `probe_every` seconds. So a plain queue pays the probe once per `probe_every`, a queue with
     tenants or a crashed worker's runs a statement that claims nothing at most once per
     `recheck`, and a worker kept busy by untenanted runs takes a tenanted run due or an expired
@@ -280,7 +280,7 @@ class Chain:
         """Whether finish_and_claim_queued sent at `now` asks whether anything else is due."""
         return now >= self.lean_until
 
-    def saw_others_due(self, now: float) -> None:
+    def claimed_nothing(self, now: float) -> None:
         """finish_and_claim_queued claimed nothing: something only the whole claim takes may be
         due (a pause, a tenanted run, an expired lease), or nothing at all."""
         self.whole_until = now + self.recheck
@@ -455,7 +455,7 @@ def finish_and_claim(
     # probed form), or no queued run without a tenant was (either form). claim_runs claims now
     # (the worker would otherwise rest with a run due), and the whole statement is sent for
     # `chain.recheck`.
-    chain.saw_others_due(sent)
+    chain.claimed_nothing(sent)
     claims = claim_runs(conn, kinds, worker=worker, lease=lease)
     return sealed, claims[0] if claims else None
 

@@ -519,8 +519,7 @@ def _intervals(conn: Conn, tenant: str) -> list[tuple[int, str, Any, Any]]:
     """(run id, kind, started, ended) of every attempt of every run of a tenant."""
     out = []
     for run in conn.execute(
-        "SELECT id, kind, leasework.run_history(history, status, attempts, lease_worker,"
-        " started_at, finished_at) FROM leasework.runs WHERE tenant = %s",
+        "SELECT id, kind, leasework.run_history(r) FROM leasework.runs r WHERE tenant = %s",
         (tenant,),
     ).fetchall():
         for h in run[2]:

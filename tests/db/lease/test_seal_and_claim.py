@@ -377,7 +377,7 @@ def test_the_quick_statement_is_lean_until_probe_every_after_a_probe_found_nothi
 def test_the_chain_sends_the_quick_statement_again_after_its_recheck() -> None:
     chain = lease.Chain(recheck=5.0)
     assert chain.quick(100.0)
-    chain.saw_others_due(100.0)
+    chain.claimed_nothing(100.0)
     assert not chain.quick(104.9)
     assert chain.quick(105.0)
 

@@ -103,6 +103,7 @@ class Keeper:
         # `due()` answers without walking every held run: a batch asks before each of its runs.
         self._next_check = float("inf")
         self._closing = False
+        self._timings_by_lease: dict[float, tuple[float, float]] = {}
 
     # -- what the worker tells it ---------------------------------------------------------------
 
@@ -115,15 +116,14 @@ class Keeper:
         on it: renewed if still ours, tripped `lost` if not (its caller must then not start it;
         another worker may have reclaimed it after its lease ran out)."""
         now = self._clock() if now is None else now
-        cfg = self.config
-        ratio = claim.lease_seconds / cfg.lease
-        renew_every = cfg.renew_every * ratio
+        renew_every, control_every = self._timings(claim.lease_seconds)
+        since = now if sent is None else min(now, sent)
         held = Held(
             claim,
             renew_every=renew_every,
-            control_every=min(cfg.control_every, renew_every / 2),
-            renewed=now if sent is None else min(now, sent),
-            controlled=now if sent is None else min(now, sent),
+            control_every=control_every,
+            renewed=since,
+            controlled=since,
         )
         with self._lock:
             self._held[claim.id] = held
@@ -135,6 +135,17 @@ class Keeper:
             self._next_check = min(self._next_check, due)
             self._changed(due)
         return held
+
+    def _timings(self, lease_seconds: float) -> tuple[float, float]:
+        """How often a run with this lease is renewed and its state read: the worker's timings
+        scaled to the run's lease (kept per lease: asked once per run)."""
+        timings = self._timings_by_lease.get(lease_seconds)
+        if timings is None:
+            cfg = self.config
+            renew_every = cfg.renew_every * lease_seconds / cfg.lease
+            timings = (renew_every, min(cfg.control_every, renew_every / 2))
+            self._timings_by_lease[lease_seconds] = timings
+        return timings
 
     def hold_many(self, claims: Sequence[Claim], *, sent: float) -> None:
         """`hold` for every run of a batch, the dead man's switch armed once for all of them

@@ -93,28 +93,24 @@ TERMINAL = ("succeeded", "partial", "failed", "cancelled")
 
 @dataclass(frozen=True)
 class Claim:
-    """One claimed run, as the claim statement returned it."""
+    """One claimed run: what a worker reads of it, as the claim statement returned it. Only the
+    columns the worker uses: each returned column costs the server a type look-up per statement
+    (its row description, its send function), and one at a time that is per job (bench/README.md,
+    issue 19, fifth pass); the rest of the run is read with `get_run`."""
 
     id: int
     kind: str
     key: str | None
     tenant: str | None
-    group: str | None
-    exclusive: bool
-    priority: int
     payload: Any
     result: Any
     attempts: int
     max_attempts: int
     owner: uuid.UUID
-    lease_expires_at: datetime
     lease_seconds: float
     timeout_seconds: float | None
     processed_units: int
     total_units: int | None
-    created_at: datetime
-    queued_at: datetime
-    started_at: datetime
     # When the claim statement was sent, on this process's monotonic clock: the lease counts from
     # no later than that, so a reply that arrives late (a slow network, a stalled process) is not
     # taken for a fresh lease (Keeper.hold). Not a column.
@@ -208,13 +204,13 @@ def claim_runs(
         rows = cur.fetchall()
         if not rows:
             return []
-        if not _claim_columns_checked:  # cur.description builds 20 objects: once per process
+        if not _claim_columns_checked:  # cur.description builds 15 objects: once per process
             _check_claim_columns(cur.description)
     # Plain tuples, in Claim's field order (the claim's RETURNING list): the claim is the hot path
     # of one-at-a-time mode, and a dict per row cost more than building the Claim itself.
     if len(rows) > 1:
-        rows.sort(key=lambda r: (r[_PRIORITY], r[_QUEUED_AT], r[0]))
-    return [_claim(r, lease, sent) for r in rows]
+        rows.sort(key=lambda r: (r[_CLAIMED], r[_CLAIMED + 1], r[0]))
+    return [_claim(r[:_CLAIMED], lease, sent) for r in rows]
 
 
 class Chain:
@@ -233,7 +229,7 @@ class Chain:
     claims with claim_runs, so at once). A pause holds from its commit in every form.
 
     And one cursor, kept open: a new cursor brings a new psycopg Transformer, which looks up
-    the dumper of each parameter and the loader of each of the 22 result columns again on
+    the dumper of each parameter and the loader of each of the 14 result columns again on
     every statement; a kept one finds them in its own cache.
 
     On a direct connection the quick statement goes through libpq itself (`quick_rows`): a
@@ -248,6 +244,8 @@ class Chain:
     __slots__ = (
         "_cursor",
         "_encoding",
+        "_fixed",
+        "_fixed_values",
         "_kinds",
         "_kinds_text",
         "_pgconn",
@@ -271,6 +269,10 @@ class Chain:
         self._prepared: set[bytes] = set()
         self._transformer: abc.Transformer | None = None
         self._encoding = "utf-8"
+        # The parameters that stay the same from job to job (kinds, worker, lease), and the bytes
+        # quick_rows sends for them, made again when they change or the connection does.
+        self._fixed: tuple[str, str, float] | None = None
+        self._fixed_values: tuple[bytes, bytes, bytes] = (b"", b"", b"")
 
     def quick(self, now: float) -> bool:
         """Whether to send finish_and_claim_queued at monotonic time `now`."""
@@ -322,17 +324,22 @@ class Chain:
             if rows and not _combined_columns_checked[True]:
                 _check_combined_columns([d.name for d in cur.description or ()], quick=True)
             return _quick_outcome(rows)
-        if self._pgconn is not pgconn:
+        fixed = (params["kinds"], params["worker"], params["lease"])
+        if self._pgconn is not pgconn or fixed != self._fixed:
             self._encoding = conn.info.encoding  # the text below goes in the client's encoding
+            self._fixed = fixed
+            self._fixed_values = (
+                fixed[0].encode(self._encoding),
+                fixed[1].encode(self._encoding),
+                repr(float(fixed[2])).encode(),
+            )
         result, owner = params["result"], params["owner"]
-        values = [
+        values: list[Any] = [
             b"%d" % params["id"],
             # The owner in binary (16 bytes): formatting a UUID as text costs more.
             (owner if isinstance(owner, uuid.UUID) else uuid.UUID(owner)).bytes,
             None if result is None else result.encode(self._encoding),
-            params["kinds"].encode(self._encoding),
-            params["worker"].encode(self._encoding),
-            repr(float(params["lease"])).encode(),
+            *self._fixed_values,
         ]
         with conn.lock:
             if self._pgconn is not pgconn or name not in self._prepared:
@@ -443,7 +450,8 @@ def finish_and_claim(
             assert row is not None  # one row always
             if row[1] is not None and not _combined_columns_checked[False]:
                 _check_combined_columns([d.name for d in cur.description or ()], quick=False)
-        return bool(row[0]), None if row[1] is None else _claim(row[1:], lease, sent)
+        claimed = None if row[1] is None else _claim(row[1 : 1 + _CLAIMED], lease, sent)
+        return bool(row[0]), claimed
     probed = chain.probed(sent)
     with own_tx:
         sealed, row = chain.quick_rows(conn, params, probed=probed)
@@ -462,7 +470,7 @@ def finish_and_claim(
 
 def _claim(row: tuple[Any, ...], lease: float, sent: float) -> Claim:
     """The Claim of one returned row (Claim's fields in order, `sent` aside). Built by filling
-    the instance's attributes at once: a frozen dataclass's __init__ sets each of its 21 fields
+    the instance's attributes at once: a frozen dataclass's __init__ sets each of its 14 fields
     through object.__setattr__, three times the cost, once per claimed run."""
     claim = _new(Claim)
     fields = claim.__dict__
@@ -483,17 +491,22 @@ CLAIM_COLUMNS = tuple(
 )
 # Claim's fields in the same order (CLAIM_COLUMNS with `owner` for lease_owner), for _claim.
 CLAIM_FIELDS = tuple(f.name for f in dataclasses.fields(Claim) if f.name != "sent")
-_PRIORITY = CLAIM_COLUMNS.index("priority")
-_QUEUED_AT = CLAIM_COLUMNS.index("queued_at")
+# claim_runs returns these after Claim's columns: the order in which a batch's runs are run
+# (priority, then queued_at, then id), which an UPDATE's RETURNING does not keep.
+ORDER_COLUMNS = ("priority", "queued_at")
+_CLAIMED = len(CLAIM_COLUMNS)
 _claim_columns_checked = False
 
 
 def _check_claim_columns(description: Sequence[Any] | None) -> None:
-    """Once per process: the claim statement returns exactly Claim's fields, in order."""
+    """Once per process: the claim statement returns exactly Claim's fields, in order, and then
+    ORDER_COLUMNS."""
     global _claim_columns_checked
     names = tuple(d.name for d in description or ())
-    if names != CLAIM_COLUMNS:
-        raise RuntimeError(f"claim_runs returns {names}, Claim expects {CLAIM_COLUMNS}")
+    if names != (*CLAIM_COLUMNS, *ORDER_COLUMNS):
+        raise RuntimeError(
+            f"claim_runs returns {names}, expected Claim's {CLAIM_COLUMNS} + {ORDER_COLUMNS}"
+        )
     _claim_columns_checked = True
 
 
@@ -502,12 +515,13 @@ _combined_columns_checked = [False, False]
 
 
 def _check_combined_columns(columns: Sequence[str], quick: bool) -> None:
-    """Once per process and statement: finish_and_claim returns `finished`, then Claim's fields
-    in order; finish_and_claim_queued `sealed`, then the same."""
+    """Once per process and statement: finish_and_claim returns `finished`, then claim_runs'
+    columns (Claim's fields in order, then ORDER_COLUMNS); finish_and_claim_queued `sealed`, then
+    Claim's fields."""
     names = tuple(columns)
-    head = ("sealed",) if quick else ("finished",)
-    if names != (*head, *CLAIM_COLUMNS):
-        raise RuntimeError(f"finish_and_claim returns {names}, expected {head} + Claim's fields")
+    expected = ("sealed", *CLAIM_COLUMNS) if quick else ("finished", *CLAIM_COLUMNS, *ORDER_COLUMNS)
+    if names != expected:
+        raise RuntimeError(f"finish_and_claim returns {names}, expected {expected}")
     _combined_columns_checked[quick] = True
 
 

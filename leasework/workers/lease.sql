@@ -148,9 +148,8 @@ UPDATE leasework.runs r
    -- one run alive at once. Guarded by tests/chaos (the non-cooperative Postgres crash).
 -- Unqualified: the statement has no FROM, so these are the claimed row's new values (and the
 -- shorter text keeps finish_and_claim within psycopg's parse cache, see queries.load).
-RETURNING id, kind, key, tenant, "group", exclusive, priority, payload, result, attempts,
-          max_attempts, lease_owner, lease_expires_at, lease_seconds, timeout_seconds,
-          processed_units, total_units, created_at, queued_at, started_at
+RETURNING id, kind, key, tenant, payload, result, attempts, max_attempts, lease_owner,
+          lease_seconds, timeout_seconds, processed_units, total_units, priority, queued_at
 
 -- name: expire_and_promote
 -- The poll's bookkeeping, bounded by %(limit)s, in one round trip (no reaper process):
@@ -352,11 +351,10 @@ UPDATE leasework.runs r
    -- The seal is owner-scoped as ever; the claimed run was locked queued by untenanted_queued.
    AND (r.id IS DISTINCT FROM %(id)s::bigint OR r.lease_owner = %(owner)s::uuid)
 RETURNING r.id = %(id)s::bigint AS sealed,
-          id, kind, key, tenant, "group", exclusive, priority,
+          id, kind, key, tenant,
           CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE payload END AS payload,
           CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE result END AS result, attempts,
-          max_attempts, lease_owner, lease_expires_at, lease_seconds, timeout_seconds,
-          processed_units, total_units, created_at, queued_at, started_at
+          max_attempts, lease_owner, lease_seconds, timeout_seconds, processed_units, total_units
 
 -- name: due_elsewhere
 -- finish_and_claim_queued's gate, in its probed form: whether claim_runs could take a run that

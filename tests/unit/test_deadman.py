@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from datetime import UTC, datetime
 
 import pytest
 
@@ -58,29 +57,11 @@ class Clock:
 
 
 def claim(run_id: int = 1, lease: float = 60.0, timeout: float | None = None) -> Claim:
-    at = datetime(2026, 1, 1, tzinfo=UTC)
     return Claim(
-        run_id,
-        "job",
-        None,
-        None,
-        None,
-        False,
-        0,
-        {},
-        None,
-        1,
-        3,
-        uuid.uuid4(),
-        at,
-        lease,
-        timeout,
-        0,
-        None,
-        at,
-        at,
-        at,
-    )
+        id=run_id, kind="job", key=None, tenant=None, payload={}, result=None, attempts=1,
+        max_attempts=3, owner=uuid.uuid4(), lease_seconds=lease, timeout_seconds=timeout,
+        processed_units=0, total_units=None,
+    )  # fmt: skip
 
 
 def test_the_keeper_arms_before_the_lease_and_after_the_grace() -> None:

@@ -6,7 +6,6 @@ in `tend`)."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
 
 from leasework import Config
 from leasework.workers.keeper import Keeper
@@ -22,12 +21,10 @@ class Clock:
 
 
 def claim(run_id: int) -> Claim:
-    now = datetime.now(UTC)
     return Claim(
-        id=run_id, kind="k", key=None, tenant=None, group=None, exclusive=False, priority=0,
-        payload={}, result=None, attempts=1, max_attempts=3, owner=uuid.uuid4(),
-        lease_expires_at=now, lease_seconds=60.0, timeout_seconds=None, processed_units=0,
-        total_units=None, created_at=now, queued_at=now, started_at=now,
+        id=run_id, kind="k", key=None, tenant=None, payload={}, result=None, attempts=1,
+        max_attempts=3, owner=uuid.uuid4(), lease_seconds=60.0, timeout_seconds=None,
+        processed_units=0, total_units=None,
     )  # fmt: skip
 
 

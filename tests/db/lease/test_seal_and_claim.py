@@ -633,8 +633,7 @@ def test_the_quick_statement_claims_the_same_values_as_the_whole_one(conn: Conn)
         assert type(whole) is type(quick), field
     assert by_quick.payload == {"i": 2, "s": "é"} and by_quick.key == "key-2"
     assert by_quick.lease_seconds == 45.5 and by_quick.total_units == 7
-    assert by_quick.started_at.tzinfo is not None
-    assert by_quick.max_attempts == 5 and by_quick.priority == 2
+    assert by_quick.max_attempts == 5 and by_quick.attempts == 1
 
 
 def test_text_goes_in_the_connections_client_encoding(dsn: str, conn: Conn) -> None:

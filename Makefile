@@ -83,13 +83,15 @@ bench-quick:
 
 # Rolling upgrades: the previous release's workers must keep running on the new schema. `make
 # compat PREV=<git rev of that release>` runs its db and unit tests (its own code and SQL) against
-# this schema.sql and these migrations, in a temporary worktree (.compat, removed afterwards).
+# this schema.sql and these migrations, in a temporary worktree (.compat, removed afterwards),
+# with this suite's movable database clock (tests/clock.py, as a plugin: its tests move time).
 compat: $(STAMP)
 	@test -n "$(PREV)" || { echo "make compat: set PREV=<git rev of the previous release>" >&2; exit 2; }
 	@rm -rf .compat; git worktree prune; git worktree add -q --detach .compat $(PREV)
 	@cp schema.sql .compat/schema.sql; cp leasework/migrations/*.sql .compat/leasework/migrations/
+	@cp tests/clock.py .compat/tests/leasework_test_clock.py
 	@cd .compat && PYTHONPATH=$(CURDIR)/.compat $(CURDIR)/$(VENV)/bin/python -m pytest -q \
-		-m 'not chaos' -p no:cacheprovider tests/db tests/unit \
+		-m 'not chaos' -p no:cacheprovider -p tests.leasework_test_clock tests/db tests/unit \
 		--deselect tests/db/test_migrations.py; \
 		status=$$?; cd $(CURDIR); git worktree remove --force .compat; exit $$status
 

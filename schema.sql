@@ -16,13 +16,13 @@ CREATE TABLE IF NOT EXISTS leasework.schema_version (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
--- The database's idea of "now", shifted by the session setting leasework.now_offset (an interval,
--- empty by default). Production never sets it; tests move time with it instead of sleeping.
--- Every lease decision reads this, never the worker's clock.
+-- The database's idea of "now": every lease decision reads this, never the worker's clock. The
+-- server's now(), nothing added (migration 0014): the planner inlines it, so it costs what now()
+-- does. The test suite replaces it in its own databases with a clock it can move
+-- (tests/clock.py), instead of sleeping.
 CREATE OR REPLACE FUNCTION leasework.now() RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT now() + coalesce(nullif(current_setting('leasework.now_offset', true), '')::interval,
-                            interval '0');
+    SELECT now();
 $$;
 
 -- The kinds the workers of this database have handlers for: each worker's maintenance stage

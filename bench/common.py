@@ -13,7 +13,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -379,6 +379,25 @@ class Run:
 
     rate: float
     cost: Cost
+
+
+def rounds(labels: Sequence[str], repeat: int, one: Callable[[str], Run]) -> dict[str, list[Run]]:
+    """`repeat` rounds of one run per label, the order reversed every other round (A B C, C B
+    A, ...): a machine whose speed drifts during the invocation favours no label, and labels
+    next to each other in `labels` run back to back in every round, so a ratio between the two
+    is measured under the same conditions (`paired`)."""
+    results: dict[str, list[Run]] = {label: [] for label in labels}
+    for i in range(repeat):
+        for label in labels if i % 2 == 0 else reversed(labels):
+            results[label].append(one(label))
+    return results
+
+
+def paired(runs: Sequence[Run], baseline: Sequence[Run]) -> float:
+    """The median over rounds of each round's throughput ratio (the runs of one round ran back to
+    back): less moved by the machine's drift than the ratio of the two medians, which pairs runs
+    made minutes apart."""
+    return med([r.rate / b.rate for r, b in zip(runs, baseline, strict=True)])
 
 
 def cost_cells(runs: Sequence[Run]) -> list[str]:

@@ -19,6 +19,8 @@ from leasework import App, Config, db, operations
 from leasework.pytest_plugin import empty
 from leasework.workers.worker import Worker
 
+from . import clock
+
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -57,6 +59,7 @@ def dsn(server_dsn: str) -> Iterator[str]:
     test_dsn = make_conninfo(**params)
     with psycopg.connect(test_dsn, autocommit=True) as conn:
         db.migrate(conn)
+        clock.install(conn)  # a leasework.now() that shift_clock moves
     yield test_dsn
     with psycopg.connect(server_dsn, autocommit=True) as admin:
         admin.execute(
@@ -127,7 +130,8 @@ def make_due(conn: psycopg.Connection[Any], run_id: int) -> None:
 
 
 def shift_clock(conn: psycopg.Connection[Any], seconds: float) -> None:
-    """Move this connection's idea of database time (leasework.now()) by `seconds` from real now."""
+    """Move this connection's idea of database time (leasework.now()) by `seconds` from real now:
+    the session database's clock is movable (tests/clock.py)."""
     conn.execute("SELECT set_config('leasework.now_offset', %s, false)", (f"{seconds} seconds",))
 
 

@@ -11,6 +11,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from leasework import db
 from leasework.db import Migration
 from leasework.errors import LeaseworkError, SchemaMissing
+
+from .. import clock
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = db.migrations()
@@ -138,6 +141,21 @@ def test_every_migration_from_the_first_gives_the_fresh_schema(
             f"  only in schema.sql: {missing}\n  only after the migrations: {extra}\n"
             "Changed schema.sql? Add leasework/migrations/NNNN_what.sql making the same change."
         )
+
+
+def test_a_migrated_database_runs_on_the_servers_clock(scratch: Callable[[], str]) -> None:
+    """Production's leasework.now() is now(), whatever leasework.now_offset says: only the test
+    suite's own databases get the movable clock (tests/clock.py)."""
+    for migrate in (db.migrate, lambda c: db.apply_migrations(c, list(db.migrations()))):
+        with psycopg.connect(scratch()) as conn:
+            migrate(conn)
+            conn.execute("SELECT set_config('leasework.now_offset', '1 day', true)")
+            row = conn.execute("SELECT leasework.now() = now(), leasework.now()").fetchone()
+            assert row is not None and row[0], f"leasework.now() is {row}, not now()"
+            clock.install(conn)
+            moved = conn.execute("SELECT leasework.now() - now()").fetchone()
+            assert moved is not None and moved[0] == timedelta(days=1)
+            conn.rollback()
 
 
 def test_migrations_are_numbered_without_gaps() -> None:

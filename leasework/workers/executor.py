@@ -92,13 +92,21 @@ class Executor:
 
     # -- running ------------------------------------------------------------------------------
 
-    def run(self, claim: Claim, handler: Handler, *, defer: list[Done] | None = None) -> str | None:
+    def run(
+        self,
+        claim: Claim,
+        handler: Handler,
+        *,
+        defer: list[Done] | None = None,
+        held: Held | None = None,
+    ) -> str | None:
         """Run the handler under the claim's lease and write the outcome. Returns the run's new
         status, or None when the lease was lost and nothing was written. With `defer`, a success
         is appended there (its result encoded) for the caller to seal: with the batch's others
         (`seal_successes`) or with the next claim (`seal_and_claim`); every other outcome is
-        written at once. A result that cannot be stored as jsonb fails the attempt."""
-        held = self.keeper.get(claim.id) or self.keeper.hold(claim, sent=claim.sent)
+        written at once. A result that cannot be stored as jsonb fails the attempt. `held`: the
+        keeper's record of the claim, when the caller has it (a batch)."""
+        held = held or self.keeper.get(claim.id) or self.keeper.hold(claim, sent=claim.sent)
         if held.signal.reason == "lost":
             # The claim's answer came after its lease could have run out (Keeper.hold): another
             # worker may hold the run now. Never start it.
@@ -133,14 +141,14 @@ class Executor:
                 ctx.signal.trip("shutdown")
                 self._write_outcome(ctx, self._decide(ctx, None, exc))
                 raise
-            if raised is None and ctx.signal.reason is None:
-                # The common end, as decide() has it, without its questions: a success.
-                outcome = Outcome("seal", status="succeeded", result=returned)
-            else:
-                outcome = self._decide(ctx, returned, raised)
-            if outcome.action == "seal" and outcome.status == "succeeded":
+            # The common end, as decide() has it, without its questions: a success.
+            succeeded = raised is None and ctx.signal.reason is None
+            outcome = None if succeeded else self._decide(ctx, returned, raised)
+            if outcome is not None and outcome.action == "seal" and outcome.status == "succeeded":
+                succeeded, returned = True, outcome.result
+            if succeeded:
                 try:
-                    encoded = lease.encode_result(outcome.result, self.config.result_max_bytes)
+                    encoded = lease.encode_result(returned, self.config.result_max_bytes)
                 except ResultError as exc:
                     outcome = Outcome("requeue", label="failed", error=str(exc), result=ctx.result)
                 else:
@@ -149,6 +157,7 @@ class Executor:
                         self._durations[claim.id] = time.monotonic() - ctx.started
                         return "succeeded"
                     outcome = Outcome("seal", status="succeeded", result=encoded)
+            assert outcome is not None
             return self._write_outcome(ctx, outcome)
         finally:
             self.current = None
@@ -203,7 +212,7 @@ class Executor:
                 if held is not None and held.signal.tripped:
                     self._unstarted(held)
                     continue
-                self.run(claim, handler, defer=done)
+                self.run(claim, handler, defer=done, held=held)
         finally:
             self.seal_successes(done)
             for claim in claims[executed:]:

@@ -62,8 +62,7 @@ class RunsStage:
         handled = 0
         # A one-at-a-time success whose seal rides on the next claim (finish_and_claim: one
         # round trip and one commit per job instead of two). Sealed on its own when there is no
-        # next claim to make: the step ending, the worker stopping, a run with a tenant, or an
-        # error.
+        # next claim to make: the step ending, the worker stopping, or an error.
         pending: tuple[Claim, Any] | None = None
         turns = 0
         drained = False  # the last claim found nothing
@@ -82,7 +81,7 @@ class RunsStage:
                     turns = 0
                 turns += 1
                 claims: list[Claim] | None = None
-                if pending is not None and pending[0].tenant is None:
+                if pending is not None:
                     claims = site.executor.seal_and_claim(pending, kinds)
                     pending = None
                 if claims is None:

@@ -265,7 +265,7 @@ class Executor:
         """Seal a success and claim the next run in one statement (one round trip, one
         synchronous commit): one-at-a-time mode's steady state. Returns the claimed run (or an
         empty list); None after a database error, when the success has been sealed on its own
-        instead and the caller claims on its own. Only for a run without a tenant."""
+        instead and the caller claims on its own."""
         claim, result = done
         try:
             sealed, nxt = lease.finish_and_claim(

@@ -423,16 +423,16 @@ def finish_and_claim(
 ) -> tuple[bool, Claim | None]:
     """Seal `claim` as succeeded and claim the next due run of `kinds`, in one statement and one
     synchronous commit (lease.sql, finish_and_claim). Returns (sealed, next claim or None);
-    sealed False: the run was no longer ours and nothing was written for it. Only for a run
-    without a tenant (the claim's limiter would count it as still holding its lease).
+    sealed False: the run was no longer ours and nothing was written for it. A run with a
+    tenant too: the claim's limiter still counts it as holding its lease, so when the statement
+    claims nothing, claim_runs claims again once the seal has committed (the next run of that
+    tenant may have conflicted with it).
 
     With a `chain` (the caller's, kept from job to job), the statement runs on its kept cursor,
     and while the chain has seen nothing else due lately it is finish_and_claim_queued; if that
     claims nothing (something else due, or nothing queued without a tenant), it still seals, and
     the claim is made here with claim_runs (one statement more, at most once per `chain.recheck`
     while the queue stays so)."""
-    if claim.tenant is not None:
-        raise ValueError("finish_and_claim seals runs without a tenant only")
     params = {
         "id": claim.id,
         "owner": claim.owner,
@@ -450,8 +450,13 @@ def finish_and_claim(
             assert row is not None  # one row always
             if row[1] is not None and not _combined_columns_checked[False]:
                 _check_combined_columns([d.name for d in cur.description or ()], quick=False)
-        claimed = None if row[1] is None else _claim(row[1 : 1 + _CLAIMED], lease, sent)
-        return bool(row[0]), claimed
+        if row[1] is not None:
+            return bool(row[0]), _claim(row[1 : 1 + _CLAIMED], lease, sent)
+        if claim.tenant is None:
+            return bool(row[0]), None
+        # The sealed run's tenant: the limiter above saw it still running.
+        claims = claim_runs(conn, kinds, worker=worker, lease=lease)
+        return bool(row[0]), claims[0] if claims else None
     probed = chain.probed(sent)
     with own_tx:
         sealed, row = chain.quick_rows(conn, params, probed=probed)

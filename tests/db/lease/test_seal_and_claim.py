@@ -4,10 +4,11 @@ the ordinary claim, the statement never touches one row twice, and the runs stag
 the separate finish wherever the combined statement does not apply. Each statement-level test
 runs with both statements: the whole one and finish_and_claim_queued (a Chain that has seen
 nothing else due), which must claim what the whole one would, tenanted runs and expired leases
-included."""
+included. A run with a tenant is sealed the same way; the limiter stays as strict."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -382,12 +383,67 @@ def test_the_chain_sends_the_quick_statement_again_after_its_recheck() -> None:
     assert chain.quick(105.0)
 
 
-def test_a_run_with_a_tenant_is_refused(conn: Conn) -> None:
-    enqueue(conn, 1, tenant="acme")
+def test_a_run_with_a_tenant_is_sealed_with_the_next_claim(
+    conn: Conn, chain: lease.Chain | None
+) -> None:
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    first = app.enqueue(conn, "k", {}, tenant="acme")
+    second = app.enqueue(conn, "k", {}, tenant="globex")
     claim = claim_one(conn)
-    with pytest.raises(ValueError, match="tenant"):
-        lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0)
-    assert get_run(conn, claim.id)["status"] == "running"
+    assert claim.id == first
+
+    sealed, nxt = lease.finish_and_claim(
+        conn, claim, ["k"], worker="w1", lease=30.0, result={"ok": 1}, chain=chain
+    )
+
+    assert sealed and nxt is not None and nxt.id == second and nxt.tenant == "globex"
+    run = get_run(conn, first)
+    assert run["status"] == "succeeded" and run["result"] == {"ok": 1}
+
+
+@pytest.mark.parametrize("rule", ["group", "exclusive"])
+def test_the_next_run_the_limiter_held_back_for_the_sealed_one_is_claimed_once_it_is_sealed(
+    conn: Conn, chain: lease.Chain | None, rule: str
+) -> None:
+    # The statement's claim still sees the run it seals as holding its lease: its limiter is
+    # stricter than after the seal, so the same tenant's next run of the same group (or any, the
+    # sealed one being exclusive) is not claimed there. finish_and_claim claims it on its own
+    # once the seal has committed: never both running, and the worker does not rest with it due.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    options: dict[str, Any] = {"group": "g"} if rule == "group" else {"exclusive": True}
+    first = app.enqueue(conn, "k", {}, tenant="acme", **options)
+    second = app.enqueue(conn, "k", {}, tenant="acme", **options)
+    claim = claim_one(conn)
+    assert claim.id == first
+    assert lease.claim_runs(conn, ["k"], worker="w2", lease=30.0) == []  # the limiter holds
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == second
+    assert get_run(conn, first)["status"] == "succeeded"
+
+
+def test_sealing_a_tenanted_run_does_not_loosen_the_limiter_for_another_runs_lease(
+    conn: Conn, chain: lease.Chain | None
+) -> None:
+    # Another worker holds a run of acme's group g; the run sealed is acme's too (group h). The
+    # next run, acme's group g again, must wait for the other worker's run, not ride on the seal.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    held = app.enqueue(conn, "k", {}, tenant="acme", group="g")
+    first = app.enqueue(conn, "k", {}, tenant="acme", group="h")
+    blocked = app.enqueue(conn, "k", {}, tenant="acme", group="g")
+    assert lease.claim_runs(conn, ["k"], worker="w2", lease=30.0)[0].id == held
+    claim = claim_one(conn)
+    assert claim.id == first
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is None
+    assert get_run(conn, blocked)["status"] == "queued"
+    assert get_run(conn, held)["status"] == "running"
 
 
 class Spy:
@@ -426,18 +482,24 @@ def test_the_runs_stage_seals_each_success_with_the_next_claim(
         assert [h["outcome"] for h in run["history"]] == ["succeeded"]
 
 
-def test_runs_with_a_tenant_are_sealed_on_their_own(
+def test_runs_with_a_tenant_are_sealed_with_the_next_claim_too(
     conn: Conn, make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = App()
     app.task("k")(lambda ctx, p: None)
-    ids = [app.enqueue(conn, "k", {}, tenant=f"t{i}") for i in range(3)]
+    ids = [app.enqueue(conn, "k", {}, tenant="t0" if i < 4 else "t1", group="g") for i in range(6)]
     spy = Spy(monkeypatch)
 
-    assert make_worker(app).poll() == 3
+    # One poll takes all six, although each run's successor in its tenant and group could only
+    # be claimed once the run before was sealed.
+    assert make_worker(app).poll() == 6
 
-    assert spy.finishes == 3
-    assert {get_run(conn, i)["status"] for i in ids} == {"succeeded"}
+    assert spy.finishes == 0
+    runs = [get_run(conn, i) for i in ids]
+    assert {r["status"] for r in runs} == {"succeeded"}
+    for tenant in ("t0", "t1"):  # one at a time within the tenant and group
+        mine = sorted((r for r in runs if r["tenant"] == tenant), key=lambda r: r["started_at"])
+        assert all(a["finished_at"] <= b["started_at"] for a, b in itertools.pairwise(mine))
 
 
 def test_a_worker_told_to_stop_seals_its_last_success_and_claims_no_more(

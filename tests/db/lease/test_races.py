@@ -161,6 +161,80 @@ def test_racing_claims_respect_the_limiter(conn: Conn, connections: Any) -> None
     }
 
 
+@pytest.mark.parametrize("chained", [False, True], ids=["whole", "chain"])
+def test_racing_seals_with_the_next_claim_respect_the_limiter(
+    conn: Conn, connections: Any, chained: bool
+) -> None:
+    """One-at-a-time mode's steady state under a race: each racer seals its run in the same
+    statement as its next claim (lease.finish_and_claim: the whole statement, or a Chain's quick
+    one first), runs of two tenants with groups and exclusive runs among them, while a monitor
+    checks that no two conflicting runs of a tenant ever hold live leases at once."""
+    app = make_app()
+    plan = [("g1", False)] * 10 + [("g2", False)] * 10 + [(None, True)] * 4 + [("g1", True)] * 4
+    random.Random(5).shuffle(plan)
+    with conn.transaction():
+        ids = [
+            app.enqueue(conn, "job", tenant=f"ws-{i % 2}", group=g, exclusive=x)
+            for i, (g, x) in enumerate(plan)
+        ]
+        ids += [app.enqueue(conn, "job") for _ in range(8)]  # and some without a tenant
+    racers = connections(4)
+    done: set[int] = set()
+    lock = threading.Lock()
+    stop = threading.Event()
+    start = threading.Barrier(len(racers))
+    violations: list[int] = []
+
+    def racer(c: Conn, name: str, seed: int) -> Callable[[], None]:
+        rand = random.Random(seed)
+        chain = lease.Chain() if chained else None
+
+        def go() -> None:
+            start.wait()
+            deadline = time.monotonic() + 25
+            held: lease.Claim | None = None
+            while not stop.is_set() and time.monotonic() < deadline:
+                if held is None:
+                    claims = lease.claim_runs(c, KINDS, worker=name, lease=LEASE)
+                    held = claims[0] if claims else None
+                    if held is None:
+                        time.sleep(0.001)
+                        continue
+                conflicts = c.execute(LIVE_CONFLICTS).fetchone()
+                assert conflicts is not None
+                if conflicts[0]:
+                    violations.append(held.id)
+                if rand.random() < 0.5:
+                    c.execute("SELECT pg_sleep(0.002)")  # hold the lease a moment
+                sealed, nxt = lease.finish_and_claim(
+                    c, held, KINDS, worker=name, lease=LEASE, chain=chain
+                )
+                assert sealed
+                with lock:
+                    done.add(held.id)
+                    if len(done) == len(ids):
+                        stop.set()
+                held = nxt
+            if held is not None:  # stopped by the deadline holding one: the test fails below
+                lease.finish(c, held, "succeeded")
+
+        return go
+
+    def monitor() -> None:
+        while not stop.is_set():
+            row = conn.execute(LIVE_CONFLICTS).fetchone()
+            assert row is not None
+            if row[0]:
+                violations.append(-1)
+
+    run_threads([monitor, *(racer(c, f"w{i}", i) for i, c in enumerate(racers))])
+    assert not violations, "two conflicting runs of one tenant held live leases at once"
+    assert done == set(ids)
+    assert {r[0] for r in conn.execute("SELECT DISTINCT status FROM leasework.runs")} == {
+        "succeeded"
+    }
+
+
 def claim_at_once(racers: list[Conn]) -> list[lease.Claim]:
     barrier = threading.Barrier(len(racers))
     got: list[lease.Claim] = []

@@ -2,13 +2,15 @@
 job and claims the next in one statement, one commit per job: the limit; and the two-commit one,
 claim then finish) against leasework's worker, in the same invocation, against the same server, in
 a database of its own; with --batch N (default 100, 0 for none) also the raw loop claiming and
-completing N at a time against a kind declared `batch=N`. Beside every throughput, what a job
+completing N at a time against a kind declared `batch=N`; and the fused loop and leasework with
+one process each (--single-jobs, 0 for none). Beside every throughput, what a job
 cost: commits, WAL bytes, client and backend CPU (common.Meter). Rounds are interleaved, the
 order reversed every other round (common.rounds). Prints medians and ranges, and each ratio as
 the median of the rounds' (common.paired), beside its target; asserts nothing.
 
     .venv/bin/python bench/throughput.py [--dsn DSN] [--jobs 20000] [--procs 2] [--repeat 5]
-                                         [--tenants 0] [--batch 100] [--batch-jobs 100000] [--quick]
+                                         [--single-jobs 10000] [--tenants 0] [--batch 100]
+                                         [--batch-jobs 100000] [--quick]
 """
 
 from __future__ import annotations
@@ -149,11 +151,19 @@ def main() -> None:
         action="store_true",
         help="on a private cluster (bench/cluster.py; fsync off): exact WAL and commits per job",
     )
+    ap.add_argument(
+        "--single-jobs",
+        type=int,
+        default=10000,
+        help="jobs of the one-process pair (the fused loop and leasework one at a time, one"
+        " process each), printed beside the 2-process figures (0: not run)",
+    )
     results_arg(ap)
     args = ap.parse_args()
     if args.quick:
         args.jobs, args.repeat = min(args.jobs, 5000), min(args.repeat, 3)
         args.batch_jobs = min(args.batch_jobs, 25000)
+        args.single_jobs = min(args.single_jobs, 3000)
     if args.private:
         # Exact WAL and commit figures: nothing else writes to this server. Its fsync is off
         # (bench/cluster.py), so a commit costs less than on a real server: read its costs per
@@ -176,6 +186,9 @@ def run(args: argparse.Namespace) -> None:
         (RAW_FUSED, raw_setup, raw_fused_worker, 0),
         (LW_ONE, lw_setup, lw_worker, 0),
     ]
+    if args.single_jobs:
+        variants.append((RAW_FUSED_1, raw_setup, raw_fused_worker, 0))
+        variants.append((LW_ONE_1, lw_setup, lw_worker, 0))
     if args.tenants:
         variants.append((f"leasework, {args.tenants:,} tenants", lw_setup, lw_worker, args.tenants))
     raw_batched, lw_batched = f"raw batched ({args.batch})", f"leasework batch={args.batch}"
@@ -187,6 +200,8 @@ def run(args: argparse.Namespace) -> None:
 
     def one(label: str) -> Run:
         setup, work, tenants = by_label[label]
+        if label in (RAW_FUSED_1, LW_ONE_1):
+            return timed(setup, work, dsn, args.single_jobs, 1, tenants)
         jobs = args.batch_jobs if label in (raw_batched, lw_batched) else args.jobs
         return timed(setup, work, dsn, jobs, args.procs, tenants)
 
@@ -202,6 +217,9 @@ def run(args: argparse.Namespace) -> None:
 RAW_FUSED = "raw fused (finish + claim, 1 commit)"
 RAW_TWO = "raw claim, then finish (2 commits)"
 LW_ONE = "leasework one-at-a-time"
+# The same two with one process each (--single-jobs): no second worker to take turns with.
+RAW_FUSED_1 = "raw fused, 1 process"
+LW_ONE_1 = "leasework one-at-a-time, 1 process"
 
 
 def rates(runs: list[Run]) -> list[float]:
@@ -218,8 +236,9 @@ def report(
     paired (common.paired): the median of each round's ratio, the two runs back to back."""
     fused_runs = results[RAW_FUSED]
     fused = med(rates(fused_runs))
+    single = f", {args.single_jobs:,} with 1 process" if args.single_jobs else ""
     print(
-        f"throughput: {args.jobs:,} no-op jobs ({args.batch_jobs:,} batched), {args.procs}"
+        f"throughput: {args.jobs:,} no-op jobs ({args.batch_jobs:,} batched{single}), {args.procs}"
         f" processes, {args.repeat} runs each,"
         " interleaved, the order reversed every other round; ratios: the median of each"
         " round's; per job: medians (commits and WAL include autovacuum's; WAL is the"
@@ -230,6 +249,8 @@ def report(
         values = rates(runs)
         target = "≥ 0.80" if label == LW_ONE else ""
         ratio = f"{paired(runs, fused_runs):.2f}"
+        if label in (RAW_FUSED_1, LW_ONE_1):  # against the fused loop with one process too
+            ratio = f"{paired(runs, results[RAW_FUSED_1]):.2f}"
         if raw_batched and label == lw_batched:
             target = f"≥ 0.60 x {raw_batched}"
             ratio += f" ({paired(runs, results[raw_batched]):.2f} x batched)"
@@ -253,6 +274,21 @@ def report(
         f" per job leasework {cost[0]} commits, {cost[1]} B WAL;"
         f" raw fused {fused_cost[0]} commits, {fused_cost[1]} B WAL",
     )  # fmt: skip
+    if args.single_jobs:
+        lw1, fused1 = rates(results[LW_ONE_1]), rates(results[RAW_FUSED_1])
+        single_ratio = paired(results[LW_ONE_1], results[RAW_FUSED_1])
+        c1, f1 = cost_cells(results[LW_ONE_1]), cost_cells(results[RAW_FUSED_1])
+        record(
+            args.results, 1,
+            f"one-at-a-time, 1 process ({args.single_jobs:,} jobs, {args.repeat} runs)",
+            med(lw1), "jobs/s", baseline=med(fused1),
+            baseline_label="raw fused loop, 1 process", ratio=single_ratio,
+            target_text="context (the target is 2 processes')", met=None, short=args.quick,
+            notes=f"ratio: median of the rounds' (ratio of the medians {med(lw1) / med(fused1):.2f});"
+            f" ranges: leasework {spread(lw1)}, raw fused {spread(fused1)};"
+            f" per job leasework {c1[0]} commits, {c1[1]} B WAL; raw fused {f1[0]} commits,"
+            f" {f1[1]} B WAL",
+        )  # fmt: skip
     if raw_batched:
         lwb, rawb = rates(results[lw_batched]), rates(results[raw_batched])
         batched = paired(results[lw_batched], results[raw_batched])

@@ -5,11 +5,14 @@ what the Python path refuses, and a rolled-back insert enqueues nothing."""
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import errors as pgerrors
 
 from leasework import Client, ConfigError, Context
@@ -175,3 +178,28 @@ def test_a_trigger_enqueues_with_its_row_and_a_rollback_enqueues_nothing(
         return payload["user"]
 
     assert [r.result for r in drain(app, conn)] == [2, 3]
+
+
+KIND_RULE = re.compile(r"[A-Za-z0-9_.:/@+-]{1,200}")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kind=st.one_of(
+        st.text(alphabet="Az09_.:/@+- %é\u00a0\n\x7f'\"\\", max_size=12),
+        st.sampled_from(["", "a" * 200, "a" * 201, "é" * 3, "k" * 199 + "é", "ok.kind/v2@x+y-z:1"]),
+    )
+)
+def test_sql_enqueue_takes_a_kind_exactly_when_the_kind_rule_does(conn: Conn, kind: str) -> None:
+    # The function checks the kind without a regular expression (migration 0015): it must take
+    # exactly the kinds ^[A-Za-z0-9_.:/@+-]{1,200}$ matches, and refuse the rest in one line.
+    with conn.transaction(force_rollback=True):
+        try:
+            conn.execute("SELECT leasework.enqueue(%s)", (kind,))
+        except pgerrors.InvalidParameterValue as exc:
+            taken, message = False, exc.diag.message_primary or ""
+        else:
+            taken, message = True, ""
+    assert taken == bool(KIND_RULE.fullmatch(kind)), (kind, message)
+    if not taken:
+        assert "is not valid" in message and "\n" not in message

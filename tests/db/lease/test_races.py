@@ -109,6 +109,27 @@ def test_racing_claims_never_double_claim(conn: Conn, connections: Any) -> None:
     assert all(owners[i] == owner for i, owner, _ in claimed)
 
 
+def race_under_watch(
+    conn: Conn, racers: list[Callable[[], None]], stop: threading.Event, violations: list[int]
+) -> None:
+    """Run the racers beside a monitor that checks, one snapshot at a time until `stop`, that no
+    two conflicting runs of a tenant hold live leases; then that none did and every run
+    succeeded."""
+
+    def monitor() -> None:
+        while not stop.is_set():
+            row = conn.execute(LIVE_CONFLICTS).fetchone()
+            assert row is not None
+            if row[0]:
+                violations.append(-1)
+
+    run_threads([monitor, *racers])
+    assert not violations, "two conflicting runs of one tenant held live leases at once"
+    assert {r[0] for r in conn.execute("SELECT DISTINCT status FROM leasework.runs")} == {
+        "succeeded"
+    }
+
+
 def test_racing_claims_respect_the_limiter(conn: Conn, connections: Any) -> None:
     """Racers claim, hold briefly and finish runs of one tenant while a monitor checks, in one
     snapshot at a time, that no two conflicting runs hold live leases at once."""
@@ -146,19 +167,8 @@ def test_racing_claims_respect_the_limiter(conn: Conn, connections: Any) -> None
 
         return go
 
-    def monitor() -> None:
-        while not stop.is_set():
-            row = conn.execute(LIVE_CONFLICTS).fetchone()
-            assert row is not None
-            if row[0]:
-                violations.append(-1)
-
-    run_threads([monitor, *(racer(c, f"w{i}", i) for i, c in enumerate(racers))])
-    assert not violations, "two conflicting runs of one tenant held live leases at once"
+    race_under_watch(conn, [racer(c, f"w{i}", i) for i, c in enumerate(racers)], stop, violations)
     assert done == set(ids)
-    assert {r[0] for r in conn.execute("SELECT DISTINCT status FROM leasework.runs")} == {
-        "succeeded"
-    }
 
 
 @pytest.mark.parametrize("chained", [False, True], ids=["whole", "chain"])
@@ -220,19 +230,8 @@ def test_racing_seals_with_the_next_claim_respect_the_limiter(
 
         return go
 
-    def monitor() -> None:
-        while not stop.is_set():
-            row = conn.execute(LIVE_CONFLICTS).fetchone()
-            assert row is not None
-            if row[0]:
-                violations.append(-1)
-
-    run_threads([monitor, *(racer(c, f"w{i}", i) for i, c in enumerate(racers))])
-    assert not violations, "two conflicting runs of one tenant held live leases at once"
+    race_under_watch(conn, [racer(c, f"w{i}", i) for i, c in enumerate(racers)], stop, violations)
     assert done == set(ids)
-    assert {r[0] for r in conn.execute("SELECT DISTINCT status FROM leasework.runs")} == {
-        "succeeded"
-    }
 
 
 def claim_at_once(racers: list[Conn]) -> list[lease.Claim]:

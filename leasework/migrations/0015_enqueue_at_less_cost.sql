@@ -29,7 +29,7 @@ DECLARE
     wanted text[];
 BEGIN
     -- The kind's rule, ^[A-Za-z0-9_.:/@+-]{1,200}$, without a regular expression: after a
-    -- pause the regex engine was a quarter of an enqueue's time (bench/README.md, issue 19,
+    -- pause the regex engine took up to a quarter of an enqueue's time (bench/README.md, issue 19,
     -- sixth pass), translate() a loop over the characters.
     IF enqueue.kind IS NULL OR length(enqueue.kind) NOT BETWEEN 1 AND 200
        OR translate(enqueue.kind,

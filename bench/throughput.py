@@ -181,29 +181,29 @@ def run(args: argparse.Namespace) -> None:
     name = "leasework_bench_throughput"
     dsn = bench_database(args.dsn, name)
     # Each comparison's two systems next to each other: they run back to back in every round.
-    variants: list[tuple[str, Setup, Callable[[str], None], int]] = [
-        (RAW_TWO, raw_setup, raw_worker, 0),
-        (RAW_FUSED, raw_setup, raw_fused_worker, 0),
-        (LW_ONE, lw_setup, lw_worker, 0),
+    # Each: its label, set-up, worker, tenants, jobs and processes.
+    jobs, procs = args.jobs, args.procs
+    variants: list[tuple[str, Setup, Callable[[str], None], int, int, int]] = [
+        (RAW_TWO, raw_setup, raw_worker, 0, jobs, procs),
+        (RAW_FUSED, raw_setup, raw_fused_worker, 0, jobs, procs),
+        (LW_ONE, lw_setup, lw_worker, 0, jobs, procs),
     ]
     if args.single_jobs:
-        variants.append((RAW_FUSED_1, raw_setup, raw_fused_worker, 0))
-        variants.append((LW_ONE_1, lw_setup, lw_worker, 0))
+        variants.append((RAW_FUSED_1, raw_setup, raw_fused_worker, 0, args.single_jobs, 1))
+        variants.append((LW_ONE_1, lw_setup, lw_worker, 0, args.single_jobs, 1))
     if args.tenants:
-        variants.append((f"leasework, {args.tenants:,} tenants", lw_setup, lw_worker, args.tenants))
+        lw_tenants = f"leasework, {args.tenants:,} tenants"
+        variants.append((lw_tenants, lw_setup, lw_worker, args.tenants, jobs, procs))
     raw_batched, lw_batched = f"raw batched ({args.batch})", f"leasework batch={args.batch}"
     if args.batch:
-        variants.append((raw_batched, raw_setup, partial(raw_batch_worker, args.batch), 0))
-        app = batch_app(args.batch)
-        variants.append((lw_batched, lw_setup, partial(lw_worker, app=app), 0))
+        raw_b, lw_b = partial(raw_batch_worker, args.batch), partial(lw_worker, app=batch_app(args.batch))
+        variants.append((raw_batched, raw_setup, raw_b, 0, args.batch_jobs, procs))
+        variants.append((lw_batched, lw_setup, lw_b, 0, args.batch_jobs, procs))
     by_label = {v[0]: v[1:] for v in variants}
 
     def one(label: str) -> Run:
-        setup, work, tenants = by_label[label]
-        if label in (RAW_FUSED_1, LW_ONE_1):
-            return timed(setup, work, dsn, args.single_jobs, 1, tenants)
-        jobs = args.batch_jobs if label in (raw_batched, lw_batched) else args.jobs
-        return timed(setup, work, dsn, jobs, args.procs, tenants)
+        setup, work, tenants, n, processes = by_label[label]
+        return timed(setup, work, dsn, n, processes, tenants)
 
     try:
         results = rounds(list(by_label), args.repeat, one)

@@ -141,12 +141,15 @@ class Executor:
                 ctx.signal.trip("shutdown")
                 self._write_outcome(ctx, self._decide(ctx, None, exc))
                 raise
-            # The common end, as decide() has it, without its questions: a success.
-            succeeded = raised is None and ctx.signal.reason is None
-            outcome = None if succeeded else self._decide(ctx, returned, raised)
-            if outcome is not None and outcome.action == "seal" and outcome.status == "succeeded":
-                succeeded, returned = True, outcome.result
-            if succeeded:
+            # The common end needs none of decide()'s questions: returned, and nothing tripped,
+            # is a success (None: a success, `returned` its result).
+            outcome: Outcome | None = None
+            if raised is not None or ctx.signal.reason is not None:
+                outcome = self._decide(ctx, returned, raised)
+                if outcome.action == "seal" and outcome.status == "succeeded":
+                    returned = outcome.result
+                    outcome = None
+            if outcome is None:
                 try:
                     encoded = lease.encode_result(returned, self.config.result_max_bytes)
                 except ResultError as exc:
@@ -157,7 +160,6 @@ class Executor:
                         self._durations[claim.id] = time.monotonic() - ctx.started
                         return "succeeded"
                     outcome = Outcome("seal", status="succeeded", result=encoded)
-            assert outcome is not None
             return self._write_outcome(ctx, outcome)
         finally:
             self.current = None

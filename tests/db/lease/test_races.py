@@ -109,25 +109,56 @@ def test_racing_claims_never_double_claim(conn: Conn, connections: Any) -> None:
     assert all(owners[i] == owner for i, owner, _ in claimed)
 
 
-def race_under_watch(
-    conn: Conn, racers: list[Callable[[], None]], stop: threading.Event, violations: list[int]
-) -> None:
-    """Run the racers beside a monitor that checks, one snapshot at a time until `stop`, that no
-    two conflicting runs of a tenant hold live leases; then that none did and every run
-    succeeded."""
+class LimiterRace:
+    """What the racers of a limiter race share: the runs to finish, a stop once all are, and the
+    conflicts seen, by a racer holding a claim (its id) or by the monitor (-1)."""
 
-    def monitor() -> None:
-        while not stop.is_set():
-            row = conn.execute(LIVE_CONFLICTS).fetchone()
-            assert row is not None
-            if row[0]:
-                violations.append(-1)
+    def __init__(self, ids: list[int], racers: int, seconds: float = 25.0) -> None:
+        self.ids = set(ids)
+        self.done: set[int] = set()
+        self.violations: list[int] = []
+        self.stop = threading.Event()
+        self.start = threading.Barrier(racers)
+        self.seconds = seconds
+        self._lock = threading.Lock()
 
-    run_threads([monitor, *racers])
-    assert not violations, "two conflicting runs of one tenant held live leases at once"
-    assert {r[0] for r in conn.execute("SELECT DISTINCT status FROM leasework.runs")} == {
-        "succeeded"
-    }
+    def racing(self, deadline: float) -> bool:
+        return not self.stop.is_set() and time.monotonic() < deadline
+
+    def holding(self, c: Conn, run_id: int, rand: random.Random) -> None:
+        """A racer holds `run_id`'s lease: no conflicting run may hold one now. Sometimes it
+        holds the lease a moment before it finishes."""
+        conflicts = c.execute(LIVE_CONFLICTS).fetchone()
+        assert conflicts is not None
+        if conflicts[0]:
+            self.violations.append(run_id)
+        if rand.random() < 0.5:
+            c.execute("SELECT pg_sleep(0.002)")
+
+    def finished(self, run_id: int) -> None:
+        with self._lock:
+            self.done.add(run_id)
+            if self.done == self.ids:
+                self.stop.set()
+
+    def watch(self, conn: Conn, racers: list[Callable[[], None]]) -> None:
+        """Run the racers beside a monitor that checks, one snapshot at a time until every run
+        is finished, that no two conflicting runs of a tenant hold live leases; then that none
+        did and that every run succeeded."""
+
+        def monitor() -> None:
+            while not self.stop.is_set():
+                row = conn.execute(LIVE_CONFLICTS).fetchone()
+                assert row is not None
+                if row[0]:
+                    self.violations.append(-1)
+
+        run_threads([monitor, *racers])
+        assert not self.violations, "two conflicting runs of one tenant held live leases at once"
+        assert self.done == self.ids
+        assert {r[0] for r in conn.execute("SELECT DISTINCT status FROM leasework.runs")} == {
+            "succeeded"
+        }
 
 
 def test_racing_claims_respect_the_limiter(conn: Conn, connections: Any) -> None:
@@ -139,36 +170,23 @@ def test_racing_claims_respect_the_limiter(conn: Conn, connections: Any) -> None
     with conn.transaction():
         ids = [app.enqueue(conn, "job", tenant="ws-1", group=g, exclusive=x) for g, x in plan]
     racers = connections(6)
-    done: set[int] = set()
-    lock = threading.Lock()
-    stop = threading.Event()
-    start = threading.Barrier(len(racers))
-    violations: list[int] = []
+    race = LimiterRace(ids, len(racers))
 
     def racer(c: Conn, name: str, seed: int) -> Callable[[], None]:
         rand = random.Random(seed)
 
         def go() -> None:
-            start.wait()
-            deadline = time.monotonic() + 25
-            while not stop.is_set() and time.monotonic() < deadline:
+            race.start.wait()
+            deadline = time.monotonic() + race.seconds
+            while race.racing(deadline):
                 for claim in lease.claim_runs(c, KINDS, worker=name, lease=LEASE, limit=2):
-                    conflicts = c.execute(LIVE_CONFLICTS).fetchone()
-                    assert conflicts is not None
-                    if conflicts[0]:
-                        violations.append(claim.id)
-                    if rand.random() < 0.5:
-                        c.execute("SELECT pg_sleep(0.002)")  # hold the lease a moment
+                    race.holding(c, claim.id, rand)
                     assert lease.finish(c, claim, "succeeded")
-                    with lock:
-                        done.add(claim.id)
-                        if len(done) == len(ids):
-                            stop.set()
+                    race.finished(claim.id)
 
         return go
 
-    race_under_watch(conn, [racer(c, f"w{i}", i) for i, c in enumerate(racers)], stop, violations)
-    assert done == set(ids)
+    race.watch(conn, [racer(c, f"w{i}", i) for i, c in enumerate(racers)])
 
 
 @pytest.mark.parametrize("chained", [False, True], ids=["whole", "chain"])
@@ -189,49 +207,36 @@ def test_racing_seals_with_the_next_claim_respect_the_limiter(
         ]
         ids += [app.enqueue(conn, "job") for _ in range(8)]  # and some without a tenant
     racers = connections(4)
-    done: set[int] = set()
-    lock = threading.Lock()
-    stop = threading.Event()
-    start = threading.Barrier(len(racers))
-    violations: list[int] = []
+    race = LimiterRace(ids, len(racers))
 
     def racer(c: Conn, name: str, seed: int) -> Callable[[], None]:
         rand = random.Random(seed)
         chain = lease.Chain() if chained else None
 
         def go() -> None:
-            start.wait()
-            deadline = time.monotonic() + 25
+            race.start.wait()
+            deadline = time.monotonic() + race.seconds
             held: lease.Claim | None = None
-            while not stop.is_set() and time.monotonic() < deadline:
+            while race.racing(deadline):
                 if held is None:
                     claims = lease.claim_runs(c, KINDS, worker=name, lease=LEASE)
                     held = claims[0] if claims else None
                     if held is None:
-                        time.sleep(0.001)
+                        time.sleep(0.001)  # every run left is held by another racer: poll again
                         continue
-                conflicts = c.execute(LIVE_CONFLICTS).fetchone()
-                assert conflicts is not None
-                if conflicts[0]:
-                    violations.append(held.id)
-                if rand.random() < 0.5:
-                    c.execute("SELECT pg_sleep(0.002)")  # hold the lease a moment
+                race.holding(c, held.id, rand)
                 sealed, nxt = lease.finish_and_claim(
                     c, held, KINDS, worker=name, lease=LEASE, chain=chain
                 )
                 assert sealed
-                with lock:
-                    done.add(held.id)
-                    if len(done) == len(ids):
-                        stop.set()
+                race.finished(held.id)
                 held = nxt
             if held is not None:  # stopped by the deadline holding one: the test fails below
                 lease.finish(c, held, "succeeded")
 
         return go
 
-    race_under_watch(conn, [racer(c, f"w{i}", i) for i, c in enumerate(racers)], stop, violations)
-    assert done == set(ids)
+    race.watch(conn, [racer(c, f"w{i}", i) for i, c in enumerate(racers)])
 
 
 def claim_at_once(racers: list[Conn]) -> list[lease.Claim]:

@@ -34,11 +34,19 @@ CREATE TABLE IF NOT EXISTS leasework.kinds (
     seen_at timestamptz NOT NULL DEFAULT now()
 );
 
--- One row per tenant, made on enqueue. The claim locks it (FOR UPDATE OF r, t SKIP LOCKED) so two
--- workers cannot both pass the rate limiter for the same tenant.
+-- One row per tenant, made on enqueue. The claim locks it (FOR NO KEY UPDATE OF t SKIP LOCKED) so
+-- two workers cannot both pass the rate limiter for the same tenant. It also holds the tenant's
+-- place in the turns (migration 0016): `turn` advances by 1 / `weight` for each run of the tenant
+-- claimed (leasework.tenant_served), and `priority` is that of its best queued run, NULL when it
+-- has none (kept by the trigger runs_tenant_queued and by tenant_served). The claim walks the
+-- tenants with queued runs in (priority, turn, name) order (tenants_in_turn).
 CREATE TABLE IF NOT EXISTS leasework.tenants (
     name       text PRIMARY KEY,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    weight     double precision NOT NULL DEFAULT 1
+               CONSTRAINT tenants_weight_valid CHECK (weight >= 0.001 AND weight <= 1000),
+    turn       double precision NOT NULL DEFAULT 0,
+    priority   integer
 );
 
 -- The rules on one numeric column of leasework.runs are domains, checked where a value is written
@@ -197,6 +205,23 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
            END;
 $$;
 
+-- The history a claim writes (claim_runs): a reclaimed run (`r` still running, its lease expired)
+-- gets the entry of the attempt that died holding it, unless the supervisor's fast release
+-- recorded it already; a queued run's is kept. A function so that claim_runs, with
+-- finish_and_claim around it, stays within psycopg's parse cache (tests/unit/test_queries.py);
+-- LANGUAGE sql and STABLE, so the planner inlines it.
+CREATE OR REPLACE FUNCTION leasework.claimed_history(r leasework.runs) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE
+               WHEN r.status = 'running'
+                    AND coalesce((r.history -> -1 ->> 'attempt')::int, 0) < r.attempts
+               THEN r.history || jsonb_build_array(leasework.history_entry(
+                   r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
+                   'expired', 'lease expired'))
+               ELSE r.history
+           END;
+$$;
+
 -- At most one active (queued or running) run per key: racing enqueues give one run.
 -- Serves: enqueue_run (ON CONFLICT), promote in settle_runs.
 CREATE UNIQUE INDEX IF NOT EXISTS runs_one_active_per_key
@@ -206,23 +231,36 @@ CREATE UNIQUE INDEX IF NOT EXISTS runs_one_active_per_key
 CREATE UNIQUE INDEX IF NOT EXISTS runs_one_waiting_per_key
     ON leasework.runs (key) WHERE status = 'waiting' AND key IS NOT NULL;
 
--- The claim walks these in (priority, queued_at, id) order. Queued runs only: a claim moves its
--- run out of them and adds nothing, so a busy queue leaves one dead entry per run behind (not two,
--- as an index over running runs too would) and they stay small however many finished runs
--- accumulate. One per claim branch, so that the tenanted branch never scans past untenanted runs
--- and the other way round. (Replaced runs_claimable_*, which also held running runs.)
+-- The claim reads these one kind at a time, each in (priority, queued_at, id) order (claim_runs,
+-- migration 0016): a kind the claim may not take (paused, another pool's, nobody's) is never
+-- walked. Queued runs only: a claim moves its run out of them and adds nothing, so a busy queue
+-- leaves one dead entry per run behind (not two, as an index over running runs too would) and
+-- they stay small however many finished runs accumulate. One for runs without a tenant, one for
+-- runs with one (by tenant first: the claim takes tenant by tenant).
 DROP INDEX IF EXISTS leasework.runs_claimable_tenanted;
 DROP INDEX IF EXISTS leasework.runs_claimable_untenanted;
+DROP INDEX IF EXISTS leasework.runs_queued_tenanted;
+DROP INDEX IF EXISTS leasework.runs_queued_untenanted;
 
--- Serves: claim_runs (tenanted_queued).
-CREATE INDEX IF NOT EXISTS runs_queued_tenanted
-    ON leasework.runs (priority, queued_at, id)
+-- Serves: claim_runs (untenanted_queued), finish_and_claim_queued.
+CREATE INDEX IF NOT EXISTS runs_queued_by_kind
+    ON leasework.runs (kind, priority, queued_at, id)
+    WHERE status = 'queued' AND tenant IS NULL;
+
+-- Serves: claim_runs (tenanted_picks).
+CREATE INDEX IF NOT EXISTS runs_queued_by_tenant
+    ON leasework.runs (tenant, kind, priority, queued_at, id)
     WHERE status = 'queued' AND tenant IS NOT NULL;
 
--- Serves: claim_runs (untenanted_queued).
-CREATE INDEX IF NOT EXISTS runs_queued_untenanted
-    ON leasework.runs (priority, queued_at, id)
-    WHERE status = 'queued' AND tenant IS NULL;
+-- A tenant's best queued priority in one look-up. Serves: tenant_served.
+CREATE INDEX IF NOT EXISTS runs_queued_tenant_priority
+    ON leasework.runs (tenant, priority)
+    WHERE status = 'queued' AND tenant IS NOT NULL;
+
+-- The tenants with queued runs, in turn. Serves: claim_runs (tenanted_picks), tenant_queued.
+CREATE INDEX IF NOT EXISTS tenants_in_turn
+    ON leasework.tenants (priority, turn, name)
+    WHERE priority IS NOT NULL;
 
 -- Serves: settle_runs (expired runs to end), claim_runs (tenanted_expired, untenanted_expired).
 CREATE INDEX IF NOT EXISTS runs_running_by_expiry
@@ -252,6 +290,61 @@ BEGIN
            AND o.id <> r.id
            AND o.lease_expires_at >= leasework.now()
            AND (o.exclusive OR r.exclusive OR o."group" = r."group"));
+END
+$$;
+
+-- A run with a tenant became queued (an enqueue, a retry, a release, a promotion, an operator's
+-- retry): its tenant has queued runs, with this run's priority at best. Only a tenant that had
+-- none, or only worse ones, has its row written (a tenant new to the turns starts at the turn of
+-- the tenant next in line, so a tenant back from idle waits at most one turn and gets no burst
+-- for the turns it missed). The shared advisory lock, held to the end of the enqueuing
+-- transaction, keeps tenant_served from setting the tenant's priority to NULL until this run
+-- is visible: a claim that sees no queued run left would otherwise drop a tenant whose new run
+-- commits a moment later. Advisory, not a row lock: a row lock on a tenant row that claims
+-- update makes a REPEATABLE READ enqueue fail with a serialization error.
+CREATE OR REPLACE FUNCTION leasework.tenant_queued() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1819042147, hashtext(NEW.tenant));
+    UPDATE leasework.tenants t
+       SET priority = least(t.priority, NEW.priority),
+           turn = CASE WHEN t.priority IS NOT NULL THEN t.turn
+                       ELSE greatest(t.turn, coalesce(
+                           (SELECT h.turn FROM leasework.tenants h
+                             WHERE h.priority IS NOT NULL
+                             ORDER BY h.priority, h.turn, h.name LIMIT 1), t.turn)) END
+     WHERE t.name = NEW.tenant
+       AND (t.priority IS NULL OR t.priority > NEW.priority);
+    RETURN NEW;
+END
+$$;
+
+DROP TRIGGER IF EXISTS runs_tenant_queued ON leasework.runs;
+CREATE TRIGGER runs_tenant_queued
+    BEFORE INSERT OR UPDATE OF status ON leasework.runs
+    FOR EACH ROW WHEN (NEW.tenant IS NOT NULL AND NEW.status = 'queued')
+    EXECUTE FUNCTION leasework.tenant_queued();
+
+-- Called by claim_runs for each run with a tenant it claims, after it locked the tenant row: the
+-- tenant's turn advances by 1 / weight, and its priority becomes that of its best queued run
+-- left (NULL: none), read with a fresh snapshot (VOLATILE), only when no enqueue of that tenant
+-- is in progress (the advisory lock tenant_queued shares); otherwise it is left as it is, at
+-- worst better than the truth, which costs a probe and never loses a run.
+CREATE OR REPLACE FUNCTION leasework.tenant_served(tenant text, run_id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF pg_try_advisory_xact_lock(1819042147, hashtext(tenant_served.tenant)) THEN
+        UPDATE leasework.tenants t
+           SET turn = t.turn + 1 / t.weight,
+               priority = (SELECT min(r.priority) FROM leasework.runs r
+                            WHERE r.tenant = tenant_served.tenant AND r.status = 'queued'
+                              AND r.id <> tenant_served.run_id)
+         WHERE t.name = tenant_served.tenant;
+    ELSE
+        UPDATE leasework.tenants t SET turn = t.turn + 1 / t.weight
+         WHERE t.name = tenant_served.tenant;
+    END IF;
+    RETURN true;
 END
 $$;
 

@@ -328,6 +328,20 @@ def build_parser() -> argparse.ArgumentParser:
         _common(c)
         c.add_argument("connection_id", type=_run_id, metavar="ID", help="the connection's id")
 
+    p = sub.add_parser("tenants", help="tenants with their weight and turn; `tenants set` a weight")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    tsub = p.add_subparsers(dest="tenants_action", metavar="ACTION")
+    t = tsub.add_parser("set", help="set a tenant's weight (its share of turns; default 1)")
+    _common(t)
+    t.add_argument("name", metavar="NAME", help="the tenant")
+    t.add_argument(
+        "--weight",
+        type=float,
+        required=True,
+        help="turns for each turn of a tenant of weight 1, from 0.001 to 1000",
+    )
+
     p = sub.add_parser("schedules", help="periodic tasks with their next run")
     _common(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -996,6 +1010,29 @@ def _render_connections(rows: list[dict[str, Any]]) -> str:
     return "\n".join(terminal_safe(line) for line in out) + "\n"
 
 
+def cmd_tenants(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations
+
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        db.check_schema(conn)
+        if getattr(args, "tenants_action", None) == "set":
+            operations.set_tenant_weight(conn, args.name, args.weight)
+            print(terminal_safe(f"{args.name}: weight {args.weight:g}"))
+            return EXIT_OK
+        rows = operations.tenants(conn)
+    if getattr(args, "json", False):
+        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    out = [f"{'tenant':<32} {'weight':>8} {'queued':>8} {'running':>8}  turn"]
+    for r in rows:
+        out.append(
+            f"{r['name'][:32]:<32} {r['weight']:>8g} {r['queued']:>8} {r['running']:>8}"
+            f"  {r['turn']:g}"
+        )
+    sys.stdout.write("\n".join(terminal_safe(line) for line in out) + "\n")
+    return EXIT_OK
+
+
 def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     from .stages.schedule import list_schedules
     from .status import duration
@@ -1125,6 +1162,7 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "ingest": cmd_ingest,
     "upload": cmd_upload,
     "connections": cmd_connections,
+    "tenants": cmd_tenants,
     "schedules": cmd_schedules,
     "dashboard": cmd_dashboard,
     "config": cmd_config,

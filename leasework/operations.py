@@ -346,6 +346,35 @@ def resume(conn: Conn, kinds: Iterable[str], *, known: Iterable[str] = ()) -> li
         return sorted(str(r[0]) for r in rows)
 
 
+WEIGHT_MIN, WEIGHT_MAX = 0.001, 1000.0
+
+
+def tenants(conn: Conn) -> list[dict[str, Any]]:
+    """Every tenant: name, weight, turn, priority (of its best queued run; None: nothing queued),
+    queued and running counts."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["tenants"]).fetchall()
+
+
+def set_tenant_weight(conn: Conn, name: str, weight: float) -> None:
+    """Give a tenant `weight` turns for every one of a tenant of weight 1 (within a priority, the
+    claim serves tenants with queued runs in turn; docs/state-machine.md). A tenant not seen yet
+    is made with it. Raises ConfigError for a weight outside 0.001-1000 or a bad name."""
+    if not isinstance(name, str) or not 1 <= len(name) <= 200 or not name.isprintable():
+        raise ConfigError(
+            f"tenant must be 1-200 printable characters, got {name[:80]!r}"
+            if isinstance(name, str)
+            else f"tenant must be a string, got {type(name).__name__}"
+        )
+    if not (isinstance(weight, int | float) and WEIGHT_MIN <= weight <= WEIGHT_MAX):
+        raise ConfigError(
+            f"weight must be a number from {WEIGHT_MIN:g} to {WEIGHT_MAX:g} (1 is the default "
+            f"share), got {weight!r}"
+        )
+    with conn.transaction():
+        conn.execute(Q["set_tenant_weight"], {"name": name, "weight": float(weight)})
+
+
 def _refuse_unknown(conn: Conn, wanted: list[str], known: Iterable[str], action: str) -> None:
     """NotFound for the first kind that is neither in `known` (registered) nor seen in a run or a
     schedule."""

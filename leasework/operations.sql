@@ -138,3 +138,19 @@ SELECT pg_notify('leasework', %(kind)s)
 
 -- name: db_now
 SELECT leasework.now()
+
+-- name: tenants
+-- Every tenant with its weight, its place in the turns and what it has queued and running.
+SELECT t.name, t.weight, t.turn, t.priority,
+       (SELECT count(*) FROM leasework.runs r WHERE r.tenant = t.name AND r.status = 'queued')
+           AS queued,
+       (SELECT count(*) FROM leasework.runs r WHERE r.tenant = t.name AND r.status = 'running')
+           AS running
+  FROM leasework.tenants t
+ ORDER BY t.name
+
+-- name: set_tenant_weight
+-- A tenant not seen yet is made, with this weight, so that its first runs already have it.
+INSERT INTO leasework.tenants (name, weight) VALUES (%(name)s, %(weight)s)
+ON CONFLICT (name) DO UPDATE SET weight = EXCLUDED.weight
+RETURNING name, weight

@@ -48,64 +48,78 @@
 -- costs more than running it) never turns into a hash join over the whole table.
 --
 -- Paused kinds (leasework.paused_kinds, `leasework pause`) are taken out of %(kinds)s once per
--- statement, in `live`: each branch compares r.kind with that one array (an InitPlan, computed
--- once), so a pause costs the claim one look-up of a tiny table, not one per candidate row. It
--- holds for every branch, batch claims and reclaims included; a running run finishes.
+-- statement, in `live`, and every branch reads one index range per live kind (LATERAL over
+-- `live`): the queued runs of a paused kind, of a kind another pool serves or of a kind nobody
+-- serves are never walked, whatever their number. It holds for every branch, batch claims and
+-- reclaims included; a running run finishes.
+--
+-- Turns (migration 0016): runs with a tenant are taken tenant by tenant, in the order of
+-- leasework.tenants' (priority, turn, name), walking only tenants with queued runs (`priority`
+-- is that of a tenant's best queued run, NULL when it has none), each one's best claimable run
+-- (priority, queued_at, id) across the live kinds. A tenant whose exclusive run holds a live
+-- lease is passed by one probe, without reading its queued runs. leasework.tenant_served()
+-- advances a claimed tenant's turn by 1 / weight and sets its priority again. Runs without a
+-- tenant meet the tenants' picks in `chosen`, by (priority, queued_at, id).
 WITH live AS MATERIALIZED (
     SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
 ), tenanted_queued AS MATERIALIZED (
-    SELECT r.id, r.tenant, r.priority, r.queued_at
-      FROM leasework.runs r
-      JOIN leasework.tenants t ON t.name = r.tenant
-     WHERE r.tenant IS NOT NULL
-       AND r.status = 'queued' AND r.queued_at <= leasework.now()
-       AND r.kind = ANY((SELECT k FROM live)::text[])
+    SELECT c.id, t.name AS tenant, c.priority, c.queued_at
+      FROM leasework.tenants t, LATERAL (
+        SELECT h.*
+          FROM unnest((SELECT k FROM live)::text[]) AS k(kind), LATERAL (
+            SELECT r.id, r.priority, r.queued_at
+              FROM leasework.runs r
+             WHERE r.tenant = t.name AND r.kind = k.kind
+               AND r.status = 'queued' AND r.queued_at <= leasework.now()
+               AND NOT EXISTS (
+                    SELECT 1
+                      FROM leasework.runs o
+                     WHERE o.tenant = r.tenant
+                       AND o.status = 'running'
+                       AND o.id <> r.id
+                       AND o.lease_expires_at >= leasework.now()
+                       AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
+             ORDER BY r.priority, r.queued_at, r.id
+             LIMIT 1
+               FOR UPDATE OF r SKIP LOCKED) h
+         ORDER BY h.priority, h.queued_at, h.id
+         LIMIT 1) c
+     WHERE t.priority IS NOT NULL
        AND NOT EXISTS (
-            SELECT 1
-              FROM leasework.runs o
-             WHERE o.tenant = r.tenant
-               AND o.status = 'running'
-               AND o.id <> r.id
-               AND o.lease_expires_at >= leasework.now()
-               AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
-     ORDER BY r.priority, r.queued_at, r.id
+            SELECT 1 FROM leasework.runs x
+             WHERE x.tenant = t.name AND x.status = 'running' AND x.exclusive
+               AND x.lease_expires_at >= leasework.now())
+     ORDER BY t.priority, t.turn, t.name
      LIMIT %(limit)s
-       FOR UPDATE OF r, t SKIP LOCKED
+       FOR UPDATE OF t SKIP LOCKED
 ), tenanted_expired AS MATERIALIZED (
     SELECT r.id, r.tenant, r.priority, r.queued_at
       FROM leasework.runs r
       JOIN leasework.tenants t ON t.name = r.tenant
-     WHERE r.tenant IS NOT NULL
-       AND r.status = 'running' AND r.lease_expires_at < leasework.now()
+     WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()
        AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
        AND r.id IS DISTINCT FROM %(finishing)s::bigint
        AND r.kind = ANY((SELECT k FROM live)::text[])
-       AND NOT EXISTS (
-            SELECT 1
-              FROM leasework.runs o
-             WHERE o.tenant = r.tenant
-               AND o.status = 'running'
-               AND o.id <> r.id
-               AND o.lease_expires_at >= leasework.now()
-               AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r, t SKIP LOCKED
-), tenanted AS MATERIALIZED (
-    SELECT DISTINCT ON (c.tenant) c.id, c.priority, c.queued_at
+), tenanted AS (
+    SELECT DISTINCT ON (c.tenant) c.id, c.tenant, c.priority, c.queued_at
       FROM (SELECT * FROM tenanted_queued UNION ALL SELECT * FROM tenanted_expired) c
      ORDER BY c.tenant, c.priority, c.queued_at, c.id
 ), untenanted_queued AS MATERIALIZED (
-    SELECT r.id, r.priority, r.queued_at
-      FROM leasework.runs r
-     WHERE r.tenant IS NULL
-       AND r.status = 'queued' AND r.queued_at <= leasework.now()
-       AND r.kind = ANY((SELECT k FROM live)::text[])
-     ORDER BY r.priority, r.queued_at, r.id
-     LIMIT %(limit)s
-       FOR UPDATE OF r SKIP LOCKED
+    SELECT c.id, NULL::text AS tenant, c.priority, c.queued_at
+      FROM unnest((SELECT k FROM live)::text[]) AS k(kind), LATERAL (
+        SELECT r.id, r.priority, r.queued_at
+          FROM leasework.runs r
+         WHERE r.tenant IS NULL
+           AND r.status = 'queued' AND r.queued_at <= leasework.now()
+           AND r.kind = k.kind
+         ORDER BY r.priority, r.queued_at, r.id
+         LIMIT %(limit)s
+           FOR UPDATE OF r SKIP LOCKED) c
 ), untenanted_expired AS MATERIALIZED (
-    SELECT r.id, r.priority, r.queued_at
+    SELECT r.id, r.tenant, r.priority, r.queued_at
       FROM leasework.runs r
      WHERE r.tenant IS NULL
        AND r.status = 'running' AND r.lease_expires_at < leasework.now()
@@ -116,7 +130,7 @@ WITH live AS MATERIALIZED (
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
 ), chosen AS MATERIALIZED (
-    SELECT id
+    SELECT id, tenant
       FROM (SELECT * FROM tenanted WHERE NOT leasework.limiter_conflict(id)
             UNION ALL
             SELECT * FROM untenanted_queued
@@ -124,6 +138,8 @@ WITH live AS MATERIALIZED (
             SELECT * FROM untenanted_expired) u
      ORDER BY priority, queued_at, id
      LIMIT %(limit)s
+), served AS (
+    SELECT count(leasework.tenant_served(tenant, id)) AS n FROM chosen WHERE tenant IS NOT NULL
 )
 UPDATE leasework.runs r
    SET status = 'running',
@@ -133,15 +149,11 @@ UPDATE leasework.runs r
        lease_expires_at = leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)),
        started_at = leasework.now(),
        -- A reclaimed run records the attempt that died holding it (unless the supervisor's fast
-       -- release already did).
-       history = CASE
-           WHEN r.status = 'running' AND coalesce((r.history -> -1 ->> 'attempt')::int, 0) < r.attempts
-           THEN r.history || jsonb_build_array(leasework.history_entry(
-                r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
-                'expired', 'lease expired'))
-           ELSE r.history
-       END
+       -- release already did): leasework.claimed_history, schema.sql.
+       history = leasework.claimed_history(r)
  WHERE r.id = ANY(ARRAY(SELECT id FROM chosen))
+   -- Each claimed tenant's turn and priority are written first (served: read once, an InitPlan).
+   AND (SELECT n FROM served) >= 0
    -- The claim commits synchronously. An asynchronous claim saved a WAL flush, but a claim lost
    -- in a server crash is handed out again after the restart while its first worker may still
    -- be running the handler (a blocking one notices only at its next renewal): two attempts of
@@ -340,18 +352,21 @@ UPDATE leasework.runs r
        lease_expires_at = CASE WHEN r.id = %(id)s::bigint THEN NULL
            ELSE leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)) END,
        started_at = CASE WHEN r.id = %(id)s::bigint THEN r.started_at ELSE leasework.now() END
- WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (
-           EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = ANY(%(kinds)s::text[]))
-           <due_elsewhere>) THEN (
+ WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (false <due_elsewhere>) THEN (
            -- untenanted_queued
-           SELECT r.id
-             FROM leasework.runs r
-            WHERE r.tenant IS NULL
-              AND r.status = 'queued' AND r.queued_at <= leasework.now()
-              AND r.kind = ANY(%(kinds)s::text[])
-            ORDER BY r.priority, r.queued_at, r.id
-            LIMIT %(limit)s
-              FOR UPDATE OF r SKIP LOCKED) END])
+           SELECT c.id
+             FROM unnest(%(kinds)s::text[]) AS k(kind), LATERAL (
+               SELECT r.id, r.priority, r.queued_at
+                 FROM leasework.runs r
+                WHERE r.tenant IS NULL
+                  AND r.status = 'queued' AND r.queued_at <= leasework.now()
+                  AND r.kind = k.kind
+                ORDER BY r.priority, r.queued_at, r.id
+                LIMIT %(limit)s
+                  FOR UPDATE OF r SKIP LOCKED) c
+            WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)
+            ORDER BY c.priority, c.queued_at, c.id
+            LIMIT %(limit)s) END])
    -- The seal is owner-scoped as ever; the claimed run was locked queued by untenanted_queued.
    AND (r.id IS DISTINCT FROM %(id)s::bigint OR r.lease_owner = %(owner)s::uuid)
 RETURNING r.id = %(id)s::bigint AS sealed,
@@ -366,10 +381,12 @@ RETURNING r.id = %(id)s::bigint AS sealed,
 -- other branches' predicates without the limiter and the locks, so it errs towards yes; a unit
 -- test compares them). A fragment of that statement, not a statement.
 OR EXISTS (
-    SELECT 1 FROM leasework.runs r
-     WHERE r.tenant IS NOT NULL
-       AND r.status = 'queued' AND r.queued_at <= leasework.now()
-       AND r.kind = ANY(%(kinds)s::text[]))
+    SELECT 1 FROM leasework.tenants t, LATERAL (
+        SELECT 1 FROM leasework.runs r
+         WHERE r.tenant = t.name AND r.kind = ANY(%(kinds)s::text[])
+           AND r.status = 'queued' AND r.queued_at <= leasework.now()
+         LIMIT 1) d
+     WHERE t.priority IS NOT NULL)
 OR EXISTS (
     SELECT 1 FROM leasework.runs r
      WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()

@@ -68,22 +68,22 @@ def _between(text: bytes, start: bytes, end: bytes) -> bytes:
 
 def test_the_quick_claim_is_claim_runs_own_text() -> None:
     # finish_and_claim_queued must claim exactly what claim_runs does when nothing else is due:
-    # its claim is claim_runs' untenanted_queued branch, written out a second time (from FROM
-    # on: it selects the id alone), with the kinds polled for claim_runs' `live` (those kinds
-    # less the paused ones: it claims nothing when one is paused).
+    # its claim is claim_runs' untenanted_queued branch, written out a second time (the same
+    # range per kind, from LATERAL on), over the kinds polled less the paused ones (claim_runs'
+    # `live`, asked per kind rather than once).
     whole, quick = lease.Q["claim_runs"], lease.Q["finish_and_claim_queued"]
     branch = _between(whole, b"untenanted_queued AS MATERIALIZED (", b"SKIP LOCKED)")
-    claim = _between(quick, b"THEN (SELECT r.id FROM", b"SKIP LOCKED)")
-    assert claim[claim.index(b"FROM") :] == branch[branch.index(b"FROM") :].replace(LIVE, KINDS)
+    claim = _between(quick, b"THEN (SELECT c.id FROM", b"SKIP LOCKED)")
+    assert claim[claim.index(b"LATERAL") :] == branch[branch.index(b"LATERAL") :]
+    assert b"FROM unnest(" + LIVE + b") AS k(kind)," in branch
+    assert b"FROM unnest(" + KINDS + b") AS k(kind)," in claim
 
 
 def test_the_lean_quick_claim_is_the_probed_one_less_its_probe() -> None:
     probed, lean = lease.FINISH_AND_CLAIM_QUEUED, lease.FINISH_AND_CLAIM_LEAN
-    gate = b"ANY(%(kinds)s::text[]))) THEN (SELECT r.id FROM"
+    gate = b"CASE WHEN NOT (false) THEN"
     assert lean.count(gate) == 1
-    assert probed == lean.replace(
-        gate, gate.replace(b"))) THEN", b")) " + lease.Q["due_elsewhere"] + b") THEN")
-    )
+    assert probed == lean.replace(gate, gate.replace(b"false)", b"false " + lease.Q["due_elsewhere"] + b")"))
     assert b"leasework.paused_kinds" in lean and b"<" not in lean.replace(b"<=", b"")
     assert lease.FINISH_AND_CLAIM_LEAN_NUMBERED.count(b"$") == lease.FINISH_AND_CLAIM_LEAN.count(
         b"%("
@@ -93,9 +93,9 @@ def test_the_lean_quick_claim_is_the_probed_one_less_its_probe() -> None:
 LIVE, KINDS = b"(SELECT k FROM live)::text[]", b"%(kinds)s::text[]"
 
 
-def test_the_quick_claim_asks_whether_a_kind_is_paused() -> None:
+def test_the_quick_claim_leaves_paused_kinds_out_one_by_one() -> None:
     quick = lease.Q["finish_and_claim_queued"]
-    assert b"EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = ANY(%(kinds)s" in quick
+    assert b"WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)" in quick
     assert LIVE not in quick
 
 
@@ -108,18 +108,20 @@ def _where(text: bytes, start: bytes, end: bytes) -> set[bytes]:
 def test_the_quick_claims_probe_asks_what_claim_runs_other_branches_take() -> None:
     # `others` must see every run claim_runs' tenanted and expired branches could take (their
     # predicates less the limiter, which it leaves out on purpose): a condition of its own would
-    # hide one. Each probe's conditions are its branch's, less the tenant's (the expired probe
-    # asks for both branches at once).
+    # hide one. The tenanted probe asks, per tenant in the turns, for a run the tenanted branch
+    # reads (its conditions less the limiter, over the kinds polled); the expired probe asks for
+    # both expired branches at once.
     whole, quick = lease.Q["claim_runs"].replace(LIVE, KINDS), lease.FINISH_AND_CLAIM_QUEUED
     kinds = b"r.kind = ANY(%(kinds)s::text[])"
     _paused, queued, expired = quick.split(b" OR EXISTS (")[:3]
-    probe = _where(queued, b"FROM leasework.runs r", kinds) | {kinds}
+    probe = _where(queued, b"FROM leasework.runs r", b" LIMIT 1)")
     branch = _where(whole, b"tenanted_queued AS MATERIALIZED (", b" AND NOT EXISTS")
-    assert probe == branch
+    assert probe == {kinds if c == b"r.kind = k.kind" else c for c in branch}
+    assert b"WHERE t.priority IS NOT NULL" in queued and b"WHERE t.priority IS NOT NULL" in whole
 
     probe = _where(expired, b"FROM leasework.runs r", kinds) | {kinds}
     for start, end in [
-        (b"tenanted_expired AS MATERIALIZED (", b" AND NOT EXISTS"),
+        (b"tenanted_expired AS MATERIALIZED (", b" ORDER BY"),
         (b"untenanted_expired AS MATERIALIZED (", b" ORDER BY"),
     ]:
         branch = {

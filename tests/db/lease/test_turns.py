@@ -1,0 +1,267 @@
+"""Turns and flat claims (migration 0016): tenants with queued runs take turns within a priority
+(a weight gives a larger share), a tenant back from idle waits at most one turn, the claim reads
+only the kinds it may take, and the tenants' bookkeeping never drops a tenant whose run is being
+enqueued while its last run is claimed. Plus a property test of the claim against a model of the
+rules, over random queues of kinds, tenants, groups, priorities and pauses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from leasework import operations
+from leasework.errors import ConfigError
+from leasework.workers import lease
+
+from ..checks import KINDS, LEASE, claim_one, make_app
+
+Conn = psycopg.Connection[Any]
+
+
+def drain_order(conn: Conn, kinds: list[str] | None = None) -> list[lease.Claim]:
+    """Claim and seal one run at a time until nothing is claimed: the order of the claims."""
+    order = []
+    while (claim := claim_one(conn, kinds=kinds)) is not None:
+        assert lease.finish(conn, claim, "succeeded")
+        order.append(claim)
+    return order
+
+
+def test_a_small_tenant_waits_at_most_one_turn_behind_a_big_backlog(conn: Conn) -> None:
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(300)], tenant="big")
+    first = claim_one(conn)
+    assert first is not None and first.tenant == "big"
+    assert lease.finish(conn, first, "succeeded")
+    small = [app.enqueue(conn, "job", {}, tenant=f"small-{i}") for i in range(30)]
+
+    order = [c.id for c in drain_order(conn)[:80]]
+
+    # 31 tenants take turns: every small tenant's run within the first 31 claims, so `big`
+    # (whose runs are all older) had at most one run between two small ones.
+    assert set(small) <= set(order[:31])
+    assert len(order) == 80
+
+
+def test_weights_share_the_turns(conn: Conn) -> None:
+    app = make_app()
+    operations.set_tenant_weight(conn, "heavy", 3)
+    app.enqueue_many(conn, "job", [{} for _ in range(60)], tenant="heavy")
+    app.enqueue_many(conn, "job", [{} for _ in range(60)], tenant="light")
+
+    first = drain_order(conn)[:40]
+
+    heavy = sum(c.tenant == "heavy" for c in first)
+    assert 28 <= heavy <= 32, heavy  # three turns to one: 30 of 40
+
+
+def test_priority_comes_before_turns(conn: Conn) -> None:
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(5)], tenant="a")
+    urgent = app.enqueue(conn, "job", {}, tenant="b", priority=-1)
+    untenanted = app.enqueue(conn, "job", {}, priority=-2)
+
+    order = [c.id for c in drain_order(conn)]
+
+    assert order[:2] == [untenanted, urgent]
+    assert len(order) == 7
+
+
+def test_a_tenant_back_from_idle_gets_one_turn_not_a_burst(conn: Conn) -> None:
+    app = make_app()
+    app.enqueue(conn, "job", {}, tenant="back")
+    drain_order(conn)
+    app.enqueue_many(conn, "job", [{} for _ in range(40)], tenant="busy")
+    drain = [claim_one(conn) for _ in range(20)]  # busy's turn runs 20 ahead
+    for c in drain:
+        assert c is not None and lease.finish(conn, c, "succeeded")
+    app.enqueue_many(conn, "job", [{} for _ in range(10)], tenant="back")
+
+    order = [c.tenant for c in drain_order(conn)][:10]
+
+    # `back` starts at busy's turn, not at the turn it left with: the two alternate.
+    assert order.count("back") in (5, 6), order
+
+
+def test_the_tenants_bookkeeping_follows_the_queue(conn: Conn) -> None:
+    app = make_app()
+    app.enqueue(conn, "job", {}, tenant="t", priority=3)
+    app.enqueue(conn, "job", {}, tenant="t", priority=1, delay=3600)
+
+    def priority() -> int | None:
+        row = conn.execute("SELECT priority FROM leasework.tenants WHERE name = 't'").fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+    assert priority() == 1
+    claim = claim_one(conn)
+    assert claim is not None and claim.tenant == "t"
+    assert priority() == 1  # the delayed run is still queued
+    conn.execute(
+        "UPDATE leasework.runs SET status = 'cancelled', finished_at = now()"
+        " WHERE status = 'queued'"
+    )
+    assert lease.requeue(conn, claim, delay=0, error="again") == "queued"
+    assert priority() == 1  # a requeue marks the tenant again; cancelling does not clear it
+    again = claim_one(conn)
+    assert again is not None and again.id == claim.id
+    assert priority() is None  # nothing queued left
+
+
+def test_an_enqueue_in_flight_keeps_its_tenant_in_the_turns(conn: Conn, other: Conn) -> None:
+    # The reproduction of the race the advisory lock closes: a claim takes a tenant's last queued
+    # run while another session enqueues a run of that tenant in an open transaction. The claim
+    # must not set the tenant's priority to NULL (nothing queued in its snapshot), or the new run,
+    # once committed, would never be walked.
+    app = make_app()
+    app.enqueue(conn, "job", {}, tenant="t")
+    with other.transaction():
+        late = app.enqueue(other, "job", {}, tenant="t")
+        claim = claim_one(conn)  # its snapshot cannot see `late`
+        assert claim is not None and claim.id != late
+    nxt = claim_one(conn, "w2")
+    assert nxt is not None and nxt.id == late
+
+
+def test_set_tenant_weight_refuses_a_bad_weight(conn: Conn) -> None:
+    for bad in (0, -1, 1001, float("nan")):
+        with pytest.raises(ConfigError, match=r"weight must be a number from 0\.001 to 1000"):
+            operations.set_tenant_weight(conn, "t", bad)
+    operations.set_tenant_weight(conn, "t", 2.5)
+    assert [(r["name"], r["weight"]) for r in operations.tenants(conn)] == [("t", 2.5)]
+
+
+def test_the_claim_reads_no_run_of_a_kind_it_may_not_take(conn: Conn) -> None:
+    # 5,000 queued runs of a paused kind, of a kind another pool serves and of a blocked
+    # tenant: the claim of the one other run reads a handful of index pages, not thousands.
+    conn.execute(
+        "INSERT INTO leasework.runs (kind) SELECT 'paused' FROM generate_series(1, 5000);"
+        "INSERT INTO leasework.runs (kind) SELECT 'elsewhere' FROM generate_series(1, 5000);"
+        "INSERT INTO leasework.runs (kind, tenant, exclusive)"
+        " SELECT 'job', 'blocked', true FROM generate_series(1, 5000);"
+        "INSERT INTO leasework.paused_kinds (kind) VALUES ('paused');"
+        "ANALYZE leasework.runs"
+    )
+    conn.execute("INSERT INTO leasework.tenants (name) VALUES ('blocked') ON CONFLICT DO NOTHING")
+    conn.execute(
+        "UPDATE leasework.tenants SET priority = 0 WHERE name = 'blocked';"
+        "UPDATE leasework.runs SET status = 'running', attempts = 1, lease_owner = gen_random_uuid(),"
+        " lease_expires_at = now() + interval '1 hour', started_at = now()"
+        " WHERE id = (SELECT min(id) FROM leasework.runs WHERE tenant = 'blocked')"
+    )
+    app = make_app()
+    wanted = app.enqueue(conn, "other", {})
+    params = {
+        "kinds": ["job", "other", "paused"],
+        "worker": "w",
+        "lease": LEASE,
+        "limit": 1,
+        "finishing": None,
+    }
+    plan = conn.execute(
+        b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + lease.Q["claim_runs"], params
+    ).fetchone()
+    assert plan is not None
+    top = plan[0][0]["Plan"]
+    buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    assert buffers < 200, buffers
+    row = conn.execute("SELECT status FROM leasework.runs WHERE id = %s", (wanted,)).fetchone()
+    assert row is not None and row[0] == "running"
+
+
+# -- the claim against a model of the rules -----------------------------------------------------
+
+RUN = st.tuples(
+    st.sampled_from(["job", "other", "paused"]),  # kind
+    st.sampled_from([None, "t1", "t2", "t3"]),  # tenant
+    st.sampled_from([None, "g1", "g2"]),  # group
+    st.booleans(),  # exclusive
+    st.sampled_from([0, 0, 1, -1]),  # priority
+    st.sampled_from([0.0, 0.0, 0.0, 3600.0]),  # delay
+)
+
+
+def model_pick(conn: Conn, live: set[str]) -> set[int]:
+    """Every run the rules allow the next one-at-a-time claim to take, by the documented order:
+    runs without a tenant by (priority, queued_at, id); tenants by (their best queued run's
+    priority, turn, name), the first with a claimable run giving its best claimable run; the two
+    compared by (priority, queued_at, id)."""
+    runs = conn.execute(
+        'SELECT id, kind, tenant, "group", exclusive, priority, queued_at, status,'
+        " status = 'queued' AND queued_at <= now() AS due FROM leasework.runs"
+    ).fetchall()
+    running = [r for r in runs if r[7] == "running"]
+
+    def blocked(r: tuple[Any, ...]) -> bool:
+        return any(
+            o[2] == r[2] and (o[4] or r[4] or (o[3] is not None and o[3] == r[3])) for o in running
+        )
+
+    claimable = [r for r in runs if r[8] and r[1] in live and not (r[2] and blocked(r))]
+    key = lambda r: (r[5], r[6], r[0])  # noqa: E731
+    untenanted = sorted((r for r in claimable if r[2] is None), key=key)
+    tenants = conn.execute(
+        "SELECT name, turn FROM leasework.tenants WHERE priority IS NOT NULL"
+    ).fetchall()
+    best = {t: min(r[5] for r in runs if r[2] == t and r[7] == "queued") for t, _ in tenants}
+    picks = []
+    for t, _turn in sorted(tenants, key=lambda x: (best[x[0]], x[1], x[0])):
+        mine = sorted((r for r in claimable if r[2] == t), key=key)
+        if mine:
+            picks.append(mine[0])
+            break
+    candidates = sorted(untenanted[:1] + picks, key=key)
+    return {candidates[0][0]} if candidates else set()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(RUN, min_size=1, max_size=14), st.integers(min_value=1, max_value=10))
+def test_the_claim_takes_what_the_rules_allow_in_the_fair_order(
+    conn: Conn, queue: list[tuple[Any, ...]], claims: int
+) -> None:
+    conn.execute(
+        "TRUNCATE leasework.runs, leasework.tenants, leasework.paused_kinds;"
+        "INSERT INTO leasework.paused_kinds (kind) VALUES ('paused')"
+    )
+    app = make_app()
+    for kind, tenant, group, exclusive, priority, delay in queue:
+        app.enqueue(
+            conn,
+            kind if kind != "paused" else "job",
+            {},
+            tenant=tenant,
+            group=group,
+            exclusive=exclusive,
+            priority=priority,
+            delay=delay,
+        )
+        if kind == "paused":
+            conn.execute(
+                "UPDATE leasework.runs SET kind = 'paused' WHERE id = (SELECT max(id) FROM leasework.runs)"
+            )
+    live = set(KINDS)
+    held: list[lease.Claim] = []
+    for i in range(claims):
+        allowed = model_pick(conn, live)
+        claim = claim_one(conn, f"w{i}", kinds=[*KINDS, "paused"])
+        if not allowed:
+            assert claim is None
+            break
+        assert claim is not None and claim.id in allowed
+        held.append(claim)
+        if i % 2:  # some claims end, others keep their lease (and hold back their tenant)
+            assert lease.finish(conn, held.pop(0), "succeeded")
+    # Never two conflicting live leases of one tenant.
+    rows = conn.execute(
+        'SELECT tenant, "group", exclusive FROM leasework.runs'
+        " WHERE status = 'running' AND tenant IS NOT NULL"
+    ).fetchall()
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            assert a[0] != b[0] or not (a[2] or b[2] or (a[1] is not None and a[1] == b[1]))

@@ -473,6 +473,11 @@ BEGIN
         PERFORM set_config('leasework.enqueued_existing', 'false', true);
         RETURN run_id;
     END IF;
+    -- Held until this transaction ends: expire_and_promote skips a key whose enqueue is still
+    -- open rather than wait on it (promoting the key's waiting run would wait for this insert's
+    -- fate in runs_one_active_per_key). Shared: enqueues of one key never wait on each other.
+    -- The pair (hashtext('leasework.key'), hashtext(key)): a collision only delays a promotion.
+    PERFORM pg_advisory_xact_lock_shared(-1682930272, hashtext(enqueue.key));
     FOR attempt IN 1..10 LOOP
         INSERT INTO leasework.runs (kind, key, tenant, "group", exclusive, priority, status,
                                     payload, max_attempts, lease_seconds, timeout_seconds,

@@ -162,6 +162,23 @@ class Config:
     heartbeat_interval: float = field(
         default=15.0, metadata=doc("seconds between worker heartbeats", range=Range(0.1, 3600))
     )
+    lock_timeout: float = field(
+        default=0.5,
+        metadata=doc(
+            "seconds a statement of leasework's own (a worker's, its lease keeper's, the "
+            "supervisor's) waits for a row or key another session holds, such as an operator's "
+            "open transaction, before it gives up; it is tried again at the next poll",
+            range=Range(0.01, 600),
+        ),
+    )
+    statement_timeout: float = field(
+        default=60.0,
+        metadata=doc(
+            "seconds a statement of leasework's own may run before the server cancels it (0: no "
+            "limit); a handler's statements are not bound by it",
+            range=Range(0, DAY),
+        ),
+    )
     pool_size: int = field(
         default=4,
         metadata=doc(

@@ -97,6 +97,26 @@ def adapt(conn: psycopg.Connection[Any], pooler: str = "auto") -> bool:
     return pooled
 
 
+def bound_waits(
+    conn: psycopg.Connection[Any], lock_timeout: float, statement_timeout: float
+) -> tuple[str, str] | None:
+    """Bound every statement of leasework's own on `conn`: a row or key another session holds is
+    given up after `lock_timeout` seconds (an uncommitted enqueue or an operator's SELECT ... FOR
+    UPDATE must never stall a worker), a statement after `statement_timeout` (0: none). Returns
+    the session's values from before, which a handler's transaction on this connection gets back
+    (lease.fence), or None behind a pooler, where a session setting would land on whichever
+    server session ran it."""
+    if is_pooled(conn):
+        return None
+    row = conn.execute(
+        "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),"
+        " set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+        (f"{max(1, round(lock_timeout * 1000))}ms", f"{round(statement_timeout * 1000)}ms"),
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
 def is_pooled(conn: psycopg.Connection[Any]) -> bool:
     """Whether `adapt` found (or was told) that `conn` goes through a pooler: leasework turns
     prepared statements off on exactly those connections."""

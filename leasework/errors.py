@@ -116,13 +116,20 @@ _TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57", "40")  # connection, resources,
 
 def is_transient(exc: BaseException) -> bool:
     """True for database errors that a retry can fix: lost connections, restarts, deadlocks,
-    serialization failures, too many connections. False for bugs and bad input."""
+    serialization failures, too many connections, a lock another session held past
+    lock_timeout. False for bugs and bad input."""
     if isinstance(exc, psycopg.OperationalError | psycopg_pool_timeout()):
         return not isinstance(exc, pgerrors.InsufficientPrivilege)
     if isinstance(exc, psycopg.Error):
         state = exc.sqlstate or ""
         return state[:2] in _TRANSIENT_SQLSTATE_CLASSES
     return isinstance(exc, ConnectionError | TimeoutError)
+
+
+def gave_up_on_lock(exc: BaseException) -> bool:
+    """True when a statement gave up on a row or key another session holds (lock_timeout,
+    NOWAIT): worth trying again later, not at once, since that session still holds it."""
+    return isinstance(exc, pgerrors.LockNotAvailable)
 
 
 def psycopg_pool_timeout() -> type[Exception]:

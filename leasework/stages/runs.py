@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import log
 from ..config import Range, doc, section
 from ..tasks import Registry
 from ..workers import idle, lease
@@ -46,6 +47,9 @@ class RunsStage:
         # What the last step that ran dry saw: seconds until a run of its kinds is next due
         # (None: none), and the monotonic time it was read; None if the last step did not ask.
         self._due: idle.Seen = None
+        # The sessions whose open enqueue kept a waiting run from its promotion at the last
+        # settle: each is logged once while it lasts.
+        self._busy: set[int] = set()
 
     @property
     def wakes(self) -> list[str]:
@@ -137,13 +141,28 @@ class RunsStage:
             return handled
         self._settled_at = now
         conn = site.conns.control()
+        busy: list[int] = []
         if not drained:
-            ended, promoted = lease.expire_and_promote(conn, self.settle_limit)
-            return handled + ended + promoted
-        with conn.transaction():
-            ended, promoted = lease.expire_and_promote(conn, self.settle_limit)
-            self._due = lease.next_due(conn, kinds), time.monotonic()
+            ended, promoted = lease.expire_and_promote(conn, self.settle_limit, busy)
+        else:
+            with conn.transaction():
+                ended, promoted = lease.expire_and_promote(conn, self.settle_limit, busy)
+                self._due = lease.next_due(conn, kinds), time.monotonic()
+        self._note_busy(busy)
         return handled + ended + promoted
+
+    def _note_busy(self, busy: list[int]) -> None:
+        """Log, once each, the sessions whose open enqueue of a key kept its waiting run from
+        being promoted (tried again at every settle until they end)."""
+        fresh = sorted(set(busy) - self._busy)
+        if fresh:
+            log.event(
+                "promotion_skipped",
+                level=30,
+                reason="key held by an open enqueue",
+                blocking_pids=fresh,
+            )
+        self._busy = set(busy)
 
     def next_due(self, site: Site) -> float | None:
         """Seconds until a run of its kinds is next due (a delayed or retried run, a lease that

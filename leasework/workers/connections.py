@@ -59,6 +59,10 @@ class Connections:
         # A NOTIFY naming nothing this worker serves (the supervisor's fast release sends
         # `reclaim`) ended the last idle wait: the worker then asks every stage.
         self.stray = False
+        # The control connection's lock_timeout and statement_timeout from before leasework
+        # bounded them (db.bound_waits), for a handler's transaction on it (lease.fence); None:
+        # not bounded (behind a pooler), nothing to give back.
+        self.handler_waits: tuple[str, str] | None = None
 
     def open(self) -> None:
         """Open the control connection, check the schema, then the pool (up to pool_size - 1
@@ -97,6 +101,9 @@ class Connections:
                 # executing it (bench/README.md). Behind a pooler nothing is prepared, and a
                 # session setting would land on whichever server session ran it.
                 self._control.execute("SET plan_cache_mode = force_generic_plan")
+            self.handler_waits = db.bound_waits(
+                self._control, self.config.lock_timeout, self.config.statement_timeout
+            )
             # Payloads and results decode with orjson, as they were encoded.
             set_json_loads(orjson.loads, self._control)
             if self._listener is None:

@@ -256,7 +256,9 @@ class Context(RunFacts):
             try:
                 with self._shielded():
                     tx = block.__enter__()
-                    if not lease.fence(conn, self.claim):
+                    # The control connection's bounds on waits are leasework's, not the handler's.
+                    waits = self._runner.conns.handler_waits
+                    if not lease.fence(conn, self.claim, waits):
                         self._lost("fence matched no row")
                         raise LeaseLost(f"run {self.claim.id} is no longer ours")
                 self._tx_conn = conn

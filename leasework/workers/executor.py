@@ -15,7 +15,7 @@ import psycopg
 
 from .. import log
 from ..config import Config
-from ..errors import LeaseLost, ResultError, is_transient
+from ..errors import LeaseLost, ResultError, gave_up_on_lock, is_transient
 from . import lease
 from .backoff import retry_delay
 from .connections import Connections
@@ -283,7 +283,12 @@ class Executor:
             log.event(
                 "finish_and_claim_failed", level=30, run_id=claim.id, error=log.first_line(exc)
             )
-            self.seal_success(claim, result)
+            if gave_up_on_lock(exc):
+                # The seal met a lock held past lock_timeout (the claim skips locked rows): a
+                # seal on its own would wait as long again. Given up like _write does.
+                self._durations.pop(claim.id, None)
+            else:
+                self.seal_success(claim, result)
             return None
         self._log_sealed(claim, sealed)
         return [] if nxt is None else [nxt]
@@ -415,6 +420,18 @@ class Executor:
             try:
                 return write(self.conns.control())
             except psycopg.Error as exc:
+                if gave_up_on_lock(exc):
+                    # Another session holds the row past lock_timeout (an operator's SELECT ...
+                    # FOR UPDATE): waiting longer would stall this worker on it, so the write is
+                    # given up and the run redone once its lease lapses and the row is free.
+                    log.event(
+                        "outcome_not_recorded",
+                        level=30,
+                        run_id=claim.id,
+                        outcome=what,
+                        error=log.first_line(exc),
+                    )
+                    return NOT_WRITTEN
                 if not is_transient(exc) or attempt == 2:
                     log.event(
                         "outcome_not_recorded",

@@ -432,6 +432,7 @@ class Keeper:
                 pooler=self.config.pooler,
                 **db.HANG_GUARD,
             )
+            db.bound_waits(self._conn, self.config.lock_timeout, self.config.statement_timeout)
         return self._conn
 
     _connection = connection

@@ -530,12 +530,16 @@ def _check_combined_columns(columns: Sequence[str], quick: bool) -> None:
     _combined_columns_checked[quick] = True
 
 
-def expire_and_promote(conn: Conn, limit: int) -> tuple[int, int]:
+def expire_and_promote(conn: Conn, limit: int, busy: list[int] | None = None) -> tuple[int, int]:
     """End expired runs that must not be reclaimed and promote waiting runs whose key is idle.
+    A waiting run whose key an open transaction is enqueueing is skipped, not waited on; the pids
+    of the sessions holding such keys are appended to `busy`.
 
     Returns (ended, promoted)."""
     row = conn.execute(Q["expire_and_promote"], {"limit": limit}, prepare=True).fetchone()
     assert row is not None
+    if busy is not None and row[3]:
+        busy.extend(row[3])
     return int(row[0]), int(row[1])
 
 
@@ -679,13 +683,20 @@ def checkpoint(conn: Conn, claim: Claim, processed: int, total: int | None = Non
     return row is not None
 
 
-def fence(conn: Conn, claim: Claim) -> bool:
+def fence(conn: Conn, claim: Claim, waits: tuple[str, str] | None = None) -> bool:
     """Inside an open transaction: lock the run against reclaim if it is still ours with a live
     lease. False: it is not, and the caller must write nothing. The transaction may then sit
-    idle for at most the lease before the server ends it (see fence_run)."""
-    idle_ms = str(max(1, round(claim.lease_seconds * 1000)))
-    row = conn.execute(Q["fence_run"], _params(claim, idle_ms=idle_ms), prepare=True).fetchone()
+    idle for at most the lease before the server ends it (see fence_run). `waits`: the
+    connection's lock_timeout and statement_timeout from before leasework bounded them
+    (Connections.handler_waits), given back to the handler for the transaction."""
+    row = conn.execute(Q["fence_run"], _fence_params(claim, waits), prepare=True).fetchone()
     return row is not None
+
+
+def _fence_params(claim: Claim, waits: tuple[str, str] | None) -> dict[str, Any]:
+    lock, statement = waits or (None, None)
+    idle_ms = str(max(1, round(claim.lease_seconds * 1000)))
+    return _params(claim, idle_ms=idle_ms, lock_timeout=lock, statement_timeout=statement)
 
 
 # -- the same two for async handlers (workers/acontext.py), on a psycopg AsyncConnection ---------
@@ -703,8 +714,7 @@ async def acheckpoint(conn: AConn, claim: Claim, processed: int, total: int | No
 
 async def afence(conn: AConn, claim: Claim) -> bool:
     """`fence` on an async connection, inside its open transaction."""
-    idle_ms = str(max(1, round(claim.lease_seconds * 1000)))
-    cur = await conn.execute(Q["fence_run"], _params(claim, idle_ms=idle_ms), prepare=True)
+    cur = await conn.execute(Q["fence_run"], _fence_params(claim, None), prepare=True)
     return await cur.fetchone() is not None
 
 

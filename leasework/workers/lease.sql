@@ -196,7 +196,7 @@ WITH expired AS MATERIALIZED (
      WHERE r.id = expired.id
     RETURNING r.id
 ), promotable AS MATERIALIZED (
-    SELECT w.id
+    SELECT w.id, w.key
       FROM leasework.runs w
      WHERE w.status = 'waiting'
        AND w.key IS NOT NULL
@@ -206,19 +206,33 @@ WITH expired AS MATERIALIZED (
      ORDER BY w.id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), unheld AS MATERIALIZED (
+    -- A key with an enqueue still open (leasework.enqueue holds its key's advisory lock until
+    -- commit) is skipped, not waited on: its uncommitted run, invisible to the NOT EXISTS above,
+    -- would make the promotion wait in runs_one_active_per_key for as long as that transaction
+    -- stays open. Tried again at the next settle; `busy` names the sessions holding it.
+    SELECT id FROM promotable WHERE pg_try_advisory_xact_lock(-1682930272, hashtext(key))
 ), promoted AS (
     UPDATE leasework.runs r
        SET status = 'queued',
            queued_at = greatest(r.queued_at, leasework.now())
-      FROM promotable
-     WHERE r.id = promotable.id
+      FROM unheld
+     WHERE r.id = unheld.id
     RETURNING r.id, r.kind
 )
 -- A promoted run is due now: NOTIFY its kind (at commit), so that a worker of another pool, or
 -- one asleep until its next due time, claims it at once (workers/idle.py).
+-- `busy`: the pids of the sessions holding the keys skipped, read (pg_locks) only when one was.
 SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM promoted) AS promoted,
        (SELECT count(pg_notify('leasework', p.kind))
-          FROM (SELECT DISTINCT kind FROM promoted) p) AS notified
+          FROM (SELECT DISTINCT kind FROM promoted) p) AS notified,
+       CASE WHEN (SELECT count(*) FROM promotable) > (SELECT count(*) FROM unheld) THEN (
+           SELECT coalesce(array_agg(DISTINCT l.pid ORDER BY l.pid), '{}')
+             FROM pg_locks l
+             JOIN promotable w ON l.objid = hashtext(w.key)::oid
+            WHERE l.locktype = 'advisory' AND l.classid = (-1682930272)::oid
+              AND l.objsubid = 2 AND l.granted AND l.pid <> pg_backend_pid()
+              AND w.id NOT IN (SELECT id FROM unheld)) END AS busy
 
 -- name: renew_lease
 -- Zero rows means the run is no longer ours: stop at once.
@@ -496,14 +510,28 @@ RETURNING lease_expires_at
 -- until the server noticed the dead peer, by TCP keepalive, hours later. A handler idle that long
 -- has stopped renewing and is killed by the watchdog anyway. tests/chaos/test_faults.py.
 -- plan_cache_mode back to the default for the handler's own statements, also local: the
--- transaction may run on the control connection, which plans leasework's generically.
+-- transaction may run on the control connection, which plans leasework's generically. So are
+-- lock_timeout and statement_timeout (%(lock_timeout)s, %(statement_timeout)s: the session's own
+-- from before db.bound_waits, or NULL to leave them), set once the row is locked: the fence
+-- itself gives up on a row another session holds, as leasework's statements do, but the
+-- handler's statements wait and run as they would anywhere else.
+WITH fenced AS MATERIALIZED (
+    SELECT lease_expires_at
+      FROM leasework.runs
+     WHERE id = %(id)s AND lease_owner = %(owner)s
+       AND lease_expires_at > leasework.now()
+       AND set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) IS NOT NULL
+       AND set_config('plan_cache_mode', 'auto', true) IS NOT NULL
+       FOR KEY SHARE
+)
 SELECT lease_expires_at
-  FROM leasework.runs
- WHERE id = %(id)s AND lease_owner = %(owner)s
-   AND lease_expires_at > leasework.now()
-   AND set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) IS NOT NULL
-   AND set_config('plan_cache_mode', 'auto', true) IS NOT NULL
-   FOR KEY SHARE
+  FROM fenced
+ WHERE set_config('lock_timeout',
+                  coalesce(%(lock_timeout)s::text, current_setting('lock_timeout')), true)
+       IS NOT NULL
+   AND set_config('statement_timeout',
+                  coalesce(%(statement_timeout)s::text, current_setting('statement_timeout')),
+                  true) IS NOT NULL
 
 -- name: next_due
 -- Seconds from now until a run of %(kinds)s may next be claimed or settled without anyone saying

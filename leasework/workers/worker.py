@@ -23,7 +23,7 @@ import psycopg
 
 from .. import db, log
 from ..config import Config
-from ..errors import ConfigError, is_transient
+from ..errors import ConfigError, gave_up_on_lock, is_transient
 from . import idle, presence
 from .aexecutor import AsyncExecutor
 from .connections import Connections
@@ -82,6 +82,9 @@ class Worker:
         self._draining = False  # stop claiming, but let the job in hand finish with no deadline
         self._handled: dict[str, int] = {}  # stage name -> what it handled in the last poll
         self._idle_until: dict[str, float] = {}  # stage name -> monotonic time to ask it again
+        # Stages whose last step gave up on a lock another session holds: logged at warning once,
+        # then at debug while it lasts (it is tried again every poll).
+        self._held_back: set[str] = set()
         # A standalone worker keeps its own row in the workers table; under the supervisor the
         # parent writes the rows instead (register=False).
         self.register = register
@@ -246,10 +249,22 @@ class Worker:
                 if not handled:
                     due = self._next_due(stage)
             except Exception as exc:  # one failing stage never skips the ones after it
-                level = 30 if is_transient(exc) else 40
-                log.event(
-                    "stage_failed", level=level, stage=stage.name, error=describe_error(exc, 3)
-                )
+                if gave_up_on_lock(exc):
+                    again = stage.name in self._held_back
+                    self._held_back.add(stage.name)
+                    log.event(
+                        "lock_unavailable",
+                        level=10 if again else 30,
+                        stage=stage.name,
+                        error=log.first_line(exc),
+                    )
+                else:
+                    level = 30 if is_transient(exc) else 40
+                    log.event(
+                        "stage_failed", level=level, stage=stage.name, error=describe_error(exc, 3)
+                    )
+            else:
+                self._held_back.discard(stage.name)
             done += handled
             self._handled[stage.name] = handled
             if handled:
@@ -257,7 +272,9 @@ class Worker:
             else:
                 cfg = self.config
                 exact = bool(getattr(stage, "exact_due", False))
-                rest = idle.rest(due, cfg.poll_interval, cfg.idle_poll_max, wakes=wakes, exact=exact)
+                rest = idle.rest(
+                    due, cfg.poll_interval, cfg.idle_poll_max, wakes=wakes, exact=exact
+                )
                 self._idle_until[stage.name] = time.monotonic() + rest
         self.conns.drain_notifies()
         self.beat(None)

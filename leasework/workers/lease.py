@@ -57,11 +57,28 @@ def _numbered(text: bytes, names: Sequence[str]) -> bytes:
     for i, name in enumerate(names, 1):
         text = text.replace(b"%%(%s)s" % name.encode(), b"$%d" % i)
     if b"%(" in text:
-        raise ValueError("a parameter of finish_and_claim_queued is not in QUICK_PARAMS")
+        raise ValueError(f"a parameter of the statement is not in {names}")
     return text
 
 
 FINISH_AND_CLAIM_QUEUED_NUMBERED = _numbered(FINISH_AND_CLAIM_QUEUED, QUICK_PARAMS)
+# claim_runs and finish_and_claim go through a psycopg RawCursor with their parameters numbered:
+# psycopg parses a statement's %(name)s placeholders on every execution past 4 KiB (its parse
+# cache), and the claim with its per-kind ranges and turns is longer than that; a raw query is
+# sent as it is. CLAIM_PARAMS and FINISH_AND_CLAIM_PARAMS are their parameters, in order.
+CLAIM_PARAMS = ("kinds", "worker", "lease", "limit", "finishing")
+FINISH_AND_CLAIM_PARAMS = ("id", "owner", "result", "kinds", "worker", "lease")
+FINISH_AND_CLAIM_NUMBERED = _numbered(FINISH_AND_CLAIM, FINISH_AND_CLAIM_PARAMS)
+_claims_numbered: dict[bytes, bytes] = {}
+
+
+def claim_runs_numbered() -> bytes:
+    """claim_runs as it stands in Q (a test may have replaced it), with numbered parameters."""
+    text = Q["claim_runs"]
+    numbered = _claims_numbered.get(text)
+    if numbered is None:
+        numbered = _claims_numbered[text] = _numbered(text, CLAIM_PARAMS)
+    return numbered
 FINISH_AND_CLAIM_LEAN_NUMBERED = _numbered(FINISH_AND_CLAIM_LEAN, QUICK_PARAMS)
 # Each form's text for the cursor, and its name and numbered text for libpq, by `probed`.
 _QUICK_FORMS = {
@@ -189,18 +206,12 @@ def claim_runs(
     """
     if not kinds:
         return []
-    params = {
-        "kinds": list(kinds),
-        "worker": worker,
-        "lease": lease,
-        "limit": limit,
-        "finishing": None,
-    }
+    params = (list(kinds), worker, lease, limit, None)  # CLAIM_PARAMS
     # A connection outside autocommit still gets the claim committed on its own.
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
     sent = time.monotonic()
-    with own_tx, conn.cursor() as cur:
-        cur.execute(Q["claim_runs"], params, prepare=True)
+    with own_tx, psycopg.RawCursor(conn) as cur:
+        cur.execute(claim_runs_numbered(), params, prepare=True)
         rows = cur.fetchall()
         if not rows:
             return []
@@ -250,6 +261,7 @@ class Chain:
         "_kinds_text",
         "_pgconn",
         "_prepared",
+        "_raw_cursor",
         "_transformer",
         "lean_until",
         "probe_every",
@@ -263,6 +275,7 @@ class Chain:
         self.whole_until = float("-inf")  # monotonic time until which the whole claim is sent
         self.lean_until = float("-inf")  # ... and the lean form of the quick one
         self._cursor: psycopg.Cursor[Any] | None = None
+        self._raw_cursor: psycopg.RawCursor[Any] | None = None
         self._kinds: list[str] | None = None
         self._kinds_text = ""
         self._pgconn: pq.abc.PGconn | None = None  # the one _prepared are prepared on
@@ -305,6 +318,13 @@ class Chain:
         cur = self._cursor
         if cur is None or cur.closed or cur.connection is not conn:
             cur = self._cursor = conn.cursor()
+        return cur
+
+    def raw_cursor(self, conn: Conn) -> psycopg.RawCursor[Any]:
+        """A raw cursor of `conn` (for finish_and_claim): the one kept, as `cursor`."""
+        cur = self._raw_cursor
+        if cur is None or cur.closed or cur.connection is not conn:
+            cur = self._raw_cursor = psycopg.RawCursor(conn)
         return cur
 
     def quick_rows(
@@ -444,8 +464,13 @@ def finish_and_claim(
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
     sent = time.monotonic()
     if chain is None or not chain.quick(sent):
-        with own_tx, conn.cursor() if chain is None else nullcontext(chain.cursor(conn)) as cur:
-            cur.execute(FINISH_AND_CLAIM, params, prepare=True)
+        raw = psycopg.RawCursor(conn) if chain is None else nullcontext(chain.raw_cursor(conn))
+        with own_tx, raw as cur:
+            cur.execute(
+                FINISH_AND_CLAIM_NUMBERED,
+                [params[name] for name in FINISH_AND_CLAIM_PARAMS],
+                prepare=True,
+            )
             row = cur.fetchone()
             assert row is not None  # one row always
             if row[1] is not None and not _combined_columns_checked[False]:

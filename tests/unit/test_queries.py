@@ -45,8 +45,6 @@ COMBINED = {
 @pytest.mark.parametrize(
     "name",
     [
-        "claim_runs",
-        "finish_and_claim",
         "finish_and_claim_queued",
         "finish_and_claim_lean",
         "finish_run",
@@ -59,6 +57,18 @@ def test_hot_statements_fit_psycopgs_parse_cache(name: str) -> None:
     assert len(statement) <= PSYCOPG_PARSE_CACHE_BYTES, (
         f"{name} is {len(statement)} bytes once compacted: psycopg would parse it on every call"
     )
+
+
+def test_the_long_claims_are_sent_raw_with_numbered_parameters() -> None:
+    # claim_runs and finish_and_claim are past psycopg's parse cache: they go through a
+    # RawCursor, their placeholders numbered once here, so psycopg never parses them.
+    for text, names, numbered in [
+        (lease.Q["claim_runs"], lease.CLAIM_PARAMS, lease.claim_runs_numbered()),
+        (lease.FINISH_AND_CLAIM, lease.FINISH_AND_CLAIM_PARAMS, lease.FINISH_AND_CLAIM_NUMBERED),
+    ]:
+        assert b"%(" not in numbered
+        for i, name in enumerate(names, 1):
+            assert (b"%%(%s)s" % name.encode() in text) == (b"$%d" % i in numbered)
 
 
 def _between(text: bytes, start: bytes, end: bytes) -> bytes:

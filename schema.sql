@@ -348,6 +348,87 @@ BEGIN
 END
 $$;
 
+-- The best priority at which a queued run of `kind` (and `tenant`: NULL for runs without one) is
+-- due, NULL when none is. One index descent per priority present ahead of it: the claim reads
+-- the kind's range at that priority alone, bounded by queued_at <= now(), so delayed runs (a
+-- year of reminders, a retry's backoff) are never walked, at that priority or a better one.
+-- STABLE: its queries read the calling statement's snapshot.
+CREATE OR REPLACE FUNCTION leasework.due_priority(kind text, tenant text) RETURNS integer
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+DECLARE
+    p integer;
+    q timestamptz;
+BEGIN
+    IF due_priority.tenant IS NULL THEN
+        SELECT r.priority, r.queued_at INTO p, q
+          FROM leasework.runs r
+         WHERE r.kind = due_priority.kind AND r.tenant IS NULL AND r.status = 'queued'
+         ORDER BY r.priority, r.queued_at, r.id LIMIT 1;
+        WHILE q > leasework.now() LOOP
+            SELECT r.priority, r.queued_at INTO p, q
+              FROM leasework.runs r
+             WHERE r.kind = due_priority.kind AND r.tenant IS NULL AND r.status = 'queued'
+               AND r.priority > p
+             ORDER BY r.priority, r.queued_at, r.id LIMIT 1;
+        END LOOP;
+    ELSE
+        SELECT r.priority, r.queued_at INTO p, q
+          FROM leasework.runs r
+         WHERE r.tenant = due_priority.tenant AND r.kind = due_priority.kind
+           AND r.status = 'queued'
+         ORDER BY r.priority, r.queued_at, r.id LIMIT 1;
+        WHILE q > leasework.now() LOOP
+            SELECT r.priority, r.queued_at INTO p, q
+              FROM leasework.runs r
+             WHERE r.tenant = due_priority.tenant AND r.kind = due_priority.kind
+               AND r.status = 'queued' AND r.priority > p
+             ORDER BY r.priority, r.queued_at, r.id LIMIT 1;
+        END LOOP;
+    END IF;
+    RETURN p;
+END
+$$;
+
+-- When the first queued run of `kind` (and `tenant`) not yet due becomes due, NULL when there is
+-- none: per priority present, the first entry past now(). Serves next_due, as due_priority the
+-- claim.
+CREATE OR REPLACE FUNCTION leasework.next_due_at(kind text, tenant text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+DECLARE
+    p integer;
+    q timestamptz;
+    best timestamptz;
+BEGIN
+    IF next_due_at.tenant IS NULL THEN
+        SELECT min(r.priority) INTO p FROM leasework.runs r
+         WHERE r.kind = next_due_at.kind AND r.tenant IS NULL AND r.status = 'queued';
+        WHILE p IS NOT NULL LOOP
+            SELECT min(r.queued_at) INTO q FROM leasework.runs r
+             WHERE r.kind = next_due_at.kind AND r.tenant IS NULL AND r.status = 'queued'
+               AND r.priority = p AND r.queued_at > leasework.now();
+            best := least(best, q);
+            SELECT min(r.priority) INTO p FROM leasework.runs r
+             WHERE r.kind = next_due_at.kind AND r.tenant IS NULL AND r.status = 'queued'
+               AND r.priority > p;
+        END LOOP;
+    ELSE
+        SELECT min(r.priority) INTO p FROM leasework.runs r
+         WHERE r.tenant = next_due_at.tenant AND r.kind = next_due_at.kind
+           AND r.status = 'queued';
+        WHILE p IS NOT NULL LOOP
+            SELECT min(r.queued_at) INTO q FROM leasework.runs r
+             WHERE r.tenant = next_due_at.tenant AND r.kind = next_due_at.kind
+               AND r.status = 'queued' AND r.priority = p AND r.queued_at > leasework.now();
+            best := least(best, q);
+            SELECT min(r.priority) INTO p FROM leasework.runs r
+             WHERE r.tenant = next_due_at.tenant AND r.kind = next_due_at.kind
+               AND r.status = 'queued' AND r.priority > p;
+        END LOOP;
+    END IF;
+    RETURN best;
+END
+$$;
+
 -- Why a label (key, tenant, group) is refused by leasework.enqueue, or NULL when it is fine: the
 -- rule of leasework.tasks.check_label (1-200 characters, no control character).
 CREATE OR REPLACE FUNCTION leasework.label_problem(value text) RETURNS text

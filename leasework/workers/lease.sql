@@ -70,6 +70,7 @@ WITH live AS MATERIALIZED (
             SELECT r.id, r.priority, r.queued_at
               FROM leasework.runs r
              WHERE r.tenant = t.name AND r.kind = k.kind
+               AND leasework.due_priority(k.kind, t.name) IS NOT NULL
                AND r.status = 'queued' AND r.queued_at <= leasework.now()
                AND NOT EXISTS (
                     SELECT 1
@@ -114,7 +115,7 @@ WITH live AS MATERIALIZED (
           FROM leasework.runs r
          WHERE r.tenant IS NULL
            AND r.status = 'queued' AND r.queued_at <= leasework.now()
-           AND r.kind = k.kind
+           AND r.kind = k.kind AND r.priority = leasework.due_priority(k.kind, NULL)
          ORDER BY r.priority, r.queued_at, r.id
          LIMIT %(limit)s
            FOR UPDATE OF r SKIP LOCKED) c
@@ -374,7 +375,7 @@ UPDATE leasework.runs r
                  FROM leasework.runs r
                 WHERE r.tenant IS NULL
                   AND r.status = 'queued' AND r.queued_at <= leasework.now()
-                  AND r.kind = k.kind
+                  AND r.kind = k.kind AND r.priority = leasework.due_priority(k.kind, NULL)
                 ORDER BY r.priority, r.queued_at, r.id
                 LIMIT %(limit)s
                   FOR UPDATE OF r SKIP LOCKED) c
@@ -395,12 +396,8 @@ RETURNING r.id = %(id)s::bigint AS sealed,
 -- other branches' predicates without the limiter and the locks, so it errs towards yes; a unit
 -- test compares them). A fragment of that statement, not a statement.
 OR EXISTS (
-    SELECT 1 FROM leasework.tenants t, LATERAL (
-        SELECT 1 FROM leasework.runs r
-         WHERE r.tenant = t.name AND r.kind = ANY(%(kinds)s::text[])
-           AND r.status = 'queued' AND r.queued_at <= leasework.now()
-         LIMIT 1) d
-     WHERE t.priority IS NOT NULL)
+    SELECT 1 FROM leasework.tenants t, unnest(%(kinds)s::text[]) AS k(kind)
+     WHERE t.priority IS NOT NULL AND leasework.due_priority(k.kind, t.name) IS NOT NULL)
 OR EXISTS (
     SELECT 1 FROM leasework.runs r
      WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()
@@ -540,19 +537,17 @@ SELECT lease_expires_at
 -- or ended, once it passes). NULL: nothing, until something new arrives, which NOTIFYs (enqueue,
 -- requeue, release, retry, resume, promotion, the supervisor's fast release). Paused kinds count
 -- for nothing (resume NOTIFYs). Read by an idle worker after a claim found nothing, to know how
--- long it may sleep (workers/idle.py); one branch per partial index, as in claim_runs.
+-- long it may sleep (workers/idle.py). Queued runs per live kind (and per tenant in the turns),
+-- through leasework.next_due_at: one look-up per priority present, however many runs are delayed.
 WITH live AS MATERIALIZED (
     SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
 )
 SELECT extract(epoch FROM least(
-           (SELECT min(r.queued_at)
-              FROM leasework.runs r
-             WHERE r.status = 'queued' AND r.tenant IS NULL AND r.queued_at > leasework.now()
-               AND r.kind = ANY((SELECT k FROM live)::text[])),
-           (SELECT min(r.queued_at)
-              FROM leasework.runs r
-             WHERE r.status = 'queued' AND r.tenant IS NOT NULL AND r.queued_at > leasework.now()
-               AND r.kind = ANY((SELECT k FROM live)::text[])),
+           (SELECT min(leasework.next_due_at(k.kind, NULL))
+              FROM unnest((SELECT k FROM live)::text[]) AS k(kind)),
+           (SELECT min(leasework.next_due_at(k.kind, t.name))
+              FROM leasework.tenants t, unnest((SELECT k FROM live)::text[]) AS k(kind)
+             WHERE t.priority IS NOT NULL),
            (SELECT min(r.lease_expires_at)
               FROM leasework.runs r
              WHERE r.status = 'running' AND r.lease_expires_at > leasework.now()

@@ -123,6 +123,14 @@ def delayed_run_is_claimed_only_when_due(conn: Conn, tenant: str | None = None) 
     """A run queued with queued_at in the future (enqueue's delay, a retry's backoff) is not
     claimed until it is due in database time, then is."""
     app = make_app()
+    # Beside a due run: a delayed one of a better priority (read first in the claim's order)
+    # and one of the same priority (read after it): only the due one is claimed.
+    due = app.enqueue(conn, "job", tenant=tenant)
+    app.enqueue(conn, "job", tenant=tenant, priority=-1, delay=60)
+    app.enqueue(conn, "job", tenant=tenant, delay=60)
+    claims = lease.claim_runs(conn, KINDS, worker="w", lease=LEASE, limit=3)
+    assert [c.id for c in claims] == [due], "a delayed run was claimed before it was due"
+    conn.execute("DELETE FROM leasework.runs")
     run_id = app.enqueue(conn, "job", tenant=tenant, delay=60)
     try:
         assert claim_one(conn) is None, "a delayed run was claimed before it was due"
@@ -141,6 +149,10 @@ def claim_takes_only_its_kinds(conn: Conn, tenant: str | None = None) -> None:
     app = make_app()
     run_id = app.enqueue(conn, "other", tenant=tenant)
     assert claim_one(conn, "w1", kinds=["job"]) is None, "a claim took a queued run of another kind"
+    # Behind a run of another kind, of the same priority and tenant: the claim takes its own.
+    mine = app.enqueue(conn, "job", tenant=tenant)
+    got = claim_one(conn, "w1", kinds=["job"])
+    assert got is not None and got.id == mine, "a claim took a queued run of another kind"
     first = claim_one(conn, "w1", kinds=["other"])
     assert first is not None and first.id == run_id
     expire_lease(conn, run_id)

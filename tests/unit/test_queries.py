@@ -124,10 +124,12 @@ def test_the_quick_claims_probe_asks_what_claim_runs_other_branches_take() -> No
     whole, quick = lease.Q["claim_runs"].replace(LIVE, KINDS), lease.FINISH_AND_CLAIM_QUEUED
     kinds = b"r.kind = ANY(%(kinds)s::text[])"
     _paused, queued, expired = quick.split(b" OR EXISTS (")[:3]
-    probe = _where(queued, b"FROM leasework.runs r", b" LIMIT 1)")
-    branch = _where(whole, b"tenanted_queued AS MATERIALIZED (", b" AND NOT EXISTS")
-    assert probe == {kinds if c == b"r.kind = k.kind" else c for c in branch}
+    # The tenanted probe: a tenant in the turns with a run due of a kind polled, as the tenanted
+    # branch gates each (tenant, kind) it reads.
+    gate = b"leasework.due_priority(k.kind,t.name) IS NOT NULL"
+    assert gate in queued and b"AND " + gate in whole
     assert b"WHERE t.priority IS NOT NULL" in queued and b"WHERE t.priority IS NOT NULL" in whole
+    assert b"unnest(%(kinds)s::text[]) AS k(kind)" in queued
 
     probe = _where(expired, b"FROM leasework.runs r", kinds) | {kinds}
     for start, end in [

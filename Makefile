@@ -26,16 +26,19 @@ demo: $(STAMP)
 
 # Benchmarks (bench/README.md): each script makes its own database on the local server, prints
 # a table and appends its figures to $(BENCH_RESULTS) (made afresh each time); bench/summary.py then
-# prints issue 7's eight targets and issue 16's five from them, last. `make bench` takes about 22
+# prints issue 7's eight targets, issue 16's five and issue 29's three from them, last. `make bench` takes about 22
 # minutes (the set with idle.py's 8, the peers, the async handlers beside the peers and a short
 # ingest); `make bench BENCH_FLAGS=--quick` (or `make bench-quick`) about 6.
-# `make bench-long` runs the long three (bloat.py on a private cluster, 1,000,000 jobs; a 1 GiB
+# backlog.py (issue 29: 1,000,000 queued runs the workers may not claim, five ways, and the
+# fairness case) adds about 15 minutes while those drains are slow (each is stopped after 60 s),
+# a few once they are not.
+# `make bench-long` runs the long four (bloat.py on a private cluster, 1,000,000 jobs; a 1 GiB
 # ingest killed and resumed; scale.py, the scaling curve over 4 hosts in network namespaces, as
-# root): about 30 minutes. A script that fails is recorded and the rest still
+# root; backlog.py's held snapshot, two 6.5-minute runs on a private cluster): about 45 minutes. A script that fails is recorded and the rest still
 # run; the exit status is then non-zero. Set BENCH_DSN for another server.
 BENCH_DSN ?= postgresql://postgres@127.0.0.1:5432/postgres
 BENCH_FLAGS ?=
-BENCHES := throughput pickup_latency claim_flatness bulk_enqueue recovery idle
+BENCHES := throughput pickup_latency claim_flatness bulk_enqueue recovery idle backlog
 BENCH_RESULTS ?= $(CURDIR)/bench/.results.jsonl
 BENCH_LONG_RESULTS ?= $(CURDIR)/bench/.results-long.jsonl
 # The short ingest of `make bench` (target 7's peak RSS and chunks redone, on a 64 MiB file; the
@@ -56,9 +59,11 @@ bench: $(STAMP)
 	echo; $(PY) bench/summary.py "$$LEASEWORK_BENCH_RESULTS"; exit $$status
 
 # Not in `make bench` (it would pass 15 minutes): bloat.py in full (a private cluster, ~11 min;
-# its --quick run ends before the first autovacuum, so it shows no plateau), the 1 GiB ingest and
+# its --quick run ends before the first autovacuum, so it shows no plateau), the 1 GiB ingest,
 # scale.py (1 to 64 processes over 4 hosts, direct and through PgBouncer, ~10 min; its own private
-# cluster, so BENCH_DSN does not apply; needs root for the namespaces, and pgbouncer).
+# cluster, so BENCH_DSN does not apply; needs root for the namespaces, and pgbouncer) and
+# backlog.py's case (f) (a snapshot held 5 minutes under 400 runs/s, beside the same run with
+# none: ~14 min; a private cluster, for autovacuum, so BENCH_DSN does not apply either).
 bench-long: $(STAMP)
 	@rm -f '$(BENCH_LONG_RESULTS)'; export LEASEWORK_BENCH_RESULTS='$(BENCH_LONG_RESULTS)'; \
 	$(BENCH_RUN); \
@@ -66,6 +71,7 @@ bench-long: $(STAMP)
 	run ingest_large.py $(PY) bench/ingest_large.py --dsn '$(BENCH_DSN)' \
 		--mb 1024 --embedder stub --kill-after 120; \
 	run scale.py $(PY) bench/scale.py; \
+	run backlog.py $(PY) bench/backlog.py --cases f; \
 	echo; $(PY) bench/summary.py "$$LEASEWORK_BENCH_RESULTS"; exit $$status
 
 # PGQueuer and Procrastinate beside leasework and the raw loops, in bench/.venv-peers (made on

@@ -1,7 +1,8 @@
 """One table of issue 7's eight targets from the figures the bench scripts appended to a results
 file (`--results FILE`, or $LEASEWORK_BENCH_RESULTS; `make bench` and `make bench-long` set one):
 each figure next to its baseline or peer from the same invocation, the ratio, the target and the
-verdict; then, when bench/async_io.py ran, one of issue 16's (async handlers). A target whose
+verdict; then, when bench/async_io.py ran, one of issue 16's (async handlers), and when
+bench/backlog.py ran, one of issue 29's (work the claim cannot take). A target whose
 script did not run in this invocation gets a row naming the command that measures it. Standard library only; asserts nothing (exit status 0 whatever the verdicts).
 
     python3 bench/summary.py FILE [FILE ...]
@@ -41,6 +42,16 @@ EXPECTED_16: list[tuple[int, str, str, str]] = [
     (3, ISSUE_16_SCRIPT, "≥ 0.80 x ideal (400/s)", ISSUE_16_COMMAND),
     (4, ISSUE_16_SCRIPT, "≥ 0.80 x sync one at a time", ISSUE_16_COMMAND),
     (5, ISSUE_16_SCRIPT, "≤ 40 MiB", ISSUE_16_COMMAND),
+]
+
+# Issue 29 (a claim that costs the same whatever it cannot take), all from bench/backlog.py: (a)-(e)
+# each against the same drain with no backlog; (f), the held snapshot on a private cluster, only
+# in `make bench-long`; the fairness case in claims.
+ISSUE_29_SCRIPT = "backlog.py"
+EXPECTED_29: list[tuple[int, str, str, str]] = [
+    (1, ISSUE_29_SCRIPT, "(a)-(e) each ≥ 0.80 x no backlog", "make bench"),
+    (2, ISSUE_29_SCRIPT, "≥ 0.9 x offered, drained ≤ 30 s after", "make bench-long"),
+    (3, ISSUE_29_SCRIPT, "each small run ≤ 100 claims", "make bench"),
 ]
 
 
@@ -172,7 +183,11 @@ def main() -> None:
 
     notes: list[str] = []
     out = rows_for(7, EXPECTED, records, failed, notes)
-    known = {(7, t, s) for t, s, _, _ in EXPECTED} | {(16, t, s) for t, s, _, _ in EXPECTED_16}
+    known = (
+        {(7, t, s) for t, s, _, _ in EXPECTED}
+        | {(16, t, s) for t, s, _, _ in EXPECTED_16}
+        | {(29, t, s) for t, s, _, _ in EXPECTED_29}
+    )
     for r in records:  # figures from a script or target these tables do not list
         if (r.get("issue", 7), r.get("target"), r.get("script")) not in known:
             notes.append(f"unlisted: {json.dumps(r, ensure_ascii=False)}")
@@ -184,6 +199,10 @@ def main() -> None:
     if any(r.get("issue") == 16 for r in records) or ISSUE_16_SCRIPT in failed:
         print("\nissue 16 targets (async handlers): same invocation, same server")
         table(HEADERS, rows_for(16, EXPECTED_16, records, failed, notes))
+    # Issue 29's when bench/backlog.py ran (or failed) in this invocation.
+    if any(r.get("issue") == 29 for r in records) or ISSUE_29_SCRIPT in failed:
+        print("\nissue 29 targets (work the claim cannot take): same invocation, same server")
+        table(HEADERS, rows_for(29, EXPECTED_29, records, failed, notes))
     if any(r.get("short") for r in records):
         print(
             "* reduced size (--quick, or a short version of the target's run): a figure under"

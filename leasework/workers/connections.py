@@ -99,8 +99,13 @@ class Connections:
                 # checkpoints, the stages'), each a prepared statement whose generic plan is as
                 # good as a custom one: planning the claim afresh on every call cost more than
                 # executing it (bench/README.md). Behind a pooler nothing is prepared, and a
-                # session setting would land on whichever server session ran it.
-                self._control.execute("SET plan_cache_mode = force_generic_plan")
+                # session setting would land on whichever server session ran it. No JIT either:
+                # these are short statements, and compiling one (when a generic plan's cost
+                # estimate passes jit_above_cost) took longer than a thousand runs of it.
+                self._control.execute(
+                    "SELECT set_config('plan_cache_mode', 'force_generic_plan', false),"
+                    " set_config('jit', 'off', false)"
+                )
             self.handler_waits = db.bound_waits(
                 self._control, self.config.lock_timeout, self.config.statement_timeout
             )

@@ -59,7 +59,12 @@
 -- (priority, queued_at, id) across the live kinds. A tenant whose exclusive run holds a live
 -- lease is passed by one probe, without reading its queued runs. leasework.tenant_served()
 -- advances a claimed tenant's turn by 1 / weight and sets its priority again. Runs without a
--- tenant meet the tenants' picks in `chosen`, by (priority, queued_at, id).
+-- tenant meet the tenants' picks in `chosen`, by (priority, queued_at, id). The two NOT EXISTS
+-- of the tenants' walk end in OFFSET 0, which keeps the planner from turning them into joins: a
+-- generic plan built while one tenant holds most queued runs otherwise read that tenant's runs in
+-- full (a hash anti-join over a sequential scan) for every tenant walked, and its cost estimate
+-- was high enough for JIT compilation, 0.7 s per claim (bench/README.md, issue 29). Per row, as
+-- a probe of runs_running_tenanted, they cost what they read.
 WITH live AS MATERIALIZED (
     SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
 ), tenanted_queued AS MATERIALIZED (
@@ -79,7 +84,8 @@ WITH live AS MATERIALIZED (
                        AND o.status = 'running'
                        AND o.id <> r.id
                        AND o.lease_expires_at >= leasework.now()
-                       AND (o.exclusive OR r.exclusive OR o."group" = r."group"))
+                       AND (o.exclusive OR r.exclusive OR o."group" = r."group")
+                    OFFSET 0)
              ORDER BY r.priority, r.queued_at, r.id
              LIMIT 1
                FOR UPDATE OF r SKIP LOCKED) h
@@ -89,7 +95,7 @@ WITH live AS MATERIALIZED (
        AND NOT EXISTS (
             SELECT 1 FROM leasework.runs x
              WHERE x.tenant = t.name AND x.status = 'running' AND x.exclusive
-               AND x.lease_expires_at >= leasework.now())
+               AND x.lease_expires_at >= leasework.now() OFFSET 0)
      ORDER BY t.priority, t.turn, t.name
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED

@@ -69,9 +69,17 @@ BEGIN
 END
 $$;
 
+-- BEFORE INSERT (no event queued per row of a bulk enqueue) and AFTER UPDATE: a BEFORE UPDATE
+-- row trigger makes Postgres lock each row it updates first, whatever its WHEN says, and that was
+-- a WAL record more for every claim and seal (bench/README.md, issue 29).
 DROP TRIGGER IF EXISTS runs_tenant_queued ON leasework.runs;
 CREATE TRIGGER runs_tenant_queued
-    BEFORE INSERT OR UPDATE OF status ON leasework.runs
+    BEFORE INSERT ON leasework.runs
+    FOR EACH ROW WHEN (NEW.tenant IS NOT NULL AND NEW.status = 'queued')
+    EXECUTE FUNCTION leasework.tenant_queued();
+DROP TRIGGER IF EXISTS runs_tenant_requeued ON leasework.runs;
+CREATE TRIGGER runs_tenant_requeued
+    AFTER UPDATE OF status ON leasework.runs
     FOR EACH ROW WHEN (NEW.tenant IS NOT NULL AND NEW.status = 'queued')
     EXECUTE FUNCTION leasework.tenant_queued();
 

@@ -43,6 +43,10 @@ FINISH_AND_CLAIM = (
 _QUEUED = Q["finish_and_claim_queued"].replace(b"%(limit)s", b"1")
 FINISH_AND_CLAIM_QUEUED = _QUEUED.replace(b"<due_elsewhere>", Q["due_elsewhere"])
 FINISH_AND_CLAIM_LEAN = _QUEUED.replace(b" <due_elsewhere>", b"")
+# The same for a worker polling one kind (finish_and_claim_queued_one: no unnest and LATERAL).
+_QUEUED_ONE = Q["finish_and_claim_queued_one"].replace(b"%(limit)s", b"1")
+FINISH_AND_CLAIM_QUEUED_ONE = _QUEUED_ONE.replace(b"<due_elsewhere>", Q["due_elsewhere"])
+FINISH_AND_CLAIM_LEAN_ONE = _QUEUED_ONE.replace(b" <due_elsewhere>", b"")
 # How long a Chain sends the lean form after a probed one found nothing else due: how late a
 # worker kept busy by untenanted queued runs may see a tenanted run due or an expired lease.
 PROBE_EVERY = 0.25
@@ -51,6 +55,8 @@ PROBE_EVERY = 0.25
 QUICK_PARAMS = ("id", "owner", "result", "kinds", "worker", "lease")
 QUICK_NAME = b"leasework_finish_and_claim_queued"
 LEAN_NAME = b"leasework_finish_and_claim_lean"
+QUICK_ONE_NAME = b"leasework_finish_and_claim_queued_one"
+LEAN_ONE_NAME = b"leasework_finish_and_claim_lean_one"
 
 
 def _numbered(text: bytes, names: Sequence[str]) -> bytes:
@@ -80,10 +86,21 @@ def claim_runs_numbered() -> bytes:
         numbered = _claims_numbered[text] = _numbered(text, CLAIM_PARAMS)
     return numbered
 FINISH_AND_CLAIM_LEAN_NUMBERED = _numbered(FINISH_AND_CLAIM_LEAN, QUICK_PARAMS)
-# Each form's text for the cursor, and its name and numbered text for libpq, by `probed`.
+# Each form's text for the cursor, and its name and numbered text for libpq, by (`probed`, one
+# kind polled).
 _QUICK_FORMS = {
-    True: (FINISH_AND_CLAIM_QUEUED, QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED),
-    False: (FINISH_AND_CLAIM_LEAN, LEAN_NAME, FINISH_AND_CLAIM_LEAN_NUMBERED),
+    (True, False): (FINISH_AND_CLAIM_QUEUED, QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED),
+    (False, False): (FINISH_AND_CLAIM_LEAN, LEAN_NAME, FINISH_AND_CLAIM_LEAN_NUMBERED),
+    (True, True): (
+        FINISH_AND_CLAIM_QUEUED_ONE,
+        QUICK_ONE_NAME,
+        _numbered(FINISH_AND_CLAIM_QUEUED_ONE, QUICK_PARAMS),
+    ),
+    (False, True): (
+        FINISH_AND_CLAIM_LEAN_ONE,
+        LEAN_ONE_NAME,
+        _numbered(FINISH_AND_CLAIM_LEAN_ONE, QUICK_PARAMS),
+    ),
 }
 
 Conn = psycopg.Connection[Any]
@@ -259,6 +276,7 @@ class Chain:
         "_fixed_values",
         "_kinds",
         "_kinds_text",
+        "_one",
         "_pgconn",
         "_prepared",
         "_raw_cursor",
@@ -277,6 +295,7 @@ class Chain:
         self._cursor: psycopg.Cursor[Any] | None = None
         self._raw_cursor: psycopg.RawCursor[Any] | None = None
         self._kinds: list[str] | None = None
+        self._one = False  # one kind polled: the quick statement's _one form
         self._kinds_text = ""
         self._pgconn: pq.abc.PGconn | None = None  # the one _prepared are prepared on
         self._prepared: set[bytes] = set()
@@ -311,6 +330,7 @@ class Chain:
         listed = kinds if isinstance(kinds, list) else list(kinds)
         if listed != self._kinds:
             self._kinds, self._kinds_text = listed, _array_text(listed)
+            self._one = len(listed) == 1
         return self._kinds_text
 
     def cursor(self, conn: Conn) -> psycopg.Cursor[Any]:
@@ -333,7 +353,7 @@ class Chain:
         """Send finish_and_claim_queued (its probed or its lean form) for `params` (id, owner,
         result as JsonText or None, kinds as text, worker, lease). Returns (sealed, the claimed
         run's columns or None). Raises psycopg.Error as the cursor would."""
-        text, name, numbered = _QUICK_FORMS[probed]
+        text, name, numbered = _QUICK_FORMS[probed, self._one]
         pgconn = conn.pgconn
         if conn.prepare_threshold is None or pgconn.transaction_status != _IDLE:
             # Behind a pooler (no prepared statement outlives a transaction there) or inside the

@@ -345,16 +345,19 @@ SELECT (SELECT count(*) FROM finished) AS finished, c.*
 -- The claim is a scalar subquery (an InitPlan) rather than a CTE and an ARRAY of it: fewer plan
 -- nodes to start per statement (bench/README.md, issue 19, fourth pass).
 --
--- Sent only by a caller that found nothing else due lately (lease.Chain). The claim is gated: it
--- runs only if no kind of %(kinds)s is paused <due_elsewhere>, and otherwise nothing is claimed;
--- the caller then claims with claim_runs (as it does whenever this claims nothing: it cannot
--- tell a gate shut from an empty queue, and need not). The claim is claim_runs' untenanted_queued
--- branch (a unit test compares the texts) with %(kinds)s for claim_runs' `live`, the kinds less
--- the paused ones, which are none here. (Reading `live` as claim_runs does cost a job more than
--- this gate: about 7 % of the server's instructions, bench/README.md, issue 19, third pass.)
--- lease.py sends it in two forms. Probed: <due_elsewhere> is the fragment below, so the gate
--- also asks whether claim_runs could take a run this statement cannot; when it does not, this
--- claims exactly what claim_runs would. Lean: <due_elsewhere> left out, so only a pause is asked;
+-- Sent only by a caller that found nothing else due lately (lease.Chain). The claim is claim_runs'
+-- untenanted_queued branch (a unit test compares the texts), over %(kinds)s less the paused ones
+-- (asked per kind), at the priority of the run being sealed: the best due priority when it was
+-- claimed, so one bounded range per kind with no look-up of its own (due_priority, a PL/pgSQL
+-- call, was a sixth of a job's server time). A run of a better priority enqueued since is seen by
+-- the probed form's gate (below), so it waits at most lease.PROBE_EVERY in a worker kept busy;
+-- when nothing is left at that priority this claims nothing and the caller claims with
+-- claim_runs (as it does whenever this claims nothing: it cannot tell a gate shut from an empty
+-- queue, and need not). finish_and_claim_queued_one is the same for a worker of one kind (no
+-- unnest and LATERAL, about a tenth of a job's server time).
+-- lease.py sends it in two forms. Probed: <due_elsewhere> is the fragment below, so the claim is
+-- gated on whether claim_runs could take a run this statement cannot; when it could not, this
+-- claims exactly what claim_runs would. Lean: <due_elsewhere> left out (NOT (false): no gate);
 -- a caller sends it for at most lease.PROBE_EVERY after a probed one claimed a run (lease.Chain).
 -- The gate is an EXISTS in place, not a CTE read twice, and says nothing in the rows: a CTE and a
 -- column for it cost 3 % of the statement (bench/README.md, issue 19, fourth pass).
@@ -374,14 +377,15 @@ UPDATE leasework.runs r
            ELSE leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)) END,
        started_at = CASE WHEN r.id = %(id)s::bigint THEN r.started_at ELSE leasework.now() END
  WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (false <due_elsewhere>) THEN (
-           -- untenanted_queued
+           -- untenanted_queued, at the sealed run's priority
            SELECT c.id
              FROM unnest(%(kinds)s::text[]) AS k(kind), LATERAL (
                SELECT r.id, r.priority, r.queued_at
                  FROM leasework.runs r
                 WHERE r.tenant IS NULL
                   AND r.status = 'queued' AND r.queued_at <= leasework.now()
-                  AND r.kind = k.kind AND r.priority = leasework.due_priority(k.kind, NULL)
+                  AND r.kind = k.kind AND r.priority = (
+                      SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
                 ORDER BY r.priority, r.queued_at, r.id
                 LIMIT %(limit)s
                   FOR UPDATE OF r SKIP LOCKED) c
@@ -396,11 +400,52 @@ RETURNING r.id = %(id)s::bigint AS sealed,
           CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE result END AS result, attempts,
           max_attempts, lease_owner, lease_seconds, timeout_seconds, processed_units, total_units
 
+-- name: finish_and_claim_queued_one
+-- finish_and_claim_queued for a caller polling one kind (a unit test compares the two).
+UPDATE leasework.runs r
+   SET status = CASE WHEN r.id = %(id)s::bigint THEN 'succeeded' ELSE 'running' END,
+       result = CASE WHEN r.id = %(id)s::bigint THEN coalesce(%(result)s::jsonb, r.result)
+                ELSE r.result END,
+       error = CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE r.error END,
+       finished_at = CASE WHEN r.id = %(id)s::bigint THEN leasework.now() END,
+       attempts = CASE WHEN r.id = %(id)s::bigint THEN r.attempts ELSE r.attempts + 1 END,
+       lease_owner = CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE gen_random_uuid() END,
+       lease_worker = CASE WHEN r.id = %(id)s::bigint THEN r.lease_worker ELSE %(worker)s END,
+       lease_expires_at = CASE WHEN r.id = %(id)s::bigint THEN NULL
+           ELSE leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)) END,
+       started_at = CASE WHEN r.id = %(id)s::bigint THEN r.started_at ELSE leasework.now() END
+ WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (false <due_elsewhere>) THEN (
+           -- untenanted_queued, at the sealed run's priority, of the one kind polled
+           SELECT r.id
+             FROM leasework.runs r
+            WHERE r.tenant IS NULL
+              AND r.status = 'queued' AND r.queued_at <= leasework.now()
+              AND r.kind = (%(kinds)s::text[])[1] AND r.priority = (
+                  SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
+              AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p
+                               WHERE p.kind = (%(kinds)s::text[])[1])
+            ORDER BY r.priority, r.queued_at, r.id
+            LIMIT %(limit)s
+              FOR UPDATE OF r SKIP LOCKED) END])
+   -- The seal is owner-scoped as ever; the claimed run was locked queued by untenanted_queued.
+   AND (r.id IS DISTINCT FROM %(id)s::bigint OR r.lease_owner = %(owner)s::uuid)
+RETURNING r.id = %(id)s::bigint AS sealed,
+          id, kind, key, tenant,
+          CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE payload END AS payload,
+          CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE result END AS result, attempts,
+          max_attempts, lease_owner, lease_seconds, timeout_seconds, processed_units, total_units
+
 -- name: due_elsewhere
 -- finish_and_claim_queued's gate, in its probed form: whether claim_runs could take a run that
--- statement cannot, a tenanted run queued and due or a lease expired and reclaimable (claim_runs'
--- other branches' predicates without the limiter and the locks, so it errs towards yes; a unit
--- test compares them). A fragment of that statement, not a statement.
+-- statement cannot: a run without a tenant due at a better priority than the run being sealed,
+-- a tenanted run queued and due or a lease expired and reclaimable (claim_runs' other branches'
+-- predicates without the limiter and the locks, so it errs towards yes; a unit test compares
+-- them). A fragment of that statement, not a statement.
+OR EXISTS (
+    SELECT 1 FROM unnest(%(kinds)s::text[]) AS k(kind)
+     WHERE leasework.due_priority(k.kind, NULL)
+           < (SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
+       AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind))
 OR EXISTS (
     SELECT 1 FROM leasework.tenants t, unnest(%(kinds)s::text[]) AS k(kind)
      WHERE t.priority IS NOT NULL AND leasework.due_priority(k.kind, t.name) IS NOT NULL)

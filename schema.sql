@@ -341,17 +341,16 @@ CREATE TRIGGER runs_tenant_requeued
 CREATE OR REPLACE FUNCTION leasework.tenant_served(tenant text, run_id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    IF pg_try_advisory_xact_lock(1819042147, hashtext(tenant_served.tenant)) THEN
-        UPDATE leasework.tenants t
-           SET turn = t.turn + 1 / t.weight,
-               priority = (SELECT min(r.priority) FROM leasework.runs r
-                            WHERE r.tenant = tenant_served.tenant AND r.status = 'queued'
-                              AND r.id <> tenant_served.run_id)
-         WHERE t.name = tenant_served.tenant;
-    ELSE
-        UPDATE leasework.tenants t SET turn = t.turn + 1 / t.weight
-         WHERE t.name = tenant_served.tenant;
-    END IF;
+    -- One statement: the priority's sub-select runs only when the lock is ours.
+    UPDATE leasework.tenants t
+       SET turn = t.turn + 1 / t.weight,
+           priority = CASE
+               WHEN pg_try_advisory_xact_lock(1819042147, hashtext(tenant_served.tenant))
+               THEN (SELECT min(r.priority) FROM leasework.runs r
+                      WHERE r.tenant = tenant_served.tenant AND r.status = 'queued'
+                        AND r.id <> tenant_served.run_id)
+               ELSE t.priority END
+     WHERE t.name = tenant_served.tenant;
     RETURN true;
 END
 $$;

@@ -57,7 +57,13 @@
 -- leasework.tenants' (priority, turn, name), walking only tenants with queued runs (`priority`
 -- is that of a tenant's best queued run, NULL when it has none), each one's best claimable run
 -- (priority, queued_at, id) across the live kinds. A tenant whose exclusive run holds a live
--- lease is passed by one probe, without reading its queued runs. leasework.tenant_served()
+-- lease is passed by one probe, without reading its queued runs; a (tenant, kind) whose first
+-- queued run is not due is read only if leasework.due_priority finds one due at a later
+-- priority, so its delayed runs are never walked (the first run due, the usual case, costs one
+-- look-up and no PL/pgSQL call). The limiter's fresh-snapshot re-check runs in the walk, after
+-- each tenant row is locked, and the walk goes on past a tenant it rejects (up to two more): the
+-- workers all start at the tenant next in line, and one whose snapshot predates a rival's claim
+-- of that tenant would otherwise claim nothing while other tenants' runs wait (and then idle). leasework.tenant_served()
 -- advances a claimed tenant's turn by 1 / weight and sets its priority again. Runs without a
 -- tenant meet the tenants' picks in `chosen`, by (priority, queued_at, id). The two NOT EXISTS
 -- of the tenants' walk end in OFFSET 0, which keeps the planner from turning them into joins: a
@@ -68,6 +74,7 @@
 WITH live AS MATERIALIZED (
     SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
 ), tenanted_queued AS MATERIALIZED (
+    SELECT p.* FROM (
     SELECT c.id, t.name AS tenant, c.priority, c.queued_at
       FROM leasework.tenants t, LATERAL (
         SELECT h.*
@@ -75,7 +82,10 @@ WITH live AS MATERIALIZED (
             SELECT r.id, r.priority, r.queued_at
               FROM leasework.runs r
              WHERE r.tenant = t.name AND r.kind = k.kind
-               AND leasework.due_priority(k.kind, t.name) IS NOT NULL
+               AND coalesce((SELECT h.queued_at <= leasework.now() FROM leasework.runs h
+                              WHERE h.tenant = t.name AND h.kind = k.kind AND h.status = 'queued'
+                              ORDER BY h.priority, h.queued_at, h.id LIMIT 1)
+                            OR leasework.due_priority(k.kind, t.name) IS NOT NULL, false)
                AND r.status = 'queued' AND r.queued_at <= leasework.now()
                AND NOT EXISTS (
                     SELECT 1
@@ -97,8 +107,10 @@ WITH live AS MATERIALIZED (
              WHERE x.tenant = t.name AND x.status = 'running' AND x.exclusive
                AND x.lease_expires_at >= leasework.now() OFFSET 0)
      ORDER BY t.priority, t.turn, t.name
+     LIMIT %(limit)s + 2
+       FOR UPDATE OF t SKIP LOCKED) p
+     WHERE NOT leasework.limiter_conflict(p.id)
      LIMIT %(limit)s
-       FOR UPDATE OF t SKIP LOCKED
 ), tenanted_expired AS MATERIALIZED (
     SELECT r.id, r.tenant, r.priority, r.queued_at
       FROM leasework.runs r
@@ -112,7 +124,9 @@ WITH live AS MATERIALIZED (
        FOR UPDATE OF r, t SKIP LOCKED
 ), tenanted AS (
     SELECT DISTINCT ON (c.tenant) c.id, c.tenant, c.priority, c.queued_at
-      FROM (SELECT * FROM tenanted_queued UNION ALL SELECT * FROM tenanted_expired) c
+      FROM (SELECT * FROM tenanted_queued
+            UNION ALL
+            SELECT * FROM tenanted_expired WHERE NOT leasework.limiter_conflict(id)) c
      ORDER BY c.tenant, c.priority, c.queued_at, c.id
 ), untenanted_queued AS MATERIALIZED (
     SELECT c.id, NULL::text AS tenant, c.priority, c.queued_at
@@ -138,7 +152,7 @@ WITH live AS MATERIALIZED (
        FOR UPDATE OF r SKIP LOCKED
 ), chosen AS MATERIALIZED (
     SELECT id, tenant
-      FROM (SELECT * FROM tenanted WHERE NOT leasework.limiter_conflict(id)
+      FROM (SELECT * FROM tenanted
             UNION ALL
             SELECT * FROM untenanted_queued
             UNION ALL

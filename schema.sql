@@ -34,12 +34,13 @@ CREATE TABLE IF NOT EXISTS leasework.kinds (
     seen_at timestamptz NOT NULL DEFAULT now()
 );
 
--- One row per tenant, made on enqueue. The claim locks it (FOR NO KEY UPDATE OF t SKIP LOCKED) so
+-- One row per tenant, made on enqueue. The claim locks it (FOR UPDATE OF t SKIP LOCKED) so
 -- two workers cannot both pass the rate limiter for the same tenant. It also holds the tenant's
 -- place in the turns (migration 0016): `turn` advances by 1 / `weight` for each run of the tenant
 -- claimed (leasework.tenant_served), and `priority` is that of its best queued run, NULL when it
--- has none (kept by the trigger runs_tenant_queued and by tenant_served). The claim walks the
--- tenants with queued runs in (priority, turn, name) order (tenants_in_turn).
+-- has none (kept by the triggers runs_tenant_queued and runs_tenant_requeued, and by
+-- tenant_served). The claim walks the tenants with queued runs in (priority, turn, name) order
+-- (tenants_in_turn).
 CREATE TABLE IF NOT EXISTS leasework.tenants (
     name       text PRIMARY KEY,
     created_at timestamptz NOT NULL DEFAULT now(),

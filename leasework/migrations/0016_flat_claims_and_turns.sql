@@ -9,7 +9,8 @@
 -- (`priority`, NULL when it has none): the claim walks the tenants with queued runs in
 -- (priority, turn) order and takes each one's best run, so one tenant's backlog delays another
 -- tenant's next run by at most one turn per worker, and a tenant held back by the limiter costs
--- a probe, not a walk through its runs. docs/state-machine.md states the order rule. Idempotent.
+-- a probe, not a walk through its runs. Delayed runs are never walked either
+-- (leasework.due_priority, next_due_at). docs/state-machine.md states the order rule. Idempotent.
 
 ALTER TABLE leasework.tenants
     ADD COLUMN IF NOT EXISTS weight double precision NOT NULL DEFAULT 1,

@@ -19,18 +19,19 @@
 -- a live lease and either one is exclusive or both share a group. The tenant row is locked with
 -- the run (FOR UPDATE OF r, t SKIP LOCKED) so claim decisions for one tenant are serialized.
 -- That alone leaves a narrow race (a rival's claim can commit after our snapshot was taken but
--- before we lock the tenant row), so `chosen` re-checks each locked tenanted run with
+-- before we lock the tenant row), so each locked tenanted pick is re-checked with
 -- leasework.limiter_conflict(), a VOLATILE function and therefore a fresh snapshot taken after
--- the tenant lock: a conflicting run is simply not claimed. The whole claim stays one autocommit
+-- the tenant lock (in the tenants' walk, and in `tenanted` for a reclaim): a conflicting run is
+-- simply not claimed. The whole claim stays one autocommit
 -- statement (one round trip, no BEGIN/COMMIT). DISTINCT ON (tenant)
 -- takes at most one run per tenant per statement, since the NOT EXISTS cannot see this
 -- statement's own claims. Runs without a tenant skip the limiter and lock no tenant row (FOR
 -- UPDATE cannot lock the nullable side of an outer join, hence two branches).
 --
--- The limiter's predicate stands three times, on purpose: in the NOT EXISTS of both tenanted
--- branches below (planned as an anti-join, no function call per row) and in
--- leasework.limiter_conflict() in schema.sql (the fresh-snapshot re-check). A change to the rule
--- changes all three; tests/db/test_lease.py and test_races.py exercise each branch.
+-- The limiter's predicate stands twice, on purpose: in the NOT EXISTS of the tenants' walk (a
+-- probe per run read, no function call) and in leasework.limiter_conflict() in schema.sql (the
+-- fresh-snapshot re-check, which alone guards a reclaim: expired leases are few). A change to the
+-- rule changes both; tests/db/lease/ (test_limiter.py, test_races.py) exercise each branch.
 --
 -- %(finishing)s is NULL for a claim on its own; finish_and_claim passes the id of the run it seals
 -- in the same statement, which the expired branches must not take (one statement cannot update a
@@ -63,8 +64,9 @@
 -- look-up and no PL/pgSQL call). The limiter's fresh-snapshot re-check runs in the walk, after
 -- each tenant row is locked, and the walk goes on past a tenant it rejects (up to two more): the
 -- workers all start at the tenant next in line, and one whose snapshot predates a rival's claim
--- of that tenant would otherwise claim nothing while other tenants' runs wait (and then idle). leasework.tenant_served()
--- advances a claimed tenant's turn by 1 / weight and sets its priority again. Runs without a
+-- of that tenant would otherwise claim nothing while other tenants' runs wait (and then idle).
+-- leasework.tenant_served() advances a claimed tenant's turn by 1 / weight and sets its priority
+-- again (schema.sql: when no enqueue of that tenant is in flight). Runs without a
 -- tenant meet the tenants' picks in `chosen`, by (priority, queued_at, id). The two NOT EXISTS
 -- of the tenants' walk end in OFFSET 0, which keeps the planner from turning them into joins: a
 -- generic plan built while one tenant holds most queued runs otherwise read that tenant's runs in

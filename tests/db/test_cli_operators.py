@@ -266,3 +266,15 @@ def test_a_kind_filter_matching_nothing_hints_at_a_kind_a_worker_serves(conn: Co
         assert "no worker serves kind 'send_reprot'; did you mean 'send_report'?" in done.stderr
     quiet = cli("runs", "--kind", "send_report")  # a served kind with no runs: no hint
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_tenants_lists_and_sets_a_weight(conn: Conn, cli: Any) -> None:
+    conn.execute("SELECT leasework.enqueue('k', tenant => 'acme')")
+    assert "weight 3" in ok(cli("tenants", "set", "acme", "--weight", "3"))
+    listed = orjson.loads(ok(cli("tenants", "--json")))
+    assert [(t["name"], t["weight"], t["queued"]) for t in listed] == [("acme", 3.0, 1)]
+    assert "acme" in ok(cli("tenants"))
+    before = conn.execute("SELECT * FROM leasework.tenants").fetchall()
+    one_line_exit_2(cli("tenants", "set", "acme", "--weight", "0"), "weight must be a number")
+    one_line_exit_2(cli("tenants", "set", "acme", "--weight", "nan"), "weight must be a number")
+    assert conn.execute("SELECT * FROM leasework.tenants").fetchall() == before

@@ -81,19 +81,44 @@ def test_the_quick_claim_is_claim_runs_own_text() -> None:
     # its claim is claim_runs' untenanted_queued branch, written out a second time (the same
     # range per kind, from LATERAL on), over the kinds polled less the paused ones (claim_runs'
     # `live`, asked per kind rather than once).
+    # It claims at the sealed run's priority where claim_runs asks due_priority (the probed
+    # form's gate asks for a better one); the form for one kind reads `(kinds)[1]` for `k.kind`.
     whole, quick = lease.Q["claim_runs"], lease.Q["finish_and_claim_queued"]
     branch = _between(whole, b"untenanted_queued AS MATERIALIZED (", b"SKIP LOCKED)")
     claim = _between(quick, b"THEN (SELECT c.id FROM", b"SKIP LOCKED)")
-    assert claim[claim.index(b"LATERAL") :] == branch[branch.index(b"LATERAL") :]
+    assert claim[claim.index(b"LATERAL") :] == branch[branch.index(b"LATERAL") :].replace(
+        DUE, SEALED
+    )
     assert b"FROM unnest(" + LIVE + b") AS k(kind)," in branch
     assert b"FROM unnest(" + KINDS + b") AS k(kind)," in claim
+    one = _between(
+        lease.Q["finish_and_claim_queued_one"], b"THEN (SELECT r.id FROM", b"SKIP LOCKED)"
+    )
+    one = one[len(b"THEN (") :]
+    inner = branch[branch.index(b"LATERAL (") + len(b"LATERAL (") :]
+    expected = inner.replace(DUE, SEALED).replace(b"k.kind", b"(" + KINDS + b")[1]")
+    expected = expected.replace(b"SELECT r.id,r.priority,r.queued_at ", b"SELECT r.id ")
+    paused = b" AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = (%s)[1])"
+    assert one.replace(paused % KINDS, b"") == expected
+    lean, lean_one = lease.Q["finish_and_claim_queued"], lease.Q["finish_and_claim_queued_one"]
+    assert lean[: lean.index(b" WHERE r.id = ANY(")] == lean_one[: lean_one.index(b" WHERE r.id")]
+    assert (
+        lean[lean.index(b" AND (r.id IS DISTINCT FROM %(id)s::bigint OR") :]
+        == lean_one[lean_one.index(b" AND (r.id IS DISTINCT FROM %(id)s::bigint OR") :]
+    )
+
+
+DUE = b"leasework.due_priority(k.kind,NULL)"
+SEALED = b"(SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)"
 
 
 def test_the_lean_quick_claim_is_the_probed_one_less_its_probe() -> None:
     probed, lean = lease.FINISH_AND_CLAIM_QUEUED, lease.FINISH_AND_CLAIM_LEAN
     gate = b"CASE WHEN NOT (false) THEN"
     assert lean.count(gate) == 1
-    assert probed == lean.replace(gate, gate.replace(b"false)", b"false " + lease.Q["due_elsewhere"] + b")"))
+    assert probed == lean.replace(
+        gate, gate.replace(b"false)", b"false " + lease.Q["due_elsewhere"] + b")")
+    )
     assert b"leasework.paused_kinds" in lean and b"<" not in lean.replace(b"<=", b"")
     assert lease.FINISH_AND_CLAIM_LEAN_NUMBERED.count(b"$") == lease.FINISH_AND_CLAIM_LEAN.count(
         b"%("
@@ -105,7 +130,9 @@ LIVE, KINDS = b"(SELECT k FROM live)::text[]", b"%(kinds)s::text[]"
 
 def test_the_quick_claim_leaves_paused_kinds_out_one_by_one() -> None:
     quick = lease.Q["finish_and_claim_queued"]
-    assert b"WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)" in quick
+    assert (
+        b"WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)" in quick
+    )
     assert LIVE not in quick
 
 
@@ -127,7 +154,11 @@ def test_the_quick_claims_probe_asks_what_claim_runs_other_branches_take() -> No
     # The tenanted probe: a tenant in the turns with a run due of a kind polled, as the tenanted
     # branch gates each (tenant, kind) it reads.
     gate = b"leasework.due_priority(k.kind,t.name) IS NOT NULL"
-    assert gate in queued and b"AND " + gate in whole
+    better = quick.split(b" OR EXISTS (")[1]
+    queued = quick.split(b" OR EXISTS (")[2]
+    expired = quick.split(b" OR EXISTS (")[3]
+    assert gate in queued and b"OR " + gate in whole
+    assert b"leasework.due_priority(k.kind,NULL) < " + SEALED in better
     assert b"WHERE t.priority IS NOT NULL" in queued and b"WHERE t.priority IS NOT NULL" in whole
     assert b"unnest(%(kinds)s::text[]) AS k(kind)" in queued
 

@@ -40,11 +40,13 @@ FINISH_AND_CLAIM = (
 
 # finish_and_claim_queued (lease.sql): one run claimed, as above. Probed: it also asks whether
 # claim_runs could take a run it cannot (due_elsewhere). Lean: only whether a kind is paused.
-_QUEUED = Q["finish_and_claim_queued"].replace(b"%(limit)s", b"1")
+_QUEUED = Q["finish_and_claim_queued"].replace(b"<quick_claim>", Q["quick_claim"])
+_QUEUED = _QUEUED.replace(b"%(limit)s", b"1")
 FINISH_AND_CLAIM_QUEUED = _QUEUED.replace(b"<due_elsewhere>", Q["due_elsewhere"])
 FINISH_AND_CLAIM_LEAN = _QUEUED.replace(b" <due_elsewhere>", b"")
-# The same for a worker polling one kind (finish_and_claim_queued_one: no unnest and LATERAL).
-_QUEUED_ONE = Q["finish_and_claim_queued_one"].replace(b"%(limit)s", b"1")
+# The same for a worker polling one kind (quick_claim_one: no unnest and LATERAL).
+_QUEUED_ONE = Q["finish_and_claim_queued"].replace(b"<quick_claim>", Q["quick_claim_one"])
+_QUEUED_ONE = _QUEUED_ONE.replace(b"%(limit)s", b"1")
 FINISH_AND_CLAIM_QUEUED_ONE = _QUEUED_ONE.replace(b"<due_elsewhere>", Q["due_elsewhere"])
 FINISH_AND_CLAIM_LEAN_ONE = _QUEUED_ONE.replace(b" <due_elsewhere>", b"")
 # How long a Chain sends the lean form after a probed one found nothing else due: how late a

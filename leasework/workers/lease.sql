@@ -369,8 +369,9 @@ SELECT (SELECT count(*) FROM finished) AS finished, c.*
 -- the probed form's gate (below), so it waits at most lease.PROBE_EVERY in a worker kept busy;
 -- when nothing is left at that priority this claims nothing and the caller claims with
 -- claim_runs (as it does whenever this claims nothing: it cannot tell a gate shut from an empty
--- queue, and need not). finish_and_claim_queued_one is the same for a worker of one kind (no
--- unnest and LATERAL, about a tenth of a job's server time).
+-- queue, and need not). <quick_claim> is the fragment quick_claim below, or quick_claim_one for a
+-- worker of one kind (no unnest and LATERAL: about a tenth of a job's server time); lease.py
+-- puts it in.
 -- lease.py sends it in two forms. Probed: <due_elsewhere> is the fragment below, so the claim is
 -- gated on whether claim_runs could take a run this statement cannot; when it could not, this
 -- claims exactly what claim_runs would. Lean: <due_elsewhere> left out (NOT (false): no gate);
@@ -393,21 +394,7 @@ UPDATE leasework.runs r
            ELSE leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)) END,
        started_at = CASE WHEN r.id = %(id)s::bigint THEN r.started_at ELSE leasework.now() END
  WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (false <due_elsewhere>) THEN (
-           -- untenanted_queued, at the sealed run's priority
-           SELECT c.id
-             FROM unnest(%(kinds)s::text[]) AS k(kind), LATERAL (
-               SELECT r.id, r.priority, r.queued_at
-                 FROM leasework.runs r
-                WHERE r.tenant IS NULL
-                  AND r.status = 'queued' AND r.queued_at <= leasework.now()
-                  AND r.kind = k.kind AND r.priority = (
-                      SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
-                ORDER BY r.priority, r.queued_at, r.id
-                LIMIT %(limit)s
-                  FOR UPDATE OF r SKIP LOCKED) c
-            WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)
-            ORDER BY c.priority, c.queued_at, c.id
-            LIMIT %(limit)s) END])
+           <quick_claim>) END])
    -- The seal is owner-scoped as ever; the claimed run was locked queued by untenanted_queued.
    AND (r.id IS DISTINCT FROM %(id)s::bigint OR r.lease_owner = %(owner)s::uuid)
 RETURNING r.id = %(id)s::bigint AS sealed,
@@ -416,40 +403,38 @@ RETURNING r.id = %(id)s::bigint AS sealed,
           CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE result END AS result, attempts,
           max_attempts, lease_owner, lease_seconds, timeout_seconds, processed_units, total_units
 
--- name: finish_and_claim_queued_one
--- finish_and_claim_queued for a caller polling one kind (a unit test compares the two).
-UPDATE leasework.runs r
-   SET status = CASE WHEN r.id = %(id)s::bigint THEN 'succeeded' ELSE 'running' END,
-       result = CASE WHEN r.id = %(id)s::bigint THEN coalesce(%(result)s::jsonb, r.result)
-                ELSE r.result END,
-       error = CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE r.error END,
-       finished_at = CASE WHEN r.id = %(id)s::bigint THEN leasework.now() END,
-       attempts = CASE WHEN r.id = %(id)s::bigint THEN r.attempts ELSE r.attempts + 1 END,
-       lease_owner = CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE gen_random_uuid() END,
-       lease_worker = CASE WHEN r.id = %(id)s::bigint THEN r.lease_worker ELSE %(worker)s END,
-       lease_expires_at = CASE WHEN r.id = %(id)s::bigint THEN NULL
-           ELSE leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)) END,
-       started_at = CASE WHEN r.id = %(id)s::bigint THEN r.started_at ELSE leasework.now() END
- WHERE r.id = ANY(ARRAY[%(id)s::bigint, CASE WHEN NOT (false <due_elsewhere>) THEN (
-           -- untenanted_queued, at the sealed run's priority, of the one kind polled
-           SELECT r.id
-             FROM leasework.runs r
-            WHERE r.tenant IS NULL
-              AND r.status = 'queued' AND r.queued_at <= leasework.now()
-              AND r.kind = (%(kinds)s::text[])[1] AND r.priority = (
-                  SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
-              AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p
-                               WHERE p.kind = (%(kinds)s::text[])[1])
-            ORDER BY r.priority, r.queued_at, r.id
-            LIMIT %(limit)s
-              FOR UPDATE OF r SKIP LOCKED) END])
-   -- The seal is owner-scoped as ever; the claimed run was locked queued by untenanted_queued.
-   AND (r.id IS DISTINCT FROM %(id)s::bigint OR r.lease_owner = %(owner)s::uuid)
-RETURNING r.id = %(id)s::bigint AS sealed,
-          id, kind, key, tenant,
-          CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE payload END AS payload,
-          CASE WHEN r.id = %(id)s::bigint THEN NULL ELSE result END AS result, attempts,
-          max_attempts, lease_owner, lease_seconds, timeout_seconds, processed_units, total_units
+-- name: quick_claim
+-- finish_and_claim_queued's claim (its <quick_claim>), for a worker of several kinds: claim_runs'
+-- untenanted_queued branch at the sealed run's priority, over the kinds polled less the paused
+-- ones. A fragment of that statement, not a statement.
+SELECT c.id
+  FROM unnest(%(kinds)s::text[]) AS k(kind), LATERAL (
+    SELECT r.id, r.priority, r.queued_at
+      FROM leasework.runs r
+     WHERE r.tenant IS NULL
+       AND r.status = 'queued' AND r.queued_at <= leasework.now()
+       AND r.kind = k.kind AND r.priority = (
+           SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
+     ORDER BY r.priority, r.queued_at, r.id
+     LIMIT %(limit)s
+       FOR UPDATE OF r SKIP LOCKED) c
+ WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)
+ ORDER BY c.priority, c.queued_at, c.id
+ LIMIT %(limit)s
+
+-- name: quick_claim_one
+-- The same for a worker of one kind: its one range, without unnest and LATERAL.
+SELECT r.id
+  FROM leasework.runs r
+ WHERE r.tenant IS NULL
+   AND r.status = 'queued' AND r.queued_at <= leasework.now()
+   AND r.kind = (%(kinds)s::text[])[1] AND r.priority = (
+       SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
+   AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p
+                    WHERE p.kind = (%(kinds)s::text[])[1])
+ ORDER BY r.priority, r.queued_at, r.id
+ LIMIT %(limit)s
+   FOR UPDATE OF r SKIP LOCKED
 
 -- name: due_elsewhere
 -- finish_and_claim_queued's gate, in its probed form: whether claim_runs could take a run that

@@ -83,29 +83,22 @@ def test_the_quick_claim_is_claim_runs_own_text() -> None:
     # `live`, asked per kind rather than once).
     # It claims at the sealed run's priority where claim_runs asks due_priority (the probed
     # form's gate asks for a better one); the form for one kind reads `(kinds)[1]` for `k.kind`.
-    whole, quick = lease.Q["claim_runs"], lease.Q["finish_and_claim_queued"]
+    whole = lease.Q["claim_runs"]
     branch = _between(whole, b"untenanted_queued AS MATERIALIZED (", b"SKIP LOCKED)")
-    claim = _between(quick, b"THEN (SELECT c.id FROM", b"SKIP LOCKED)")
-    assert claim[claim.index(b"LATERAL") :] == branch[branch.index(b"LATERAL") :].replace(
-        DUE, SEALED
+    claim = lease.Q["quick_claim"]
+    assert claim[claim.index(b"LATERAL") :].startswith(
+        branch[branch.index(b"LATERAL") :].replace(DUE, SEALED)
     )
     assert b"FROM unnest(" + LIVE + b") AS k(kind)," in branch
     assert b"FROM unnest(" + KINDS + b") AS k(kind)," in claim
-    one = _between(
-        lease.Q["finish_and_claim_queued_one"], b"THEN (SELECT r.id FROM", b"SKIP LOCKED)"
-    )
-    one = one[len(b"THEN (") :]
+    one = lease.Q["quick_claim_one"]
     inner = branch[branch.index(b"LATERAL (") + len(b"LATERAL (") :]
     expected = inner.replace(DUE, SEALED).replace(b"k.kind", b"(" + KINDS + b")[1]")
     expected = expected.replace(b"SELECT r.id,r.priority,r.queued_at ", b"SELECT r.id ")
     paused = b" AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = (%s)[1])"
-    assert one.replace(paused % KINDS, b"") == expected
-    lean, lean_one = lease.Q["finish_and_claim_queued"], lease.Q["finish_and_claim_queued_one"]
-    assert lean[: lean.index(b" WHERE r.id = ANY(")] == lean_one[: lean_one.index(b" WHERE r.id")]
-    assert (
-        lean[lean.index(b" AND (r.id IS DISTINCT FROM %(id)s::bigint OR") :]
-        == lean_one[lean_one.index(b" AND (r.id IS DISTINCT FROM %(id)s::bigint OR") :]
-    )
+    assert one.replace(paused % KINDS, b"") == expected + b"SKIP LOCKED"
+    for form in (lease.FINISH_AND_CLAIM_QUEUED_ONE, lease.FINISH_AND_CLAIM_LEAN_ONE):
+        assert one.replace(b"%(limit)s", b"1") in form
 
 
 DUE = b"leasework.due_priority(k.kind,NULL)"
@@ -129,7 +122,7 @@ LIVE, KINDS = b"(SELECT k FROM live)::text[]", b"%(kinds)s::text[]"
 
 
 def test_the_quick_claim_leaves_paused_kinds_out_one_by_one() -> None:
-    quick = lease.Q["finish_and_claim_queued"]
+    quick = lease.FINISH_AND_CLAIM_QUEUED
     assert (
         b"WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)" in quick
     )

@@ -38,8 +38,8 @@ CREATE TABLE IF NOT EXISTS leasework.kinds (
 -- two workers cannot both pass the rate limiter for the same tenant. It also holds the tenant's
 -- place in the turns (migration 0016): `turn` advances by 1 / `weight` for each run of the tenant
 -- claimed (leasework.tenant_served), and `priority` is that of its best queued run, NULL when it
--- has none (kept by the triggers runs_tenant_queued and runs_tenant_requeued, and by
--- tenant_served). The claim walks the tenants with queued runs in (priority, turn, name) order
+-- has none (kept by leasework.tenant_queued_run, on insert by the trigger runs_tenant_queued,
+-- and by tenant_served). The claim walks the tenants with queued runs in (priority, turn, name) order
 -- (tenants_in_turn).
 CREATE TABLE IF NOT EXISTS leasework.tenants (
     name       text PRIMARY KEY,
@@ -303,34 +303,41 @@ $$;
 -- is visible: a claim that sees no queued run left would otherwise drop a tenant whose new run
 -- commits a moment later. Advisory, not a row lock: a row lock on a tenant row that claims
 -- update makes a REPEATABLE READ enqueue fail with a serialization error.
-CREATE OR REPLACE FUNCTION leasework.tenant_queued() RETURNS trigger
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION leasework.tenant_queued_run(tenant text, priority integer)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(1819042147, hashtext(NEW.tenant));
+    PERFORM pg_advisory_xact_lock_shared(1819042147, hashtext(tenant_queued_run.tenant));
     UPDATE leasework.tenants t
-       SET priority = least(t.priority, NEW.priority),
+       SET priority = least(t.priority, tenant_queued_run.priority),
            turn = CASE WHEN t.priority IS NOT NULL THEN t.turn
                        ELSE greatest(t.turn, coalesce(
                            (SELECT h.turn FROM leasework.tenants h
                              WHERE h.priority IS NOT NULL
                              ORDER BY h.priority, h.turn, h.name LIMIT 1), t.turn)) END
-     WHERE t.name = NEW.tenant
-       AND (t.priority IS NULL OR t.priority > NEW.priority);
+     WHERE t.name = tenant_queued_run.tenant
+       AND (t.priority IS NULL OR t.priority > tenant_queued_run.priority);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION leasework.tenant_queued() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM leasework.tenant_queued_run(NEW.tenant, NEW.priority);
     RETURN NEW;
 END
 $$;
 
--- BEFORE INSERT (no event queued per row of a bulk enqueue) and AFTER UPDATE: a BEFORE UPDATE
--- row trigger makes Postgres lock each row it updates first, whatever its WHEN says, and that was
--- a WAL record more for every claim and seal (bench/README.md, issue 29).
+-- On insert only: the four statements that make an existing tenanted run queued again
+-- (requeue_run, release_run, expire_and_promote's promotion, operations' retry_runs) call
+-- tenant_queued_run themselves. A row trigger on UPDATE cost every claim and seal: a BEFORE one
+-- locks each row it updates first, whatever its WHEN says (a WAL record per job), an AFTER one
+-- fetches each old row again (bench/README.md, issue 29).
+DROP TRIGGER IF EXISTS runs_tenant_requeued ON leasework.runs;
 DROP TRIGGER IF EXISTS runs_tenant_queued ON leasework.runs;
 CREATE TRIGGER runs_tenant_queued
     BEFORE INSERT ON leasework.runs
-    FOR EACH ROW WHEN (NEW.tenant IS NOT NULL AND NEW.status = 'queued')
-    EXECUTE FUNCTION leasework.tenant_queued();
-DROP TRIGGER IF EXISTS runs_tenant_requeued ON leasework.runs;
-CREATE TRIGGER runs_tenant_requeued
-    AFTER UPDATE OF status ON leasework.runs
     FOR EACH ROW WHEN (NEW.tenant IS NOT NULL AND NEW.status = 'queued')
     EXECUTE FUNCTION leasework.tenant_queued();
 

@@ -88,6 +88,8 @@ UPDATE leasework.runs
                                           (%(budgets)s::jsonb ->> kind)::int,
                                           %(default_attempts)s::int)
  WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled', 'partial')
+   -- Its tenant has a queued run again (leasework.tenant_queued_run, schema.sql).
+   AND (tenant IS NULL OR leasework.tenant_queued_run(tenant, priority))
 RETURNING id, kind
 
 -- name: delete_runs

@@ -53,34 +53,41 @@ UPDATE leasework.tenants t
  WHERE t.priority IS DISTINCT FROM (SELECT min(r.priority) FROM leasework.runs r
                                      WHERE r.tenant = t.name AND r.status = 'queued');
 
-CREATE OR REPLACE FUNCTION leasework.tenant_queued() RETURNS trigger
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION leasework.tenant_queued_run(tenant text, priority integer)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(1819042147, hashtext(NEW.tenant));
+    PERFORM pg_advisory_xact_lock_shared(1819042147, hashtext(tenant_queued_run.tenant));
     UPDATE leasework.tenants t
-       SET priority = least(t.priority, NEW.priority),
+       SET priority = least(t.priority, tenant_queued_run.priority),
            turn = CASE WHEN t.priority IS NOT NULL THEN t.turn
                        ELSE greatest(t.turn, coalesce(
                            (SELECT h.turn FROM leasework.tenants h
                              WHERE h.priority IS NOT NULL
                              ORDER BY h.priority, h.turn, h.name LIMIT 1), t.turn)) END
-     WHERE t.name = NEW.tenant
-       AND (t.priority IS NULL OR t.priority > NEW.priority);
+     WHERE t.name = tenant_queued_run.tenant
+       AND (t.priority IS NULL OR t.priority > tenant_queued_run.priority);
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION leasework.tenant_queued() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM leasework.tenant_queued_run(NEW.tenant, NEW.priority);
     RETURN NEW;
 END
 $$;
 
--- BEFORE INSERT (no event queued per row of a bulk enqueue) and AFTER UPDATE: a BEFORE UPDATE
--- row trigger makes Postgres lock each row it updates first, whatever its WHEN says, and that was
--- a WAL record more for every claim and seal (bench/README.md, issue 29).
+-- On insert only: the four statements that make an existing tenanted run queued again
+-- (requeue_run, release_run, expire_and_promote's promotion, operations' retry_runs) call
+-- tenant_queued_run themselves. A row trigger on UPDATE cost every claim and seal: a BEFORE one
+-- locks each row it updates first, whatever its WHEN says (a WAL record per job), an AFTER one
+-- fetches each old row again (bench/README.md, issue 29).
+DROP TRIGGER IF EXISTS runs_tenant_requeued ON leasework.runs;
 DROP TRIGGER IF EXISTS runs_tenant_queued ON leasework.runs;
 CREATE TRIGGER runs_tenant_queued
     BEFORE INSERT ON leasework.runs
-    FOR EACH ROW WHEN (NEW.tenant IS NOT NULL AND NEW.status = 'queued')
-    EXECUTE FUNCTION leasework.tenant_queued();
-DROP TRIGGER IF EXISTS runs_tenant_requeued ON leasework.runs;
-CREATE TRIGGER runs_tenant_requeued
-    AFTER UPDATE OF status ON leasework.runs
     FOR EACH ROW WHEN (NEW.tenant IS NOT NULL AND NEW.status = 'queued')
     EXECUTE FUNCTION leasework.tenant_queued();
 

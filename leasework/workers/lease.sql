@@ -241,6 +241,8 @@ WITH expired AS MATERIALIZED (
            queued_at = greatest(r.queued_at, leasework.now())
       FROM unheld
      WHERE r.id = unheld.id
+       -- Its tenant has a queued run again (leasework.tenant_queued_run, schema.sql).
+       AND (r.tenant IS NULL OR leasework.tenant_queued_run(r.tenant, r.priority))
     RETURNING r.id, r.kind
 )
 -- A promoted run is due now: NOTIFY its kind (at commit), so that a worker of another pool, or
@@ -504,6 +506,9 @@ UPDATE leasework.runs
            attempts, lease_owner, lease_worker, started_at, leasework.now(),
            %(outcome)s::text, %(error)s::text))
  WHERE id = %(id)s AND lease_owner = %(owner)s
+   -- Queued again, its tenant has a queued run (leasework.tenant_queued_run, schema.sql).
+   AND (tenant IS NULL OR cancel_requested_at IS NOT NULL OR attempts >= max_attempts
+        OR leasework.tenant_queued_run(tenant, priority))
 RETURNING status, queued_at,
           CASE WHEN status = 'queued' THEN pg_notify('leasework', kind) END IS NULL AS quiet
 
@@ -523,6 +528,9 @@ UPDATE leasework.runs
            attempts, lease_owner, lease_worker, started_at, leasework.now(),
            'released', %(reason)s::text))
  WHERE id = %(id)s AND lease_owner = %(owner)s
+   -- Queued again, its tenant has a queued run (leasework.tenant_queued_run, schema.sql).
+   AND (tenant IS NULL OR cancel_requested_at IS NOT NULL
+        OR leasework.tenant_queued_run(tenant, priority))
 RETURNING status,
           CASE WHEN status = 'queued' THEN pg_notify('leasework', kind) END IS NULL AS quiet
 

@@ -265,3 +265,41 @@ def test_the_claim_takes_what_the_rules_allow_in_the_fair_order(
     for i, a in enumerate(rows):
         for b in rows[i + 1 :]:
             assert a[0] != b[0] or not (a[2] or b[2] or (a[1] is not None and a[1] == b[1]))
+
+
+def test_every_statement_that_queues_a_run_again_puts_its_tenant_back_in_the_turns(
+    conn: Conn,
+) -> None:
+    # requeue_run (above), release_run, expire_and_promote's promotion and operations' retry
+    # mark the tenant themselves (no row trigger on UPDATE): after each, the run is claimable.
+    app = make_app()
+
+    def priority(tenant: str) -> int | None:
+        row = conn.execute("SELECT priority FROM leasework.tenants WHERE name = %s", (tenant,))
+        got = row.fetchone()
+        assert got is not None
+        return got[0]  # type: ignore[no-any-return]
+
+    released = app.enqueue(conn, "job", {}, tenant="rel", priority=2)
+    claim = claim_one(conn)
+    assert claim is not None and claim.id == released and priority("rel") is None
+    assert lease.release(conn, claim) == "queued"
+    assert priority("rel") == 2
+    again = claim_one(conn)
+    assert again is not None and again.id == released
+    assert lease.finish(conn, again, "failed", error="boom")
+
+    assert operations.retry(conn, ids=[released]).count == 1
+    assert priority("rel") == 2
+    assert claim_one(conn) is not None
+
+    first = app.enqueue(conn, "job", {}, key="K", tenant="promo", exclusive=True)
+    waiting = app.enqueue(conn, "job", {}, key="K", tenant="promo", exclusive=True)
+    held = claim_one(conn)
+    assert held is not None and held.id == first
+    assert lease.finish(conn, held, "succeeded")
+    assert priority("promo") is None
+    assert lease.expire_and_promote(conn, 10)[1] == 1
+    assert priority("promo") == 0
+    promoted = claim_one(conn)
+    assert promoted is not None and promoted.id == waiting

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,7 @@ from common import (
     record,
     results_arg,
     spread,
+    supervised,
 )
 
 from leasework import db
@@ -148,45 +148,9 @@ CASES = [
 def supervisor(
     admin: Conn, dsn: str, tmp: Path, pools: tuple[str, ...], log_level: str | None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """`leasework supervise --app backlog_app:app` with its defaults (and `pools`), until its
-    children's control sessions are open; SIGTERM and waited for on exit."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), *sys.path])}
-    env.pop("LEASEWORK_CONFIG", None)
-    if log_level:
-        env["LEASEWORK_LOG_LEVEL"] = log_level
-    command = [sys.executable, "-m", "leasework", "supervise", "--app", "backlog_app:app",
-               "--dsn", dsn]  # fmt: skip
-    for spec in pools:
-        command += ["--pool", spec]
-    sup = subprocess.Popen(
-        command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-        deadline = time.monotonic() + 60
-        while control_sessions(admin, str(name)) < PROCESSES:
-            if sup.poll() is not None:
-                raise RuntimeError(f"leasework supervise exited {sup.returncode} at start-up")
-            if time.monotonic() > deadline:
-                raise RuntimeError("the supervisor's children did not start within 60 s")
-            time.sleep(0.2)  # polling the boot
+    """`leasework supervise --app backlog_app:app` with its defaults (and `pools`)."""
+    with supervised(admin, dsn, tmp, "backlog_app:app", PROCESSES, pools, log_level) as sup:
         yield sup
-    finally:
-        sup.send_signal(signal.SIGTERM)
-        try:
-            sup.wait(60)
-        except subprocess.TimeoutExpired:
-            sup.kill()
-            sup.wait()
-
-
-def control_sessions(admin: Conn, name: str) -> int:
-    row = admin.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
-        " AND application_name LIKE 'leasework:%%:control'",
-        (name,),
-    ).fetchone()
-    return int(row[0]) if row else 0
 
 
 def leasework_cli(dsn: str, tmp: Path, *args: str) -> None:

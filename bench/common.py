@@ -6,15 +6,19 @@ library and psycopg here: bench/peers.py imports this in the peers' virtualenv."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -412,3 +416,61 @@ def cost_cells(runs: Sequence[Run]) -> list[str]:
 
 
 COST_HEADERS = ["commits/job", "WAL B/job", "client µs/job", "backend µs/job"]
+
+
+# -- `leasework supervise`, as users deploy it -----------------------------------------------
+
+
+@contextlib.contextmanager
+def supervised(
+    admin: psycopg.Connection[Any],
+    dsn: str,
+    tmp: Path,
+    app: str,
+    processes: int,
+    pools: Sequence[str] = (),
+    log_level: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`leasework supervise --app APP --dsn DSN` with its defaults (and `pools`; `log_level`
+    through LEASEWORK_LOG_LEVEL), run in `tmp` (where APP's module is), until its children's
+    control sessions are open (`processes` of them); SIGTERM and waited for on exit. Its log goes
+    to tmp/supervise.log, as to a file or journald (a log line costs what it costs deployed)."""
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), *sys.path]), **(env or {})}
+    environ.pop("LEASEWORK_CONFIG", None)
+    if log_level:
+        environ["LEASEWORK_LOG_LEVEL"] = log_level
+    command = [sys.executable, "-m", "leasework", "supervise", "--app", app, "--dsn", dsn]
+    for spec in pools:
+        command += ["--pool", spec]
+    with open(tmp / "supervise.log", "ab") as log_file:
+        sup = subprocess.Popen(
+            command, cwd=tmp, env=environ, stdout=subprocess.DEVNULL, stderr=log_file
+        )
+    try:
+        name = str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+        deadline = time.monotonic() + 60
+        while control_sessions(admin, name) < processes:
+            if sup.poll() is not None:
+                raise RuntimeError(f"leasework supervise exited {sup.returncode} at start-up")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the supervisor's children did not start within 60 s")
+            time.sleep(0.2)  # polling the boot
+        yield sup
+    finally:
+        sup.send_signal(signal.SIGTERM)
+        try:
+            sup.wait(60)
+        except subprocess.TimeoutExpired:
+            sup.kill()
+            sup.wait()
+
+
+def control_sessions(admin: psycopg.Connection[Any], name: str) -> int:
+    """leasework control sessions open on database `name` (one per worker process)."""
+    row = admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+        " AND application_name LIKE 'leasework:%%:control'",
+        (name,),
+    ).fetchone()
+    return int(row[0]) if row else 0

@@ -293,6 +293,14 @@ class Config:
         ),
     )
     log_level: str = field(default="info", metadata=doc("debug, info, warning or error"))
+    log_runs_slower_than: float = field(
+        default=1.0,
+        metadata=doc(
+            "a run that succeeds after this many seconds or more logs run_succeeded at info;"
+            " quicker ones, and every run_claimed, at debug (0: every success at info)",
+            range=Range(0, DAY),
+        ),
+    )
     log_format: str = field(
         default="auto",
         metadata=doc("json, text, or auto: text on a terminal, JSON lines otherwise"),

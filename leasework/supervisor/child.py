@@ -28,7 +28,7 @@ from ..db import DatabaseUnavailable
 from ..errors import ConfigError, SchemaMissing, is_transient
 from ..workers.context import describe_error
 from ..workers.worker import Application, Worker
-from .liveness import MIN_BEAT_GAP, Beat, encode_beat, encode_error, write_nowait
+from .liveness import CHANGE_GAP, MIN_BEAT_GAP, Beat, encode_beat, encode_error, write_nowait
 from .policy import ChildExit
 
 if TYPE_CHECKING:
@@ -60,7 +60,13 @@ class BeatSender:
     """The child's end of the liveness pipe, called from `Worker.beat` (after each poll, at each
     claim and each ctx.check()) and from the lease keeper's thread after each of its ticks, so
     the parent hears about the run from its claim on whether or not the handler cooperates. Also
-    where the child notices its parent is gone and recycles itself. Thread-safe."""
+    where the child notices its parent is gone and recycles itself. Thread-safe.
+
+    A change (a claim, a finish, a renewal, an abort) goes out at once unless a beat went out less
+    than CHANGE_GAP ago; then it waits for the end of that gap, sent by the next call after it or
+    by a flusher thread at its end, whichever is first. So a busy child sends at most 1/CHANGE_GAP
+    beats a second however many runs it finishes, and the parent hears of every change within
+    CHANGE_GAP: far inside anything its watchdog acts on (seconds)."""
 
     def __init__(self, fd: int, parent_pid: int, max_jobs: int) -> None:
         self.fd = fd
@@ -70,6 +76,9 @@ class BeatSender:
         self._sent_at = float("-inf")
         self.orphaned = False
         self._lock = threading.Lock()
+        self._due = threading.Condition(self._lock)  # a change waits for the flusher
+        self._pending: Worker | None = None
+        self._flusher: threading.Thread | None = None
 
     def __call__(self, worker: Worker, ctx: Context | None) -> None:
         with self._lock:
@@ -95,6 +104,20 @@ class BeatSender:
         # With async handlers a child runs several: the beat names the one whose deadline comes
         # first (Keeper.most_urgent), which is the one the parent's watchdog must watch.
         held, count = worker.keeper.most_urgent()
+        runs = count if count > 1 else None
+        if held is None:
+            state: tuple[object, ...] = (None, None, None, worker.jobs_done, runs)
+        else:
+            state = (held.claim.id, held.renewed, held.signal.reason, worker.jobs_done, runs)
+        since = now - self._sent_at
+        if state == self._last:
+            if since < MIN_BEAT_GAP:
+                return
+        elif since < CHANGE_GAP:
+            if self._pending is None:  # else the flusher is already waiting for the gap's end
+                self._pending = worker
+                self._flush_later()
+            return
         if held is None:
             beat = Beat(t=now, run_id=None, renewed=None, lease=None, jobs=worker.jobs_done)
         else:
@@ -110,16 +133,39 @@ class BeatSender:
                 timeout_at=held.deadline,
                 abort=reason,
                 abort_at=None if reason is None else (held.tripped_at or now),
-                runs=count if count > 1 else None,
+                runs=runs,
             )
-        state = (beat.run_id, beat.renewed, beat.abort, beat.jobs, beat.runs)
-        if state == self._last and now - self._sent_at < MIN_BEAT_GAP:
-            return
+        self._pending = None
         try:
             if write_nowait(self.fd, encode_beat(beat)):
                 self._last, self._sent_at = state, now
         except OSError:  # EPIPE: the read end is closed, so the parent is gone
             self._orphan(worker, "liveness pipe closed")
+
+    def _flush_later(self) -> None:
+        """Have the flusher send the pending change at the end of the gap (the lock is held):
+        woken once per gap, not per change (a thread switch per run would cost more than the
+        beat it saves)."""
+        if self._flusher is None:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="leasework-beat", daemon=True
+            )
+            self._flusher.start()
+        self._due.notify()
+
+    def _flush_loop(self) -> None:
+        with self._lock:
+            while not self.orphaned:
+                worker = self._pending
+                if worker is None:
+                    self._due.wait()
+                    continue
+                wait = self._sent_at + CHANGE_GAP - time.monotonic()
+                if wait > 0:
+                    self._due.wait(wait)
+                    continue
+                self._pending = None  # sent now, or no longer a change
+                self._beat(worker)
 
     def _orphan(self, worker: Worker, why: str) -> None:
         self.orphaned = True

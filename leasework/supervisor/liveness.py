@@ -16,6 +16,10 @@ from typing import Any
 # A beat at most this often unless something changed (a new run, a renewal): ctx.check() may be
 # called in a tight loop and the parent only needs a fresh reading per watchdog tick.
 MIN_BEAT_GAP = 0.25
+# A change (a claim, a finish) goes out at once, unless a beat went out less than this ago: then at
+# the end of this gap (child.BeatSender). A child finishing thousands of runs a second sends at
+# most 1/CHANGE_GAP beats a second; the parent's watchdog acts on seconds.
+CHANGE_GAP = 0.05
 _MAX_ERROR = 1000
 
 

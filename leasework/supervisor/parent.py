@@ -53,6 +53,10 @@ HANDLED = (
 FAST_STOP_TIMEOUT = 3.0  # seconds children get after QUIT before SIGKILL
 STOP_SLACK = 5.0  # beyond graceful_timeout: time to give the run back and close connections
 TICK = 1.0  # the loop wakes at least this often
+# A child's current run reaches its workers row at most this late, and the host's rows are written
+# at most this often for it: a host finishing thousands of runs a second writes a few rows a second,
+# not one per run (what `status` and the dashboard show; the watchdog reads the beats, not rows).
+ROWS_CHANGE_GAP = 1.0
 
 
 @dataclass(eq=False)
@@ -91,6 +95,9 @@ class Child:
     @property
     def busy(self) -> bool:
         return self.beat is not None and self.beat.run_id is not None
+
+    def current_run(self) -> int | None:
+        return self.beat.run_id if self.beat else None
 
     def run_ref(self) -> RunRef | None:
         b = self.beat
@@ -144,6 +151,7 @@ class Supervisor:
         self._wake_w = -1
         self._booted = False  # schema checked
         self._cancels_at = float("-inf")  # when the children's runs were last checked for cancels
+        self._rows_at = float("-inf")  # when the workers rows were last written
         self._boot_retry_at = 0.0
         self._boot_failures = 0
         self.stopping: str | None = None  # "graceful" or "fast"
@@ -261,6 +269,8 @@ class Supervisor:
             due = [s.spawn_at for s in self.slots if s.child is None]
             if due:
                 wake = min(wake, min(due))
+        if any(c.booted and c.row_run != c.current_run() for c in self.children.values()):
+            wake = min(wake, self._rows_at + ROWS_CHANGE_GAP)  # a changed run to write
         return max(0.0, wake - now)
 
     def _relay(self, data: bytes) -> None:
@@ -562,12 +572,9 @@ class Supervisor:
         """One workers row per child, refreshed every heartbeat_interval, but only for children
         heard from since the last write: a silent child's heartbeat_at goes stale, truthfully."""
         interval = self.config.heartbeat_interval
-
-        def run_of(c: Child) -> int | None:
-            return c.beat.run_id if c.beat else None
-
-        # Also at once when a child's current run changed (a claim, a finish), so the workers
-        # table shows what each child runs within a loop of the supervisor, not a heartbeat.
+        # Also when a child's current run changed (a claim, a finish), so the workers table shows
+        # what each child runs, but at most every ROWS_CHANGE_GAP: not a transaction per run.
+        changes = now - self._rows_at >= ROWS_CHANGE_GAP
         due = [
             c
             for c in self.children.values()
@@ -575,7 +582,7 @@ class Supervisor:
             and (
                 c.row_at is None
                 or (now - c.row_at >= interval and c.last_beat > c.row_at)
-                or run_of(c) != c.row_run
+                or (changes and c.current_run() != c.row_run)
             )
         ]
         if due:
@@ -587,11 +594,14 @@ class Supervisor:
                 for c in self.children.values()
                 if c.booted and c not in due and c.row_at is not None and c.last_beat > c.row_at
             ]
-        rows = [Row(c.worker_id, c.pid, run_of(c), c.pool) for c in due]
+        if not due:
+            return
+        self._rows_at = now  # tried: a failed write is tried again in ROWS_CHANGE_GAP, not at once
+        rows = [Row(c.worker_id, c.pid, c.current_run(), c.pool) for c in due]
         if self.hostdb.heartbeat(rows, now):
             for c in due:
                 c.row_at = now
-                c.row_run = run_of(c)
+                c.row_run = c.current_run()
 
     # -- stop, resize, reload -----------------------------------------------------------------
 

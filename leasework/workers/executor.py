@@ -5,6 +5,7 @@ lease.py. A lost lease writes nothing."""
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -50,11 +51,13 @@ NOT_WRITTEN: Any = _NotWritten()
 
 
 def log_claimed(claim: Claim, worker_id: str) -> None:
-    """The `run_claimed` event of a run about to start; its fields are built only when INFO is
-    on (once per run: one-at-a-time mode's hot path)."""
-    if log.enabled():
+    """The `run_claimed` event of a run about to start, at debug: a line per run at thousands of
+    runs a second is a cost and noise (README, Watching it). Its fields are built only when
+    DEBUG is on (once per run: one-at-a-time mode's hot path)."""
+    if log.enabled(logging.DEBUG):
         log.event(
             "run_claimed",
+            level=logging.DEBUG,
             run_id=claim.id,
             kind=claim.kind,
             attempt=claim.attempts,
@@ -296,10 +299,16 @@ class Executor:
     def _log_sealed(self, claim: Claim, sealed: bool) -> None:
         duration = self._durations.pop(claim.id, None)
         if sealed:
-            if not log.enabled():
+            # At info only when it took log_runs_slower_than or longer: quick successes, a line
+            # each at thousands a second, at debug (failures and retries are logged at warning
+            # and above whatever they took).
+            slow = duration is None or duration >= self.config.log_runs_slower_than
+            level = logging.INFO if slow else logging.DEBUG
+            if not log.enabled(level):
                 return
             log.event(
                 "run_succeeded",
+                level=level,
                 run_id=claim.id,
                 kind=claim.kind,
                 attempt=claim.attempts,

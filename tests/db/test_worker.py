@@ -747,6 +747,29 @@ def events() -> Iterator[Events]:
     logger.removeHandler(handler)
 
 
+def test_quick_successes_and_claims_log_at_debug_slow_successes_at_info(
+    conn: Conn, make_worker: MakeWorker, events: Events
+) -> None:
+    """The default log level writes no line per quick run (two per job at thousands of jobs a
+    second): run_claimed is at debug, and run_succeeded at info only for a run that took
+    log_runs_slower_than or longer."""
+    app = App()
+
+    @app.task("fine")
+    def fine(ctx: Context, payload: Any) -> None:
+        return None
+
+    quick = app.enqueue(conn, "fine")
+    make_worker(app).poll()  # the default: 1 s; a no-op takes far less
+    assert [level for level, _ in events.named("run_claimed")] == [logging.DEBUG]
+    [(level, done)] = events.named("run_succeeded")
+    assert (level, done["run_id"]) == (logging.DEBUG, quick)
+    slow = app.enqueue(conn, "fine")
+    make_worker(app, log_runs_slower_than=0).poll()  # every success counts as slow
+    [_, (level, done)] = events.named("run_succeeded")
+    assert (level, done["run_id"]) == (logging.INFO, slow)
+
+
 def test_the_log_says_what_the_database_returned(
     conn: Conn, make_worker: MakeWorker, events: Events
 ) -> None:

@@ -393,6 +393,56 @@ def test_an_unreachable_database_at_boot_is_retried(app_dir: Path) -> None:
                 proc.wait()
 
 
+def test_a_busy_childs_runs_do_not_each_write_its_workers_row(
+    supervise: Start, pconn: Conn
+) -> None:
+    """A host finishing many runs a second writes its workers rows a few times a second, not once
+    per run (the row shows the current run for `status`; the watchdog reads the beats): the
+    writes to leasework.workers while 400 short runs drain are bounded by the drain's seconds,
+    not by its runs."""
+    pconn.execute("CREATE TABLE public.workers_writes (at timestamptz DEFAULT clock_timestamp())")
+    pconn.execute(
+        "CREATE FUNCTION public.count_workers_write() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN INSERT INTO public.workers_writes DEFAULT VALUES; RETURN NULL; END $$"
+    )
+    pconn.execute(
+        "CREATE TRIGGER count_writes AFTER INSERT OR UPDATE ON leasework.workers"
+        " FOR EACH ROW EXECUTE FUNCTION public.count_workers_write()"
+    )
+    try:
+        sup = supervise(processes=1, heartbeat_interval=60.0)
+        sup.wait_children(1)
+        runs = 400
+        with pconn.transaction():
+            ids = [enqueue(pconn, "short") for _ in range(runs)]
+
+        def drained() -> float | None:
+            row = pconn.execute(
+                "SELECT extract(epoch FROM max(finished_at) - min(started_at))"
+                "  FROM leasework.runs WHERE id = ANY(%s) HAVING bool_and(status = 'succeeded')",
+                (ids,),
+            ).fetchone()
+            return None if row is None else float(row[0])
+
+        seconds = wait_for(drained, timeout=120)
+        row = pconn.execute(
+            "SELECT count(*) FROM public.workers_writes"
+            " WHERE at BETWEEN (SELECT min(started_at) FROM leasework.runs WHERE id = ANY(%s))"
+            "              AND (SELECT max(finished_at) FROM leasework.runs WHERE id = ANY(%s))",
+            (ids, ids),
+        ).fetchone()
+        assert row is not None
+        writes = int(row[0])
+    finally:
+        pconn.execute("DROP TRIGGER count_writes ON leasework.workers")
+        pconn.execute("DROP FUNCTION public.count_workers_write()")
+        pconn.execute("DROP TABLE public.workers_writes")
+    # At most one write a second (supervisor.parent.ROWS_CHANGE_GAP) for the changed runs, and
+    # slack for the edges; one per run would be 400.
+    assert writes <= seconds + 3, (writes, seconds)
+    print(f"{runs} runs in {seconds:.2f} s: {writes} workers-row writes")
+
+
 def test_the_workers_row_follows_a_childs_run_from_claim_to_finish(
     supervise: Start, pconn: Conn, app_dir: Path
 ) -> None:

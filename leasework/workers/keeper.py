@@ -181,7 +181,7 @@ class Keeper:
             self._held.pop(run_id, None)
             if not self._held:
                 self._next_check = float("inf")  # else the next run held would find it due
-                self._arm(self._clock())
+                self._arm(self._clock(), idle_later=True)
 
     def get(self, run_id: int) -> Held | None:
         return self._held.get(run_id)
@@ -360,14 +360,31 @@ class Keeper:
                 times.append(held.deadline + cfg.abort_grace + DEADMAN_SLACK)
         return min(times) if times else None
 
-    def _arm(self, now: float) -> None:
+    def _arm(self, now: float, *, idle_later: bool = False) -> None:
+        """Set the dead man's switch to kill_at, with two economies that spare one-at-a-time
+        mode two timer syscalls per run (README, Performance):
+        - a later deadline re-arms only when it is later by more than 5 % of the time left (at
+          most kill_margin/4): the switch may fire that much early, and only if no renewal
+          re-arms it first, which each does (a renewal moves it by renew_every);
+        - with `idle_later` (the last run was just dropped) an arming far off is left for the
+          keeper's thread to disarm at its next wake, which comes long before it: the next run,
+          claimed within milliseconds, re-arms it instead."""
         if self.deadman is None:
             return
         at = self.kill_at(now)
+        armed = self.deadman.armed_at
         if at is None:
-            if self.deadman.armed_at is not None:
-                self.deadman.disarm()
-        elif at != self.deadman.armed_at:
+            if armed is None:
+                return
+            if idle_later and self._thread is not None:
+                wake = min(self.config.heartbeat_interval, self.config.control_every)
+                if armed - now > 2 * wake + 1.0:
+                    self._changed(now + wake)
+                    return
+            self.deadman.disarm()
+        elif armed is None or at < armed or at - armed > min(
+            0.05 * (at - now), self.config.kill_margin / 4
+        ):
             self.deadman.arm(at, now)
 
     # -- the thread and its connection ----------------------------------------------------------

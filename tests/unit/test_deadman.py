@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -81,3 +82,61 @@ def test_the_keeper_arms_before_the_lease_and_after_the_grace() -> None:
     assert keeper.kill_at(clock.t) == 1055.0
     keeper.drop(held.claim.id)
     assert keeper.kill_at(clock.t) is None
+
+
+class CountingDeadman(Deadman):
+    """A real switch that counts its timer settings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sets = 0
+
+    def _set(self, seconds: float) -> None:
+        self.sets += 1
+        super()._set(seconds)
+
+
+def test_back_to_back_runs_rearm_the_switch_rarely_never_later_than_needed() -> None:
+    """One-at-a-time mode holds and drops a run every millisecond: the switch is set about once
+    per 5 % of the lease's time left, not twice per run, and never later than kill_at."""
+    clock = Clock()
+    cfg = Config(lease=60.0)
+    deadman = CountingDeadman()
+    keeper = Keeper(cfg, name="t", clock=clock, deadman=deadman)
+    keeper.start()  # its thread disarms an idle switch: drops need not
+    started = time.monotonic()
+    try:
+        runs = 2000
+        for run_id in range(1, runs + 1):
+            keeper.hold(claim(run_id))
+            at = keeper.kill_at(clock.t)
+            assert deadman.armed_at is not None and at is not None
+            assert at - min(0.05 * (at - clock.t), cfg.kill_margin / 4) <= deadman.armed_at <= at
+            keeper.drop(run_id)
+            clock.t += 0.001
+        # 2 s of runs, a re-arm each 0.05 x 55 s: a few settings, not 4,000; and a disarm and
+        # re-arm for each tick of the thread that found the keeper idle between two runs.
+        ticks = (time.monotonic() - started) / min(cfg.heartbeat_interval, cfg.control_every)
+        assert deadman.sets <= 2.0 / (0.05 * 55.0) + 2 + 2 * (ticks + 1), deadman.sets
+    finally:
+        keeper.close()
+        deadman.close()
+
+
+def test_an_idle_keeper_disarms_the_switch_its_last_run_left_armed() -> None:
+    """With the keeper's thread running, dropping the last run leaves a far arming in place (the
+    next claim re-arms it); the thread disarms it at its next wake if nothing was claimed."""
+    cfg = Config(lease=60.0, heartbeat_interval=0.2)
+    deadman = CountingDeadman()
+    keeper = Keeper(cfg, name="t", deadman=deadman)
+    keeper.start()
+    try:
+        keeper.hold(claim(1))
+        keeper.drop(1)
+        deadline = time.monotonic() + 30
+        while deadman.armed_at is not None:  # waiting on a condition, with a deadline
+            assert time.monotonic() < deadline, "the idle keeper never disarmed the switch"
+            time.sleep(0.01)
+    finally:
+        keeper.close()
+        deadman.close()

@@ -61,7 +61,8 @@ def test_sync_publishes_tombstones_and_revives(
     cid = syncs(app).connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
     first = only_run(conn, cid)
     assert first["status"] == "queued"
-    assert (first["tenant"], first["group"], first["key"]) == ("ws", "files", f"leasework:connection:{cid}")
+    key = f"leasework:connection:{cid}"
+    assert (first["tenant"], first["group"], first["key"]) == ("ws", "files", key)
 
     worker = make_worker(app, sync_batch=2)  # several batches per table
     assert worker.poll() >= 1

@@ -161,7 +161,7 @@ _Row = tuple[int, str, str | None, str, str | None]
 
 
 def _in_tenant(tenant: str | None) -> str:
-    return f" in tenant {tenant!r}" if tenant is not None else " (no tenant)"
+    return f" in tenant {tenant!r}" if tenant is not None else ""
 
 
 def _locked(conn: Conn, ids: list[int]) -> list[_Row]:

@@ -297,11 +297,14 @@ def waiting_run_waits_only_for_its_tenants_key(conn: Conn) -> None:
     assert get_run(conn, waiting)["status"] == "queued"
 
 
-def promotion_skips_an_open_enqueue_of_its_tenants_key(conn: Conn, dsn: str) -> None:
+def promotion_skips_an_open_enqueue_of_its_tenants_key(
+    conn: Conn, dsn: str, many: bool = False
+) -> None:
     """The advisory lock an open enqueue holds is its tenant's and its key's (leasework.key_lock):
     the promotion of that tenant's waiting run of the key skips it, naming the session, instead of
     waiting on the uncommitted run (here: for lock_timeout, then fails), and a waiting run of the
-    same key in another tenant is promoted meanwhile."""
+    same key in another tenant is promoted meanwhile. `many`: the open enqueue is a keyed
+    enqueue_many (which holds its keys' locks as leasework.enqueue does)."""
     app = make_app()
     for tenant in ("t", "u"):
         first = app.enqueue(conn, "job", key="K", tenant=tenant)
@@ -310,7 +313,10 @@ def promotion_skips_an_open_enqueue_of_its_tenants_key(conn: Conn, dsn: str) -> 
         app.enqueue(conn, "other", key="K", tenant=tenant, exclusive=True)
         assert lease.finish(conn, claim, "succeeded")
     with psycopg.connect(dsn) as other:  # not autocommit: the enqueue stays open
-        other.execute("SELECT leasework.enqueue('job', key => 'K', tenant => 't')")
+        if many:
+            app.enqueue_many(other, "job", [{}], keys=["K"], tenant="t")
+        else:
+            other.execute("SELECT leasework.enqueue('job', key => 'K', tenant => 't')")
         holder = other.info.backend_pid
         busy: list[int] = []
         try:

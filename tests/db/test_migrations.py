@@ -388,6 +388,7 @@ def test_migration_0018_gives_up_behind_a_long_transaction(scratch: Callable[[],
     transaction meanwhile; once that transaction ends, it applies."""
     target = scratch()
     with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute("SET statement_timeout = '60s'")  # without its lock_timeout: fail, not hang
         with conn.transaction():
             db.apply_migrations(conn, [m for m in SHIPPED if m.version <= 17])
         with psycopg.connect(target) as long_running:

@@ -85,8 +85,11 @@ def test_an_exclusive_run_waits_only_for_its_tenants_key(conn: Conn) -> None:
     waiting_run_waits_only_for_its_tenants_key(conn)
 
 
-def test_the_promotion_skips_an_open_enqueue_of_its_tenants_key(conn: Conn, dsn: str) -> None:
-    promotion_skips_an_open_enqueue_of_its_tenants_key(conn, dsn)
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_the_promotion_skips_an_open_enqueue_of_its_tenants_key(
+    conn: Conn, dsn: str, many: bool
+) -> None:
+    promotion_skips_an_open_enqueue_of_its_tenants_key(conn, dsn, many=many)
 
 
 def test_a_reserved_key_is_refused_by_the_public_enqueue(conn: Conn) -> None:

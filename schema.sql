@@ -223,14 +223,19 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
            END;
 $$;
 
--- At most one active (queued or running) run per key: racing enqueues give one run.
--- Serves: enqueue_run (ON CONFLICT), promote in settle_runs.
+-- At most one active (queued or running) run per key in its tenant: racing enqueues give one
+-- run. A key is its tenant's: another tenant's run of the same key is another run, and runs
+-- without a tenant are a namespace of their own (NULLS NOT DISTINCT). By key first: every
+-- look-up names the key, the tenant only filters. (Migration 0018.)
+-- Serves: enqueue_run and enqueue_many (ON CONFLICT), the promotion in expire_and_promote.
 CREATE UNIQUE INDEX IF NOT EXISTS runs_one_active_per_key
-    ON leasework.runs (key) WHERE status IN ('queued', 'running') AND key IS NOT NULL;
+    ON leasework.runs (key, tenant) NULLS NOT DISTINCT
+    WHERE status IN ('queued', 'running') AND key IS NOT NULL;
 
--- At most one waiting (exclusive, draining) run per key. Serves: enqueue_waiting_run.
+-- At most one waiting (exclusive, draining) run per key in its tenant. Serves: leasework.enqueue.
 CREATE UNIQUE INDEX IF NOT EXISTS runs_one_waiting_per_key
-    ON leasework.runs (key) WHERE status = 'waiting' AND key IS NOT NULL;
+    ON leasework.runs (key, tenant) NULLS NOT DISTINCT
+    WHERE status = 'waiting' AND key IS NOT NULL;
 
 -- The claim reads these one kind at a time, each in (priority, queued_at, id) order (claim_runs,
 -- migration 0016): a kind the claim may not take (paused, another pool's, nobody's) is never
@@ -456,14 +461,29 @@ SET search_path = pg_catalog, pg_temp AS $$
     END;
 $$;
 
+-- The second half of the advisory lock a keyed enqueue holds (shared) until its transaction ends
+-- and expire_and_promote tries (exclusive) before promoting the key's waiting run, with classid
+-- -1682930272 (hashtext('leasework.key')): the tenant and the key hashed together, a run without
+-- a tenant its key alone. A collision only delays a promotion. One definition for both sides
+-- (migration 0018): if they hashed differently, the promotion would wait on an open enqueue again.
+-- Qualified and without SET, so that the planner inlines it.
+CREATE OR REPLACE FUNCTION leasework.key_lock(tenant text, key text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT pg_catalog.hashtext(CASE WHEN tenant IS NULL THEN key
+                                    ELSE tenant OPERATOR(pg_catalog.||) E'\x1f'
+                                         OPERATOR(pg_catalog.||) key END);
+$$;
+
 -- Enqueue from SQL (triggers, other languages, and App.enqueue itself): the one way the enqueue
 -- role writes a run. SECURITY DEFINER, so that role needs no privilege on leasework.runs or
 -- leasework.tenants and cannot choose a status, a lease, an id or a timestamp; it checks what it
 -- is given as leasework/tasks.py does (kind, labels, priority, attempts, a finite delay of at
 -- most 365 days, lease and timeout in range, a payload of at most 64 MiB: the top of
 -- payload_max_bytes, whose configured value the Python path enforces) and raises 22023 naming
--- the bad argument. With a key, at most one active run per key: a second enqueue returns the
--- active run's id; an exclusive run whose key is busy waits (one waiting run per key). NOTIFY
+-- the bad argument. With a key, at most one active run per key in its tenant: a second enqueue
+-- returns the active run's id; an exclusive run whose key is busy waits (one waiting run per key
+-- in its tenant). A key under 'leasework:' (the families') is refused with 42501 to a caller that
+-- may not insert into leasework.runs itself (migration 0018). NOTIFY
 -- wakes idle workers at commit. search_path is pinned so a caller's objects cannot stand in for
 -- ours. priority and max_attempts are taken as double precision (every SQL number converts to it
 -- implicitly) and checked to be whole and in range here: as integer parameters, an out-of-range
@@ -514,6 +534,19 @@ BEGIN
              THEN 'group ' || leasework.label_problem(enqueue."group") END);
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+    END IF;
+    -- A key under 'leasework:' is the families' (leasework:connection:{id}, leasework:file:{id}):
+    -- refused to a caller that may not insert into leasework.runs itself, so the enqueue role can
+    -- neither hold nor take a connection's or a file's runs (the worker role and the owner, whose
+    -- sessions enqueue them, gain nothing by it). The caller is the role its session SET, else its
+    -- login: inside this function current_user is the function's owner.
+    IF starts_with(enqueue.key, 'leasework:') AND NOT has_table_privilege(
+           coalesce(nullif(current_setting('role'), 'none'), session_user),
+           'leasework.runs', 'INSERT') THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = format(
+            'key %s is refused: keys starting with ''leasework:'' are reserved for leasework''s '
+            'own families (connections, files); use a key without that prefix',
+            quote_literal(left(enqueue.key, 80)));
     END IF;
     IF enqueue.priority IS NULL OR enqueue.exclusive IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
@@ -572,8 +605,10 @@ BEGIN
     -- Held until this transaction ends: expire_and_promote skips a key whose enqueue is still
     -- open rather than wait on it (promoting the key's waiting run would wait for this insert's
     -- fate in runs_one_active_per_key). Shared: enqueues of one key never wait on each other.
-    -- The pair (hashtext('leasework.key'), hashtext(key)): a collision only delays a promotion.
-    PERFORM pg_advisory_xact_lock_shared(-1682930272, hashtext(enqueue.key));
+    -- The pair (hashtext('leasework.key'), leasework.key_lock(tenant, key)): a collision only
+    -- delays a promotion.
+    PERFORM pg_advisory_xact_lock_shared(-1682930272,
+                                         leasework.key_lock(enqueue.tenant, enqueue.key));
     FOR attempt IN 1..10 LOOP
         INSERT INTO leasework.runs (kind, key, tenant, "group", exclusive, priority, status,
                                     payload, max_attempts, lease_seconds, timeout_seconds,
@@ -582,7 +617,8 @@ BEGIN
                 enqueue.priority, 'queued', enqueue.payload, enqueue.max_attempts,
                 enqueue.lease_seconds, enqueue.timeout_seconds,
                 leasework.now() + make_interval(secs => enqueue.delay))
-        ON CONFLICT (key) WHERE status IN ('queued', 'running') AND key IS NOT NULL DO NOTHING
+        ON CONFLICT (key, tenant) WHERE status IN ('queued', 'running') AND key IS NOT NULL
+        DO NOTHING
         RETURNING id INTO run_id;
         IF run_id IS NOT NULL THEN
             PERFORM pg_notify('leasework', enqueue.kind);
@@ -598,7 +634,7 @@ BEGIN
                     enqueue.priority, 'waiting', enqueue.payload, enqueue.max_attempts,
                     enqueue.lease_seconds, enqueue.timeout_seconds,
                     leasework.now() + make_interval(secs => enqueue.delay))
-            ON CONFLICT (key) WHERE status = 'waiting' AND key IS NOT NULL DO NOTHING
+            ON CONFLICT (key, tenant) WHERE status = 'waiting' AND key IS NOT NULL DO NOTHING
             RETURNING id INTO run_id;
             IF run_id IS NOT NULL THEN
                 PERFORM set_config('leasework.enqueued_existing', 'false', true);
@@ -610,7 +646,8 @@ BEGIN
         END IF;
         SELECT r.id INTO run_id
           FROM leasework.runs r
-         WHERE r.key = enqueue.key AND r.status = ANY (wanted)
+         WHERE r.key = enqueue.key AND r.tenant IS NOT DISTINCT FROM enqueue.tenant
+           AND r.status = ANY (wanted)
          ORDER BY r.id DESC
          LIMIT 1;
         IF run_id IS NOT NULL THEN
@@ -700,9 +737,10 @@ ALTER TABLE leasework.workers ADD COLUMN IF NOT EXISTS pool_kinds text[];
 -- Connections, synced records and schedules (stages/sync.py, stages/schedule.py).
 
 -- An external system kept synced into `records`. Its sync and purge runs live in `runs` with
--- key 'connection:{id}', tenant = workspace and group = provider, so the partial unique indexes
--- give one active run and one pending purge per connection, and the claim's limiter keeps two
--- connections to one provider in a workspace from syncing at once.
+-- key 'leasework:connection:{id}' (a reserved key: the enqueue role cannot take it), tenant =
+-- workspace and group = provider, so the partial unique indexes give one active run and one
+-- pending purge per connection, and the claim's limiter keeps two connections to one provider
+-- in a workspace from syncing at once.
 CREATE TABLE IF NOT EXISTS leasework.connections (
     id                    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     workspace             text NOT NULL,
@@ -804,7 +842,8 @@ CREATE INDEX IF NOT EXISTS uploads_finished_at
     ON leasework.uploads (finished_at) WHERE finished_at IS NOT NULL;
 
 -- A document in a project (the scope its chunks are searched in). Its bytes are in the file
--- store under store_key; each (re)index is an `ingest` run keyed `file:{id}`.
+-- store under store_key; each (re)index is an `ingest` run keyed `leasework:file:{id}` (a
+-- reserved key).
 CREATE TABLE IF NOT EXISTS leasework.files (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     project     text NOT NULL,

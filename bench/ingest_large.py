@@ -48,6 +48,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from leasework import App, Config, db
 from leasework.documents import Documents, IngestSettings
 from leasework.documents.embed import HashingEmbedder
+from leasework.documents.files import file_key
 from leasework.documents.ingest import IngestStage
 from leasework.workers import lease
 from leasework.workers.worker import Worker
@@ -163,7 +164,7 @@ def run(
     with psycopg.connect(dsn, autocommit=True) as conn:
         db.migrate(conn)
         file_id = docs.add_file(conn, project="bench", path=source)
-        key = f"file:{file_id}"
+        key = file_key(file_id)
         source.unlink()  # the store holds its copy
         base = peak_rss_mb()
         started = time.monotonic()

@@ -66,7 +66,10 @@ class Family:
         return self.app.config
 
     def enqueue(self, conn: Conn, kind: str, payload: Any = None, **options: Any) -> int:
-        return self.app.enqueue(conn, kind, payload, **options)
+        """`app.enqueue` for the family's own runs: a key may be under "leasework:" (reserved
+        for the families: syncs key `leasework:connection:{id}`, documents `leasework:file:{id}`),
+        which no application enqueue can take (Client.enqueue_reserved)."""
+        return self.app.enqueue_reserved(conn, kind, payload, **options)
 
     def install(self, app: App) -> None:
         """Register the family's kinds on `app` (Task(..., family=self.name))."""

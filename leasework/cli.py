@@ -133,7 +133,7 @@ def _filters(p: argparse.ArgumentParser, *, statuses: str) -> None:
         "--status", metavar="STATUS[,STATUS]", help=f"only runs in these statuses ({statuses})"
     )
     p.add_argument("--kind", help="only runs of this kind")
-    p.add_argument("--key", help="only runs with this key")
+    p.add_argument("--key", help="only runs with this key (in every tenant unless --tenant)")
     p.add_argument("--tenant", help="only runs of this tenant")
     p.add_argument(
         "--since",
@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--payload", default=None, help="JSON payload (default {})")
     p.add_argument(
         "--key",
-        help="at most one active run per key: while one is queued or running, its id is returned",
+        help="at most one active run per key in its --tenant: while one is queued or running, its "
+        "id is returned (keys starting with 'leasework:' are reserved)",
     )
     p.add_argument(
         "--tenant", help="rate limiter: with --group or --exclusive, limits this tenant's runs"

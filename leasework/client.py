@@ -20,6 +20,7 @@ from .tasks import (
     Enqueued,
     check_attempts,
     check_bool,
+    check_key,
     check_kind,
     check_label,
     check_priority,
@@ -183,13 +184,15 @@ class Client:
         priority: int,
         delay: float,
         max_attempts: int | None,
+        reserved: bool = False,
     ) -> dict[str, Any]:
-        """The parameters of enqueue_run (runs.sql), every argument checked."""
+        """The parameters of enqueue_run (runs.sql), every argument checked; `reserved`: the key
+        may be under RESERVED_KEY_PREFIX (a family's own run, enqueue_reserved)."""
         defaults = self.defaults(kind)
         body = payload if payload is not None else {}
         params = {
             "kind": kind,
-            "key": check_label("key", key),
+            "key": check_key(key, reserved=reserved),
             "tenant": check_label("tenant", tenant),
             "group": check_label("group", group),
             "exclusive": check_bool("exclusive", exclusive),
@@ -228,7 +231,7 @@ class Client:
                 )
             if len(keys) != len(encoded):
                 raise ConfigError(f"enqueue_many got {len(encoded)} payloads but {len(keys)} keys")
-            checked_keys = [check_label("key", k) for k in keys]
+            checked_keys = [check_key(k) for k in keys]
         common = {
             "kind": kind,
             "tenant": check_label("tenant", tenant),
@@ -261,10 +264,12 @@ class Client:
     ) -> int:
         """Enqueue a run inside the caller's transaction and return its id.
 
-        With a `key`, at most one run per key is active (queued or running): a second enqueue
-        returns the existing run's id. An `exclusive` run whose key is busy waits and is
-        promoted once the key is idle; a second one returns the waiting run's id.
-        `enqueue_run` takes the same arguments and also says which of the two happened.
+        With a `key`, at most one run per key is active (queued or running) in its `tenant` (runs
+        without a tenant are a namespace of their own): a second enqueue returns the existing
+        run's id. An `exclusive` run whose key is busy waits and is promoted once the key is
+        idle; a second one returns the waiting run's id. A key under "leasework:" is refused
+        (the families' own keys). `enqueue_run` takes the same arguments and also says which of
+        the two happened.
         """
         sync_connection(conn, "enqueue")
         return self.enqueue_run(
@@ -309,6 +314,39 @@ class Client:
             max_attempts=max_attempts,
         )
         return _enqueued(c.execute(Q["enqueue_run"], params).fetchone())
+
+    def enqueue_reserved(
+        self,
+        conn: Conn,
+        kind: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        tenant: str | None = None,
+        group: str | None = None,
+        exclusive: bool = False,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+    ) -> int:
+        """`enqueue` for a family's own runs (Family.enqueue): `key` may also be under
+        RESERVED_KEY_PREFIX ("leasework:"), which `enqueue` refuses, so that no application key
+        can hold or take it. leasework.enqueue accepts such a key only from a role that may
+        write leasework.runs itself (the worker role, the owner), not from the enqueue role."""
+        c = sync_connection(conn, "enqueue_reserved")
+        params = self._one(
+            kind,
+            payload,
+            key=key,
+            tenant=tenant,
+            group=group,
+            exclusive=exclusive,
+            priority=priority,
+            delay=delay,
+            max_attempts=max_attempts,
+            reserved=True,
+        )
+        return _enqueued(c.execute(Q["enqueue_run"], params).fetchone()).run_id
 
     async def enqueue_async(
         self,
@@ -386,7 +424,8 @@ class Client:
         """Enqueue many runs of one kind in one statement, inside the caller's transaction.
 
         Without `keys` the rows are streamed with COPY. With `keys` (one per payload, None for
-        no key) a payload whose key already has an active run is skipped, as `enqueue` would;
+        no key) a payload whose key already has an active run in `tenant` is skipped, as
+        `enqueue` would;
         the ids returned are those of the rows actually inserted, in payload order.
         """
         c = sync_connection(conn, "enqueue_many")

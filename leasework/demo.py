@@ -35,6 +35,7 @@ from .documents import Documents
 from .documents.embed import HashingEmbedder
 from .errors import ConfigError
 from .syncs import Syncs
+from .syncs.kinds import connection_key
 from .workers.context import Context
 
 demo_app = App()
@@ -375,7 +376,7 @@ class Story:
             self.conn, workspace="demo", provider="files", config={"path": str(export)}
         )
         first = self.one(
-            "SELECT max(id) FROM leasework.runs WHERE key = %s", (f"connection:{cid}",)
+            "SELECT max(id) FROM leasework.runs WHERE key = %s", (connection_key(cid),)
         )
         wait_until("the first sync runs", lambda: self.finished(first), timeout=20, proc=self.proc)
         write_export(

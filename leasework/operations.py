@@ -156,9 +156,17 @@ def paused(conn: Conn) -> list[dict[str, Any]]:
 # -- acting ------------------------------------------------------------------------------------
 
 
-def _locked(conn: Conn, ids: list[int]) -> list[tuple[int, str, str | None, str]]:
+# A run an action decides about: id, kind, key, status, tenant.
+_Row = tuple[int, str, str | None, str, str | None]
+
+
+def _in_tenant(tenant: str | None) -> str:
+    return f" in tenant {tenant!r}" if tenant is not None else ""
+
+
+def _locked(conn: Conn, ids: list[int]) -> list[_Row]:
     rows = [
-        (int(r[0]), str(r[1]), r[2], str(r[3]))
+        (int(r[0]), str(r[1]), r[2], str(r[3]), r[4])
         for r in conn.execute(Q["lock_runs"], {"ids": ids}).fetchall()
     ]
     missing = sorted(set(ids) - {r[0] for r in rows})
@@ -169,7 +177,7 @@ def _locked(conn: Conn, ids: list[int]) -> list[tuple[int, str, str | None, str]
 
 
 def _refuse_statuses(
-    rows: Sequence[tuple[int, str, str | None, str]], allowed: Sequence[str], action: str
+    rows: Sequence[_Row], allowed: Sequence[str], action: str
 ) -> None:
     bad = [r for r in rows if r[3] not in allowed]
     if not bad:
@@ -187,10 +195,10 @@ def _refuse_statuses(
 
 def _by_filter(
     conn: Conn, filters: Filters, statuses: Sequence[str], after: int | None
-) -> list[tuple[int, str, str | None, str]]:
+) -> list[_Row]:
     params = {**filters.params(), "statuses": list(statuses), "after": after, "limit": BATCH}
     return [
-        (int(r[0]), str(r[1]), r[2], str(r[3]))
+        (int(r[0]), str(r[1]), r[2], str(r[3]), r[4])
         for r in conn.execute(Q["select_runs"], params).fetchall()
     ]
 
@@ -236,18 +244,21 @@ def retry(
         done: list[int] = []
         count = 0
         for rows in batches:
-            keys = [r[2] for r in rows if r[2] is not None]
-            if len(keys) != len(set(keys)):
-                dup = next(k for k in keys if keys.count(k) > 1)
+            # A key is its tenant's (runs_one_active_per_key): (tenant, key) pairs.
+            keyed = [(r[4], r[2]) for r in rows if r[2] is not None]
+            if len(keyed) != len(set(keyed)):
+                dup = next(k for k in keyed if keyed.count(k) > 1)
                 raise ConfigError(
-                    f"two of these runs share key {dup!r}: retry one at a time; nothing changed"
+                    f"two of these runs share key {dup[1]!r}{_in_tenant(dup[0])}: retry one at a "
+                    "time; nothing changed"
                 )
-            busy = {r[0] for r in conn.execute(Q["busy_keys"], {"keys": keys}).fetchall()}
+            params = {"tenants": [t for t, _ in keyed], "keys": [k for _, k in keyed]}
+            busy = {(r[0], r[1]) for r in conn.execute(Q["busy_keys"], params).fetchall()}
             if busy:
-                run = next(r for r in rows if r[2] in busy)
+                run = next(r for r in rows if (r[4], r[2]) in busy)
                 raise ConfigError(
-                    f"run {run[0]}: key {run[2]!r} already has a queued or running run; "
-                    "nothing changed"
+                    f"run {run[0]}: key {run[2]!r}{_in_tenant(run[4])} already has a queued or "
+                    "running run; nothing changed"
                 )
             count += len(rows)
             if dry_run or not rows:
@@ -312,7 +323,7 @@ def _need_filters(filters: Filters | None, action: str) -> Filters:
 
 def _batches(
     conn: Conn, filters: Filters, statuses: Sequence[str]
-) -> Iterable[list[tuple[int, str, str | None, str]]]:
+) -> Iterable[list[_Row]]:
     after: int | None = None
     while True:
         rows = _by_filter(conn, filters, statuses, after)

@@ -33,7 +33,7 @@ SELECT id, kind, key, tenant, "group", status, attempts, max_attempts, priority,
 -- The runs an operator named, locked until the action commits, with what decides it. NO KEY
 -- UPDATE: it does not wait for a handler's fenced transaction (FOR KEY SHARE) on a running run,
 -- which is refused anyway; claims skip the rows meanwhile (SKIP LOCKED).
-SELECT id, kind, key, status
+SELECT id, kind, key, status, tenant
   FROM leasework.runs
  WHERE id = ANY(%(ids)s::bigint[])
  ORDER BY id
@@ -42,7 +42,7 @@ SELECT id, kind, key, status
 -- name: select_runs
 -- The runs matching an operator's filters among %(statuses)s (terminal statuses only: the caller
 -- checks), at most %(limit)s, locked; runs another session holds are left for the next batch.
-SELECT id, kind, key, status
+SELECT id, kind, key, status, tenant
   FROM leasework.runs
  WHERE status = ANY(%(statuses)s::text[])
    AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
@@ -55,11 +55,13 @@ SELECT id, kind, key, status
    FOR UPDATE SKIP LOCKED
 
 -- name: busy_keys
--- Of the keys given, those with an active (queued or running) run: a retried run with such a
--- key would be a second active run for it.
-SELECT DISTINCT key
-  FROM leasework.runs
- WHERE key = ANY(%(keys)s::text[]) AND status IN ('queued', 'running')
+-- Of the (tenant, key) pairs given, those with an active (queued or running) run: a retried run
+-- with such a key in its tenant would be a second active run for it (runs_one_active_per_key).
+SELECT DISTINCT u.tenant, u.key
+  FROM unnest(%(tenants)s::text[], %(keys)s::text[]) AS u(tenant, key)
+ WHERE EXISTS (SELECT 1 FROM leasework.runs r
+                WHERE r.key = u.key AND r.tenant IS NOT DISTINCT FROM u.tenant
+                  AND r.status IN ('queued', 'running'))
 
 -- name: tally_retried
 -- A retried run leaves its terminal status: what it counted as finished moves to

@@ -3,9 +3,9 @@
 
 -- name: enqueue_run
 -- leasework.enqueue (schema.sql) checks its arguments, makes the tenant row, inserts the run
--- unless its key already has an active one (or a waiting one, for an exclusive run), and
--- returns the run's id either way; NOTIFY wakes idle workers at commit. A function, so that the
--- enqueue role needs no privilege on the tables.
+-- unless its key already has an active one in its tenant (or a waiting one, for an exclusive
+-- run), and returns the run's id either way; NOTIFY wakes idle workers at commit. A function, so
+-- that the enqueue role needs no privilege on the tables.
 SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, %(key)s::text, %(tenant)s::text,
                          %(group)s::text, %(exclusive)s::boolean, %(priority)s::integer,
                          %(delay)s::float8, %(max_attempts)s::integer, %(lease)s::float8,
@@ -45,12 +45,20 @@ SELECT leasework.now() + make_interval(secs => %(delay)s)
 SELECT nextval(pg_get_serial_sequence('leasework.runs', 'id')) FROM generate_series(1, %(n)s)
 
 -- name: enqueue_many
--- Bulk enqueue with keys: rows whose key already has an active run are skipped.
+-- Bulk enqueue with keys: rows whose key already has an active run in the tenant are skipped.
+-- `held`: each key's advisory lock, held (shared) until the transaction ends as leasework.enqueue
+-- holds it, so that expire_and_promote skips a waiting run of these keys rather than wait on the
+-- fate of these rows in runs_one_active_per_key. Read before any row is inserted.
+WITH held AS MATERIALIZED (
+    SELECT count(pg_advisory_xact_lock_shared(-1682930272, leasework.key_lock(%(tenant)s::text, k)))
+      FROM unnest(%(keys)s::text[]) AS k
+     WHERE k IS NOT NULL
+)
 INSERT INTO leasework.runs (kind, key, tenant, "group", priority, payload, max_attempts,
                             lease_seconds, timeout_seconds, queued_at)
 SELECT %(kind)s, k, %(tenant)s, %(group)s, %(priority)s, p::jsonb, %(max_attempts)s, %(lease)s,
        %(timeout)s, leasework.now() + make_interval(secs => %(delay)s)
-  FROM unnest(%(payloads)s::text[], %(keys)s::text[]) WITH ORDINALITY AS u(p, k, n)
+  FROM unnest(%(payloads)s::text[], %(keys)s::text[]) WITH ORDINALITY AS u(p, k, n), held
  ORDER BY n
-ON CONFLICT (key) WHERE status IN ('queued', 'running') AND key IS NOT NULL DO NOTHING
+ON CONFLICT (key, tenant) WHERE status IN ('queued', 'running') AND key IS NOT NULL DO NOTHING
 RETURNING id

@@ -54,7 +54,7 @@ SELECT c.id, c.workspace, c.provider, c.status, c.sync_interval_seconds, c.next_
   LEFT JOIN LATERAL (
         SELECT r.id, r.kind, r.status, r.attempts, r.finished_at, r.result
           FROM leasework.runs r
-         WHERE r.key = 'connection:' || c.id
+         WHERE r.key = 'leasework:connection:' || c.id
          ORDER BY r.id DESC
          LIMIT 1
   ) lr ON true

@@ -86,6 +86,26 @@ def check_label(name: str, value: object) -> str | None:
     return value
 
 
+# Keys under this prefix are leasework's own families' (leasework:connection:{id},
+# leasework:file:{id}): the public enqueue refuses them, Family.enqueue may use them, and
+# leasework.enqueue (schema.sql) refuses them to a role that may not write leasework.runs itself,
+# so no application key can hold or take a connection's or a file's runs.
+RESERVED_KEY_PREFIX = "leasework:"
+
+
+def check_key(value: object, *, reserved: bool = False) -> str | None:
+    """A run's key: a label (check_label), and unless `reserved` (a family's own enqueue) not
+    under RESERVED_KEY_PREFIX."""
+    key = check_label("key", value)
+    if key is not None and not reserved and key.startswith(RESERVED_KEY_PREFIX):
+        raise ConfigError(
+            f"key {_short(key)} is refused: keys starting with {RESERVED_KEY_PREFIX!r} are "
+            "reserved for leasework's own families (connections, files); use a key without "
+            "that prefix"
+        )
+    return key
+
+
 # The ranges every enqueue checks (leasework.enqueue in schema.sql checks the same ones): a run
 # due further out than MAX_DELAY holds its key all that time and is more likely a unit mistake
 # (milliseconds for seconds) than a plan; a lease or timeout outside its range breaks the worker

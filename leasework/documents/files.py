@@ -17,6 +17,7 @@ import psycopg
 
 from ..errors import ConfigError
 from ..queries import load
+from ..tasks import RESERVED_KEY_PREFIX
 from .settings import ExpandSettings, IngestSettings
 from .store import FileStore, StoreError, new_key
 
@@ -30,8 +31,9 @@ INGEST_KIND = "ingest"
 
 
 def file_key(file_id: int) -> str:
-    """The run key of a file's ingest runs: at most one active per file."""
-    return f"file:{file_id}"
+    """The run key of a file's ingest runs: at most one active per file. Under the reserved
+    prefix: no application enqueue can take it."""
+    return f"{RESERVED_KEY_PREFIX}file:{file_id}"
 
 
 def _project(project: object) -> str:

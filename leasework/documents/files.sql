@@ -55,7 +55,7 @@ WITH stuck AS MATERIALIZED (
      CROSS JOIN LATERAL (
             SELECT status, error
               FROM leasework.runs
-             WHERE key = 'file:' || f.id
+             WHERE key = 'leasework:file:' || f.id
              ORDER BY id DESC
              LIMIT 1) r
      WHERE f.status = 'indexing'

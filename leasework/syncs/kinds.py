@@ -21,7 +21,7 @@ from .. import log
 from ..config import RETENTION, SECONDS, Range, doc, section
 from ..errors import Aborted, ConfigError, LeaseLost, LeaseworkError, Partial
 from ..queries import load
-from ..tasks import MAX_EVERY, Task, check_seconds
+from ..tasks import MAX_EVERY, RESERVED_KEY_PREFIX, Task, check_seconds
 from .connectors import Connection, Connector, Row, Table, TableError
 
 if TYPE_CHECKING:
@@ -38,8 +38,9 @@ PURGE_MAX_ATTEMPTS = 10
 
 
 def connection_key(connection_id: int) -> str:
-    """The run key of a connection's syncs and purges. `file:{id}` (ingest) never collides."""
-    return f"connection:{connection_id}"
+    """The run key of a connection's syncs and purges, under the reserved prefix (no application
+    enqueue can take it). `leasework:file:{id}` (ingest) never collides."""
+    return f"{RESERVED_KEY_PREFIX}connection:{connection_id}"
 
 
 def _dumps(obj: Any) -> bytes:

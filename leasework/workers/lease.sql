@@ -190,7 +190,8 @@ RETURNING id, kind, key, tenant, payload, result, attempts, max_attempts, lease_
 -- The poll's bookkeeping, bounded by %(limit)s, in one round trip (no reaper process):
 -- an expired run with a cancel request ends `cancelled` (cancel beats reclaim); an expired run on
 -- its last attempt ends `failed` (nothing stays `running` forever); a waiting run is promoted to
--- `queued` once nothing else is active for its key.
+-- `queued` once nothing else is active for its key in its tenant (runs without a tenant: among
+-- runs without one).
 WITH expired AS MATERIALIZED (
     SELECT r.id
       FROM leasework.runs r
@@ -219,22 +220,24 @@ WITH expired AS MATERIALIZED (
      WHERE r.id = expired.id
     RETURNING r.id
 ), promotable AS MATERIALIZED (
-    SELECT w.id, w.key
+    SELECT w.id, leasework.key_lock(w.tenant, w.key) AS lock
       FROM leasework.runs w
      WHERE w.status = 'waiting'
        AND w.key IS NOT NULL
        AND NOT EXISTS (
             SELECT 1 FROM leasework.runs a
-             WHERE a.key = w.key AND a.status IN ('queued', 'running'))
+             WHERE a.key = w.key AND a.tenant IS NOT DISTINCT FROM w.tenant
+               AND a.status IN ('queued', 'running'))
      ORDER BY w.id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), unheld AS MATERIALIZED (
     -- A key with an enqueue still open (leasework.enqueue holds its key's advisory lock until
-    -- commit) is skipped, not waited on: its uncommitted run, invisible to the NOT EXISTS above,
-    -- would make the promotion wait in runs_one_active_per_key for as long as that transaction
-    -- stays open. Tried again at the next settle; `busy` names the sessions holding it.
-    SELECT id FROM promotable WHERE pg_try_advisory_xact_lock(-1682930272, hashtext(key))
+    -- commit, leasework.key_lock: its tenant's and its own) is skipped, not waited on: its
+    -- uncommitted run, invisible to the NOT EXISTS above, would make the promotion wait in
+    -- runs_one_active_per_key for as long as that transaction stays open. Tried again at the next
+    -- settle; `busy` names the sessions holding it.
+    SELECT id FROM promotable WHERE pg_try_advisory_xact_lock(-1682930272, lock)
 ), promoted AS (
     UPDATE leasework.runs r
        SET status = 'queued',
@@ -254,7 +257,7 @@ SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM promoted) AS
        CASE WHEN (SELECT count(*) FROM promotable) > (SELECT count(*) FROM unheld) THEN (
            SELECT coalesce(array_agg(DISTINCT l.pid ORDER BY l.pid), '{}')
              FROM pg_locks l
-             JOIN promotable w ON l.objid = hashtext(w.key)::oid
+             JOIN promotable w ON l.objid = w.lock::oid
             WHERE l.locktype = 'advisory' AND l.classid = (-1682930272)::oid
               AND l.objsubid = 2 AND l.granted AND l.pid <> pg_backend_pid()
               AND w.id NOT IN (SELECT id FROM unheld)) END AS busy

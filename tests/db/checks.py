@@ -235,27 +235,30 @@ def settle_without_the_key_index(conn: Conn) -> tuple[int, int]:
     with contextlib.suppress(Undo), conn.transaction():
         conn.execute("DROP INDEX leasework.runs_one_active_per_key")
         outcome = lease.expire_and_promote(conn, 100)
+        # GROUP BY puts the runs without a tenant together: one namespace, as in the index.
         doubled = conn.execute(
-            "SELECT key, array_agg(status ORDER BY id) FROM leasework.runs"
+            "SELECT tenant, key, array_agg(status ORDER BY id) FROM leasework.runs"
             " WHERE status IN ('queued', 'running') AND key IS NOT NULL"
-            " GROUP BY key HAVING count(*) > 1"
+            " GROUP BY tenant, key HAVING count(*) > 1"
         ).fetchall()
         assert not doubled, f"settle promoted a waiting run while its key was active: {doubled}"
         raise Undo
     return outcome
 
 
-def waiting_run_waits_for_its_key(conn: Conn) -> None:
+def waiting_run_waits_for_its_key(conn: Conn, tenant: str | None = None) -> None:
     """An exclusive run whose key is busy waits, is never claimed, and is promoted to `queued`
-    by settle only once nothing else is active (queued or running) for its key."""
+    by settle only once nothing else is active (queued or running) for its key in its tenant
+    (`tenant`: None, the runs without one)."""
     app = make_app()
-    sync = app.enqueue(conn, "job", key="conn-1")
+    sync = app.enqueue(conn, "job", key="conn-1", tenant=tenant)
     claim = claim_one(conn)
     assert claim is not None and claim.id == sync
-    purge = app.enqueue(conn, "other", key="conn-1", exclusive=True)
+    purge = app.enqueue(conn, "other", key="conn-1", tenant=tenant, exclusive=True)
     assert purge != sync and get_run(conn, purge)["status"] == "waiting"
-    assert app.enqueue(conn, "other", key="conn-1", exclusive=True) == purge  # one waiting per key
-    assert app.enqueue(conn, "job", key="conn-1") == sync  # one active per key
+    # one waiting per key, one active per key
+    assert app.enqueue(conn, "other", key="conn-1", tenant=tenant, exclusive=True) == purge
+    assert app.enqueue(conn, "job", key="conn-1", tenant=tenant) == sync
 
     assert settle_without_the_key_index(conn) == (0, 0), "promoted while its key was running"
     assert claim_one(conn, "w2") is None  # waiting is never claimed
@@ -271,6 +274,67 @@ def waiting_run_waits_for_its_key(conn: Conn) -> None:
     drained = claim_one(conn)
     assert drained is not None and drained.id == purge
     assert get_run(conn, purge)["exclusive"]
+
+
+def waiting_run_waits_only_for_its_tenants_key(conn: Conn) -> None:
+    """A key is its tenant's: another tenant's active run of the same key, or a run of it without
+    a tenant, neither makes an exclusive run wait nor keeps a waiting one from its promotion."""
+    app = make_app()
+    mine = app.enqueue(conn, "job", key="k", tenant="b")
+    claim = claim_one(conn)
+    assert claim is not None and claim.id == mine
+    waiting = app.enqueue(conn, "other", key="k", tenant="b", exclusive=True)
+    assert get_run(conn, waiting)["status"] == "waiting"
+    # Another tenant's, and an untenanted, exclusive run of "k": queued at once.
+    for other in ("a", None):
+        alone = app.enqueue(conn, "other", key="k", tenant=other, exclusive=True)
+        assert get_run(conn, alone)["status"] == "queued", f"waited for tenant b's key ({other})"
+    assert lease.finish(conn, claim, "succeeded")
+    # Tenant a's and the untenanted run of "k" are still queued: b's key is idle all the same.
+    assert lease.expire_and_promote(conn, 100) == (0, 1), (
+        "a waiting run was not promoted while only other tenants' runs of its key were active"
+    )
+    assert get_run(conn, waiting)["status"] == "queued"
+
+
+def promotion_skips_an_open_enqueue_of_its_tenants_key(
+    conn: Conn, dsn: str, many: bool = False
+) -> None:
+    """The advisory lock an open enqueue holds is its tenant's and its key's (leasework.key_lock):
+    the promotion of that tenant's waiting run of the key skips it, naming the session, instead of
+    waiting on the uncommitted run (here: for lock_timeout, then fails), and a waiting run of the
+    same key in another tenant is promoted meanwhile. `many`: the open enqueue is a keyed
+    enqueue_many (which holds its keys' locks as leasework.enqueue does)."""
+    app = make_app()
+    for tenant in ("t", "u"):
+        first = app.enqueue(conn, "job", key="K", tenant=tenant)
+        claim = claim_one(conn)
+        assert claim is not None and claim.id == first
+        app.enqueue(conn, "other", key="K", tenant=tenant, exclusive=True)
+        assert lease.finish(conn, claim, "succeeded")
+    with psycopg.connect(dsn) as other:  # not autocommit: the enqueue stays open
+        if many:
+            app.enqueue_many(other, "job", [{}], keys=["K"], tenant="t")
+        else:
+            other.execute("SELECT leasework.enqueue('job', key => 'K', tenant => 't')")
+        holder = other.info.backend_pid
+        busy: list[int] = []
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL lock_timeout = '5s'")
+                outcome = lease.expire_and_promote(conn, 100, busy)
+        except psycopg.errors.LockNotAvailable:
+            raise AssertionError(
+                "the promotion waited on an open enqueue of its tenant's key"
+            ) from None
+        finally:
+            other.rollback()
+    assert outcome == (0, 1), "tenant u's waiting run was not promoted, or t's was"
+    assert busy == [holder], "the session holding t's key was not named"
+    promoted = conn.execute(
+        "SELECT tenant FROM leasework.runs WHERE kind = 'other' AND status = 'queued'"
+    ).fetchall()
+    assert promoted == [("u",)]
 
 
 def idle_fenced_transaction_is_ended(conn: Conn, dsn: str, deadline: float = 30.0) -> None:

@@ -68,7 +68,7 @@ class Env:
 def run_of(conn: Conn, file_id: int) -> int:
     row = conn.execute(
         "SELECT id FROM leasework.runs WHERE key = %s ORDER BY id DESC LIMIT 1",
-        (f"file:{file_id}",),
+        (f"leasework:file:{file_id}",),
     ).fetchone()
     assert row is not None
     return int(row[0])

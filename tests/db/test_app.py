@@ -63,7 +63,7 @@ def test_enqueue_rolls_back_with_the_callers_transaction(conn: Conn) -> None:
     assert count(conn) == 0
     with conn.transaction():
         run_id = app.enqueue(conn, "job", key="k", tenant="ws")
-    assert count(conn) == 1 and app.enqueue(conn, "job", key="k") == run_id
+    assert count(conn) == 1 and app.enqueue(conn, "job", key="k", tenant="ws") == run_id
 
 
 def test_task_registration_is_validated() -> None:

@@ -49,8 +49,10 @@ def test_async_enqueue_many_and_cancel_commit_and_roll_back_with_the_transaction
         async with await psycopg.AsyncConnection.connect(dsn) as aconn:
             await aconn.execute("LISTEN leasework")
             async with aconn.transaction():
-                out["one"] = await app.enqueue_async(aconn, "report", {"n": 1}, key="k")
-                out["again"] = await app.enqueue_run_async(aconn, "report", {"n": 2}, key="k")
+                out["one"] = await app.enqueue_async(aconn, "report", {"n": 1}, key="k", tenant="t")
+                out["again"] = await app.enqueue_run_async(
+                    aconn, "report", {"n": 2}, key="k", tenant="t"
+                )
                 out["many"] = await app.enqueue_many_async(aconn, "report", [{"n": 3}, {"n": 4}])
                 out["keyed"] = await app.enqueue_many_async(
                     aconn, "report", [{"n": 5}, {"n": 6}], keys=["k", "k2"], tenant="t"
@@ -71,7 +73,7 @@ def test_async_enqueue_many_and_cancel_commit_and_roll_back_with_the_transaction
 
     out = asyncio.run(main())
     assert out["again"].existing and out["again"].run_id == out["one"]
-    assert len(out["many"]) == 2 and len(out["keyed"]) == 1  # "k" was busy
+    assert len(out["many"]) == 2 and len(out["keyed"]) == 1  # "k" was busy in tenant "t"
     assert out["cancel"] == "cancelled"
     assert out["notifies"] == ["report"]
     assert runs(conn) == [

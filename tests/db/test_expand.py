@@ -73,7 +73,7 @@ def test_archive_is_expanded_and_every_member_indexed(conn, env):
     assert {r[1] for r in rows} == {"site"}
     only(env.worker(ingest_limit=10), IngestStage).poll()
     statuses = conn.execute(
-        "SELECT f.status, r.status FROM leasework.files f JOIN leasework.runs r ON r.key = 'file:' || f.id"
+        "SELECT f.status, r.status FROM leasework.files f JOIN leasework.runs r ON r.key = 'leasework:file:' || f.id"
     ).fetchall()
     assert statuses == [("ready", "succeeded")] * 3
     n = conn.execute("SELECT count(*) FROM leasework.chunks WHERE project = 'site'").fetchone()[0]

@@ -179,7 +179,7 @@ def test_a_stale_attempts_cancel_leaves_a_newer_attempts_file_alone(conn, env):
         expire_lease(conn, run_id)
         lease.expire_and_promote(conn, 10)
         assert get_run(conn, run_id)["status"] == "cancelled"
-        again = files.enqueue_ingest(env.app, conn, file_id)
+        again = files.enqueue_ingest(env.docs, conn, file_id)
         [claim] = lease.claim_runs(conn, [INGEST_KIND], worker="newer", lease=60.0)
         assert claim.id == again != run_id
         with conn.transaction():

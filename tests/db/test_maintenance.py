@@ -181,7 +181,7 @@ def test_files_left_indexing_follow_their_ended_ingest_run(conn, workers):
                 + (finished or "NULL")
                 + ", %s, %s)",
                 (
-                    f"file:{fid}",
+                    f"leasework:file:{fid}",
                     run_status,
                     "00000000-0000-0000-0000-000000000001" if run_status == "running" else None,
                     "2099-01-01" if run_status == "running" else None,

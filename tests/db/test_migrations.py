@@ -325,3 +325,79 @@ def test_migration_0011_keeps_the_grants_of_the_enqueue_it_replaces(
         finally:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_migration_0018_keys_per_tenant_moves_the_families_keys(
+    scratch: Callable[[], str],
+) -> None:
+    """0018 on a database with runs: the families' keys move under "leasework:" (a user's run keyed
+    like one keeps its key), a waiting purge still waits for its sync, and a key another tenant
+    holds no longer returns that tenant's run. Applied twice, nothing changes the second time."""
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        with conn.transaction():
+            db.apply_migrations(conn, [m for m in SHIPPED if m.version <= 17])
+
+        def enqueue(kind: str, payload: str, key: str, tenant: str | None = None, **o: Any) -> int:
+            row = conn.execute(
+                "SELECT leasework.enqueue(%s, %s::jsonb, %s, %s, exclusive => %s)",
+                (kind, payload, key, tenant, o.get("exclusive", False)),
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        done = enqueue("sync", '{"connection_id": 5}', "connection:5", "ws")
+        conn.execute(
+            "UPDATE leasework.runs SET status = 'succeeded', finished_at = now() WHERE id = %s",
+            (done,),
+        )
+        sync = enqueue("sync", '{"connection_id": 6}', "connection:6", "ws")
+        purge = enqueue("purge", '{"connection_id": 6}', "connection:6", "ws", exclusive=True)
+        ingest = enqueue("ingest", '{"file_id": 3}', "file:3")
+        users = [
+            enqueue("report", "{}", "file:7"),
+            enqueue("sync", '{"connection_id": 8}', "connection:9", "ws"),
+        ]
+        held = enqueue("report", "{}", "report:weekly", "a")
+        assert enqueue("report", "{}", "report:weekly", "b") == held  # before: one key for all
+        status = conn.execute("SELECT status FROM leasework.runs WHERE id = %s", (purge,))
+        assert status.fetchone() == ("waiting",)
+
+        for _ in range(2):
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version == 18])
+            keys = dict(conn.execute("SELECT id, key FROM leasework.runs").fetchall())
+            assert (keys[done], keys[sync], keys[purge], keys[ingest]) == (
+                "leasework:connection:5",
+                "leasework:connection:6",
+                "leasework:connection:6",
+                "leasework:file:3",
+            )
+            assert [keys[u] for u in users] == ["file:7", "connection:9"]
+        # The purge still waits for its connection's sync, under the new key.
+        key = "leasework:connection:6"
+        assert enqueue("purge", '{"connection_id": 6}', key, "ws", exclusive=True) == purge
+        assert enqueue("sync", '{"connection_id": 6}', key, "ws") == sync
+        # Tenant b's key is its own now; tenant a's enqueue still gets a's run.
+        mine = enqueue("report", "{}", "report:weekly", "b")
+        assert mine != held and enqueue("report", "{}", "report:weekly", "a") == held
+
+
+def test_migration_0018_gives_up_behind_a_long_transaction(scratch: Callable[[], str]) -> None:
+    """On a live table 0018 waits for its lock on runs at most lock_timeout (5 s), then fails
+    with one line, nothing applied, rather than hold every claim and enqueue up behind a long
+    transaction meanwhile; once that transaction ends, it applies."""
+    target = scratch()
+    with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute("SET statement_timeout = '60s'")  # without its lock_timeout: fail, not hang
+        with conn.transaction():
+            db.apply_migrations(conn, [m for m in SHIPPED if m.version <= 17])
+        with psycopg.connect(target) as long_running:
+            long_running.execute("SELECT count(*) FROM leasework.runs")  # ACCESS SHARE, held
+            gave_up = "0018_keys_per_tenant failed, nothing was applied: .*lock timeout"
+            with pytest.raises(LeaseworkError, match=gave_up), conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version == 18])
+            long_running.rollback()
+        assert db.current_version(conn) == 17
+        with conn.transaction():
+            db.apply_migrations(conn, [m for m in SHIPPED if m.version == 18])
+        assert db.current_version(conn) == 18

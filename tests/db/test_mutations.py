@@ -10,6 +10,7 @@ checks run once per branch (checks.TENANTS) and each branch's mutant is caught b
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +35,10 @@ from .checks import (
     idle_fenced_transaction_is_ended,
     last_attempt_is_never_reclaimed,
     paused_kind_is_never_claimed,
+    promotion_skips_an_open_enqueue_of_its_tenants_key,
     stale_owner_writes_nothing,
     waiting_run_waits_for_its_key,
+    waiting_run_waits_only_for_its_tenants_key,
 )
 from .ingest_helpers import Env, replaced_mid_run_is_never_ready_with_stale_chunks
 
@@ -250,6 +253,39 @@ SETTLE_MUTATIONS = [
     pytest.param(
         Mutation(
             "expire_and_promote",
+            "a.tenant IS NOT DISTINCT FROM w.tenant",
+            "a.tenant = w.tenant",
+            branch="promotable",
+        ),
+        waiting_run_waits_for_its_key,
+        "promoted a waiting run while its key was active",
+        id="promotes-an-untenanted-run-while-its-key-is-active",
+    ),
+    pytest.param(
+        Mutation(
+            "expire_and_promote",
+            "AND a.tenant IS NOT DISTINCT FROM w.tenant",
+            "",
+            branch="promotable",
+        ),
+        waiting_run_waits_only_for_its_tenants_key,
+        "only other tenants' runs of its key were active",
+        id="waits-for-other-tenants-keys",
+    ),
+    pytest.param(
+        Mutation(
+            "expire_and_promote",
+            "leasework.key_lock(w.tenant, w.key)",
+            "leasework.key_lock(NULL, w.key)",
+            branch="promotable",
+        ),
+        promotion_skips_an_open_enqueue_of_its_tenants_key,
+        "waited on an open enqueue of its tenant's key",
+        id="tries-the-lock-of-the-key-alone",
+    ),
+    pytest.param(
+        Mutation(
+            "expire_and_promote",
             "AND (r.cancel_requested_at IS NOT NULL OR r.attempts >= r.max_attempts)",
             "",
         ),
@@ -284,10 +320,13 @@ SETTLE_MUTATIONS = [
 def test_settle_and_expire_mutations_are_caught(
     monkeypatch: pytest.MonkeyPatch,
     conn: Conn,
+    dsn: str,
     mutation: Mutation,
-    check: Check,
+    check: Callable[..., None],
     says: str,
 ) -> None:
+    if "dsn" in inspect.signature(check).parameters:  # it opens a second session
+        check = partial(check, dsn=dsn)
     err = fails_with(monkeypatch, conn, mutation, check)
     assert says in str(err), err
 

@@ -197,6 +197,26 @@ def test_retry_refuses_a_run_whose_key_is_busy(
     assert snapshot(conn) == before
 
 
+def test_retry_looks_at_the_key_in_the_runs_own_tenant(
+    conn: Conn, make_worker: Callable[..., Worker]
+) -> None:
+    """A key is its tenant's: another tenant's active run of the key, or an untenanted one, does
+    not keep a run from its retry, and runs of one key in two tenants retry together; the run's
+    own tenant's active run of the key does keep it, and names the tenant."""
+    app = make_app()
+    a = fail_for_good(conn, app, make_worker, key="acct-1", tenant="a")
+    b = fail_for_good(conn, app, make_worker, key="acct-1", tenant="b")
+    app.enqueue(conn, "ok", key="acct-1")
+    app.enqueue(conn, "ok", key="acct-1", tenant="c")
+    assert app.retry(conn, [a, b]).ids == [a, b]
+    assert app.cancel(conn, b) == "cancelled"
+    app.enqueue(conn, "ok", key="acct-1", tenant="b")
+    before = snapshot(conn)
+    with pytest.raises(ConfigError, match="key 'acct-1' in tenant 'b' already has a queued or"):
+        app.retry(conn, [b])
+    assert snapshot(conn) == before
+
+
 def test_delete_finished_runs_by_id_and_filter(
     conn: Conn, make_worker: Callable[..., Worker]
 ) -> None:

@@ -91,7 +91,7 @@ def test_due_connection_with_an_active_run_gets_no_second_run(
     # Its first sync is still queued (delayed): the due schedule is skipped, not doubled.
     conn.execute(
         "UPDATE leasework.runs SET queued_at = leasework.now() + interval '1 hour' WHERE key = %s",
-        (f"connection:{cid}",),
+        (f"leasework:connection:{cid}",),
     )
     conn.execute(
         "UPDATE leasework.connections SET next_run_at = leasework.now() - interval '1 minute' WHERE id = %s",

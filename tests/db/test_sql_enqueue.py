@@ -52,9 +52,14 @@ def test_psql_enqueue_matches_the_python_path(dsn: str, conn: Conn) -> None:
     assert done.returncode == 0, done.stderr
     sql_id = int(done.stdout.strip())
     assert [n.payload for n in conn.notifies(timeout=5, stop_after=1)] == ["report"]
-    # the key rule: a second enqueue for the busy key returns the active run
-    again = psql(dsn, "SELECT leasework.enqueue('report', '{\"week\": 49}', key => 'w48')")
+    # the key rule: a second enqueue for the busy key in its tenant returns the active run; the
+    # same key without a tenant is another namespace
+    again = psql(
+        dsn, "SELECT leasework.enqueue('report', '{\"week\": 49}', key => 'w48', tenant => 't1')"
+    )
     assert int(again.stdout.strip()) == sql_id
+    untenanted = psql(dsn, "SELECT leasework.enqueue('report', '{\"week\": 49}', key => 'w48')")
+    assert int(untenanted.stdout.strip()) not in (sql_id, 0)
     py_id = Client().enqueue(
         conn,
         "report",

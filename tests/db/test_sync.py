@@ -61,7 +61,8 @@ def test_sync_publishes_tombstones_and_revives(
     cid = syncs(app).connect(conn, workspace="ws", provider="files", config={"path": str(tmp_path)})
     first = only_run(conn, cid)
     assert first["status"] == "queued"
-    assert (first["tenant"], first["group"], first["key"]) == ("ws", "files", f"connection:{cid}")
+    key = f"leasework:connection:{cid}"
+    assert (first["tenant"], first["group"], first["key"]) == ("ws", "files", key)
 
     worker = make_worker(app, sync_batch=2)  # several batches per table
     assert worker.poll() >= 1
@@ -321,10 +322,9 @@ def test_sync_of_a_disconnected_connection_ends_cancelled(conn: Conn, make_worke
     # Disconnected while the retry waits: cancelled now (the claim-time check would too).
     assert syncs(app).disconnect(conn, cid) == "disconnected"
     assert get_run(conn, sync_id)["status"] == "cancelled"
-    # A sync enqueued behind the API's back is cancelled when claimed, without calling upstream.
-    stray = app.enqueue(
-        conn, "sync", {"connection_id": cid}, key=f"connection:{cid}", tenant="ws", group="stub"
-    )
+    # A sync enqueued behind the API's back (without the connection's key, which is reserved)
+    # is cancelled when claimed, without calling upstream.
+    stray = app.enqueue(conn, "sync", {"connection_id": cid}, tenant="ws", group="stub")
     worker.poll()
     assert get_run(conn, stray)["status"] == "cancelled"
     assert calls == [1]

@@ -63,6 +63,13 @@ def test_enqueue_refuses_in_one_line(conn: Any, cli: Any, args: list[str], needl
     assert count(conn) == 0
 
 
+def test_enqueue_refuses_a_reserved_key_in_one_line(conn: Any, cli: Any) -> None:
+    """Keys under "leasework:" are the families' (a connection's, a file's): refused, exit 2."""
+    result = cli("enqueue", "echo", "--app", "secapp:app", "--key", "leasework:connection:1")
+    one_line_exit_2(result, "keys starting with 'leasework:' are reserved")
+    assert count(conn) == 0
+
+
 def test_big_integers_up_to_64_bits_are_kept_exact(conn: Any, cli: Any) -> None:
     payload = '{"max": 18446744073709551615, "min": -9223372036854775808, "text": "\\\\u0000"}'
     result = cli("enqueue", "echo", "--app", "secapp:app", "--payload", payload)

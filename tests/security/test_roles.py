@@ -102,9 +102,9 @@ def test_the_enqueue_role_enqueues_and_cancels_through_the_functions(conn: Any, 
     app = _app()
     run_id = app.enqueue(web, "echo", {"x": 1}, key="k", tenant="t", group="g")
     assert app.enqueue(web, "echo", {"x": 2}, key="k", tenant="t") == run_id
-    waiting = app.enqueue(web, "echo", {}, key="k", exclusive=True)
+    waiting = app.enqueue(web, "echo", {}, key="k", tenant="t", exclusive=True)
     assert waiting != run_id
-    assert app.enqueue(web, "echo", {}, key="k", exclusive=True) == waiting
+    assert app.enqueue(web, "echo", {}, key="k", tenant="t", exclusive=True) == waiting
     doomed = app.enqueue(web, "echo", {}, delay=60)
     assert app.cancel(web, doomed) == "cancelled"
     from_sql = web.execute(

@@ -17,6 +17,7 @@ import psycopg
 
 from ..errors import ConfigError
 from ..queries import load
+from ..text import control_problem
 from .settings import ExpandSettings, IngestSettings
 from .store import FileStore, StoreError, new_key
 
@@ -40,10 +41,9 @@ def _project(project: object) -> str:
             "project must be a non-empty string of at most 200 characters, got "
             f"{reprlib.repr(project)}"
         )
-    if any(not ch.isprintable() for ch in project):
-        raise ConfigError(
-            f"project {reprlib.repr(project)} contains control characters: use printable text"
-        )
+    problem = control_problem(project)  # the rule of labels (leasework.text)
+    if problem is not None:
+        raise ConfigError(f"project {reprlib.repr(project)} {problem}")
     return project
 
 

@@ -27,7 +27,19 @@ UNSAFE = frozenset(
     )
 )
 _UNSAFE = re.compile(f"[{UNSAFE_CLASS}]")
-_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in UNSAFE}
+# JSON's whitespace between tokens (tab, newline, carriage return) stays; inside a string JSON
+# escapes them already.
+_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in UNSAFE - {0x09, 0x0A, 0x0D}}
+_JSON_UNSAFE = re.compile("[" + "".join(re.escape(chr(c)) for c in sorted(_JSON_ESCAPES)) + "]")
+
+
+_VISIBLE = {c: repr(chr(c))[1:-1] for c in UNSAFE}
+
+
+def visible(text: str) -> str:
+    """`text` with every unsafe character shown as its escape (`\\x1b`, `\\u202e`): one line
+    that cannot reorder, hide or forge what is around it."""
+    return text.translate(_VISIBLE)
 
 
 def control_problem(value: str) -> str | None:
@@ -51,10 +63,11 @@ def label_problem(value: str) -> str | None:
 
 
 def json_visible(text: str) -> str:
-    """JSON text with every unsafe character written as a `\\u` escape: the same JSON value, but
-    a C1 control, a bidi control or a line separator from a row reaches no terminal raw. orjson
-    escapes only what JSON requires (below U+0020); outside strings JSON text is ASCII, so each
-    one found is inside a string, where `\\uXXXX` means that character."""
-    if _UNSAFE.search(text) is None:
+    """JSON text with every unsafe character but the whitespace between tokens written as a
+    `\\u` escape: the same JSON value, but a C1 control, a bidi control or a line separator from
+    a row reaches no terminal raw. orjson escapes only what JSON requires (below U+0020); between
+    tokens JSON has nothing but ASCII punctuation and whitespace, so each one found is inside a
+    string, where `\\uXXXX` means that character."""
+    if _JSON_UNSAFE.search(text) is None:
         return text
     return text.translate(_JSON_ESCAPES)

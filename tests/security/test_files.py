@@ -152,7 +152,7 @@ def test_members_differing_only_in_case_or_unicode_form_are_refused(
 
 def test_unicode_member_names_that_are_safe_are_kept() -> None:
     caps = ArchiveCaps.from_config(Config())
-    names = ("\u65e5\u672c\u8a9e.txt", "\uff46\uff55\uff4c\uff4c.txt", "caf\xe9.md", "a" * 1020 + ".txt",
-             "\u2024hidden.txt", "nbsp\xa0name.txt")  # fmt: skip
+    names = ("\u65e5\u672c\u8a9e.txt", "\uff46\uff55\uff4c\uff4c.txt", "caf\xe9.md",
+             "a" * 1020 + ".txt", "\u2024hidden.txt", "nbsp\xa0name.txt")  # fmt: skip
     members, skipped = plan(_infos(*names), caps)
     assert [m.path for m in members] == list(names) and not skipped

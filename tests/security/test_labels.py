@@ -36,7 +36,9 @@ ALLOWED = ["\xa0", "\u061b", "\u200d", "\u2027", "\u202f", "\u2065", "\u206a", "
 # their edges, at lengths around the 200-character limit too.
 near = st.sampled_from([c for cs in REFUSED.values() for c in cs] + ALLOWED)
 storable = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
-labels = st.text(storable | near, max_size=12) | st.text(storable | near, min_size=195, max_size=205)
+labels = st.text(storable | near, max_size=12) | st.text(
+    storable | near, min_size=195, max_size=205
+)
 
 PROPERTY = settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -60,7 +62,7 @@ def test_python_and_sql_give_the_same_verdict_in_the_same_words(
     assert sql_problems(conn, values) == [label_problem(v) for v in values]
 
 
-def test_the_rule_is_exactly_the_listed_ranges() -> None:
+def test_the_rule_is_exactly_the_listed_ranges(conn: Conn) -> None:
     listed = {ord(c) for cs in REFUSED.values() for c in cs}
     assert listed <= UNSAFE and not {ord(c) for c in ALLOWED} & UNSAFE
     expected = {
@@ -72,6 +74,14 @@ def test_the_rule_is_exactly_the_listed_ranges() -> None:
         if 0xD800 <= code <= 0xDFFF:
             continue
         assert (label_problem(f"a{chr(code)}") is not None) == (code in UNSAFE), hex(code)
+    # Every code point of the basic plane Postgres text can hold, in SQL (the other planes hold
+    # no refused character; the property test above draws from them): the same set but NUL.
+    refused = conn.execute(
+        "SELECT array_agg(c ORDER BY c) FROM generate_series(1, 65535) AS c"
+        " WHERE c NOT BETWEEN 55296 AND 57343"
+        "   AND leasework.label_problem('a' || chr(c)) IS NOT NULL"
+    ).fetchone()
+    assert refused is not None and set(refused[0]) == UNSAFE - {0}
 
 
 def _app(tmp_path: Path) -> tuple[App, Documents]:
@@ -117,7 +127,9 @@ def test_the_neighbours_of_each_range_are_accepted(conn: Conn, tmp_path: Path) -
         value = f"a{ch}b"
         assert label_problem(value) is None
         app.enqueue(conn, "echo", {}, key=f"{value}{i}", tenant=value, group=value)
-        conn.execute('SELECT leasework.enqueue(%s, key => %s, "group" => %s)', ("echo", value, value))
+        conn.execute(
+            'SELECT leasework.enqueue(%s, key => %s, "group" => %s)', ("echo", value, value)
+        )
         operations.set_tenant_weight(conn, value, 2)
         docs.add_file(conn, project=value, path=doc)
     stored = conn.execute("SELECT count(*) FROM leasework.runs WHERE tenant IS NOT NULL").fetchone()

@@ -19,6 +19,8 @@ from leasework.config import Config
 from leasework.documents import Documents
 from leasework.text import UNSAFE, label_problem
 
+from ..db.checks import sql_labels_refuse_every_unsafe_character
+
 Conn = psycopg.Connection[Any]
 
 # Each class of refused character, by its first and last code point (and U+009B, a terminal's
@@ -88,6 +90,10 @@ def _app(tmp_path: Path) -> tuple[App, Documents]:
     app = App(Config.make(file_store=str(tmp_path / "store")))
     app.task("echo")(lambda ctx, payload: payload)
     return app, app.use(Documents())
+
+
+def test_sql_enqueue_refuses_every_character_of_the_rule(conn: Conn) -> None:
+    sql_labels_refuse_every_unsafe_character(conn)  # also the mutation check's (\x7f accepted)
 
 
 CASES = [(cls, ch) for cls, chars in REFUSED.items() for ch in chars]

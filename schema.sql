@@ -450,14 +450,19 @@ END
 $$;
 
 -- Why a label (key, tenant, group) is refused by leasework.enqueue, or NULL when it is fine: the
--- rule of leasework.tasks.check_label (1-200 characters, no control character).
+-- rule of leasework.text.label_problem, word for word (1-200 characters; no C0 or C1 control,
+-- DEL, bidi control or line/paragraph separator: U+0001-U+001F, U+007F-U+009F, U+061C,
+-- U+200E-U+200F, U+2028-U+202E, U+2066-U+2069), which tests/security/test_labels.py holds equal.
 CREATE OR REPLACE FUNCTION leasework.label_problem(value text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE
         WHEN value IS NULL THEN NULL
         WHEN length(value) NOT BETWEEN 1 AND 200 THEN 'must be 1-200 characters long'
-        WHEN value ~ '[\x01-\x1f\x7f]' THEN 'contains control characters'
+        WHEN value ~ '[\x01-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]'
+        THEN 'contains control characters (U+' || lpad(upper(to_hex(ascii(substring(value FROM
+            '[\x01-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]')))), 4, '0')
+            || '; no C0/C1 control, DEL, bidi control or line separator is allowed)'
     END;
 $$;
 

@@ -24,6 +24,7 @@ from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .operations import STATUSES
 from .status import terminal_safe
+from .text import json_visible
 
 F = TypeVar("F", bound=Family)
 
@@ -657,12 +658,14 @@ def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def json_text(value: Any) -> str:
-    """Indented JSON of a row's values. A payload written outside Python (SQL, another language)
-    may hold integers past 64 bits, which orjson refuses: the standard library prints those."""
+    """Indented JSON of a row's values, unsafe characters `\\u`-escaped (leasework.text). A
+    payload written outside Python (SQL, another language) may hold integers past 64 bits, which
+    orjson refuses: the standard library prints those."""
     try:
-        return orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
+        text = orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
     except (orjson.JSONEncodeError, TypeError):
-        return json.dumps(value, indent=2, default=str, ensure_ascii=False)
+        text = json.dumps(value, indent=2, default=str, ensure_ascii=False)
+    return json_visible(text)
 
 
 def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -894,7 +897,8 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
             )
             if args.json:
                 option = orjson.OPT_INDENT_2 if args.watch is None else 0
-                sys.stdout.write(orjson.dumps(snapshot, option=option).decode() + "\n")
+                text = json_visible(orjson.dumps(snapshot, option=option).decode())
+                sys.stdout.write(text + "\n")
             elif args.watch is None:
                 sys.stdout.write(status.render(snapshot))
             else:
@@ -974,7 +978,7 @@ def cmd_connections(args: argparse.Namespace, cfg: Config) -> int:
             rows = kinds.list_connections(conn)
             if args.json:
                 plain = [{k: _plain(v) for k, v in r.items()} for r in rows]
-                sys.stdout.write(orjson.dumps(plain, option=orjson.OPT_INDENT_2).decode() + "\n")
+                sys.stdout.write(json_text(plain) + "\n")
             else:
                 sys.stdout.write(_render_connections(rows))
         elif args.action == "sync":
@@ -1022,7 +1026,7 @@ def cmd_tenants(args: argparse.Namespace, cfg: Config) -> int:
             return EXIT_OK
         rows = operations.tenants(conn)
     if getattr(args, "json", False):
-        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(json_text(rows) + "\n")
         return EXIT_OK
     out = [f"{'tenant':<32} {'weight':>8} {'queued':>8} {'running':>8}  turn"]
     for r in rows:
@@ -1043,7 +1047,7 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
         rows = list_schedules(conn)
     if args.json:
         plain = [{k: _plain(v) for k, v in r.items()} for r in rows]
-        sys.stdout.write(orjson.dumps(plain, option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(json_text(plain) + "\n")
         return EXIT_OK
     out = [f"{'name':<24} {'schedule':<28} {'next run (UTC)':<19}  last run"]
     # Workers enqueue a due schedule within a poll; past this, no running worker has the task.

@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 
 from .errors import ConfigError, NotFound
 from .queries import load
+from .text import label_problem
 
 Q = load("leasework", "operations.sql")
 Conn = psycopg.Connection[Any]
@@ -371,12 +372,11 @@ def set_tenant_weight(conn: Conn, name: str, weight: float) -> None:
     """Give a tenant `weight` turns for every one of a tenant of weight 1 (within a priority, the
     claim serves tenants with queued runs in turn; docs/state-machine.md). A tenant not seen yet
     is made with it. Raises ConfigError for a weight outside 0.001-1000 or a bad name."""
-    if not isinstance(name, str) or not 1 <= len(name) <= 200 or not name.isprintable():
-        raise ConfigError(
-            f"tenant must be 1-200 printable characters, got {name[:80]!r}"
-            if isinstance(name, str)
-            else f"tenant must be a string, got {type(name).__name__}"
-        )
+    if not isinstance(name, str):
+        raise ConfigError(f"tenant must be a string, got {type(name).__name__}")
+    problem = label_problem(name)  # the rule every enqueue applies to a tenant
+    if problem is not None:
+        raise ConfigError(f"tenant {name[:80]!r} {problem}")
     if not (isinstance(weight, int | float) and WEIGHT_MIN <= weight <= WEIGHT_MAX):
         raise ConfigError(
             f"weight must be a number from {WEIGHT_MIN:g} to {WEIGHT_MAX:g} (1 is the default "

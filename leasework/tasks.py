@@ -18,6 +18,7 @@ from cronsim import CronSim, CronSimError
 from .config import Config
 from .encoding import check_json
 from .errors import ConfigError
+from .text import MAX_LABEL, control_problem
 
 Handler = Callable[[Any, Any], Any]  # fn(ctx, payload): a Context, or an AsyncContext
 
@@ -31,7 +32,6 @@ DEFAULT_TIMEOUT = 3600.0
 DEFAULT_CONCURRENCY = 10
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,200}$")
-_MAX_LABEL = 200
 
 
 @dataclass(frozen=True)
@@ -74,15 +74,18 @@ def check_kind(kind: object) -> str:
 
 
 def check_label(name: str, value: object) -> str | None:
+    """A key, tenant or group: None, or 1-200 characters with no control, bidi control or line
+    separator (leasework.text, the rule leasework.enqueue applies in SQL)."""
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > _MAX_LABEL:
+    if not isinstance(value, str) or not value or len(value) > MAX_LABEL:
         raise ConfigError(
-            f"{name} must be a non-empty string of at most {_MAX_LABEL} characters, "
+            f"{name} must be a non-empty string of at most {MAX_LABEL} characters, "
             f"got {_short(value)}"
         )
-    if any(ord(ch) < 32 or ch == "\x7f" for ch in value):
-        raise ConfigError(f"{name} {_short(value)} contains control characters")
+    problem = control_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{name} {_short(value)} {problem}")
     return value
 
 

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
 from ..queries import load
+from ..text import visible
 
 Q = load("leasework.dashboard", "dashboard.sql")
 
@@ -44,6 +45,9 @@ def families(
     bounds = [float(b) for b in (row or {}).get("buckets") or []]
     by_kind: Mapping[str, Mapping[str, int]] = snap.get("runs_by_kind") or {}
     kinds = sorted(set(by_kind) | {str(r["kind"]) for r in counted})
+    # A label value as every reader shows it: a kind stored before the kind rule held shows its
+    # controls escaped (the exposition format escapes only backslash, quote and newline).
+    shown = {kind: visible(kind) for kind in kinds}
 
     runs = GaugeMetricFamily(
         "leasework_runs", "Runs in the table by kind and status.", labels=["kind", "status"]
@@ -51,7 +55,7 @@ def families(
     for kind in kinds:
         per = by_kind.get(kind, {})
         for status in STATUSES:
-            runs.add_metric([kind, status], per.get(status, 0))
+            runs.add_metric([shown[kind], status], per.get(status, 0))
 
     oldest_due: Mapping[str, float] = snap.get("oldest_due") or {}
     oldest = GaugeMetricFamily(
@@ -65,7 +69,7 @@ def families(
         labels=["kind"],
     )
     for kind in kinds:
-        oldest_by_kind.add_metric([kind], max(0.0, float(oldest_due.get(kind, 0.0))))
+        oldest_by_kind.add_metric([shown[kind]], max(0.0, float(oldest_due.get(kind, 0.0))))
 
     alive = int(w.get("alive") or 0)
     workers = GaugeMetricFamily(
@@ -103,17 +107,19 @@ def families(
     )
     for kind in kinds:
         for outcome in OUTCOMES:
-            finished.add_metric([kind, outcome], values.get((kind, "finished", outcome), 0.0))
+            finished.add_metric(
+                [shown[kind], outcome], values.get((kind, "finished", outcome), 0.0)
+            )
         for outcome in ("expired", "crashed"):
-            lost.add_metric([kind, outcome], values.get((kind, "lost", outcome), 0.0))
-        reclaims.add_metric([kind], values.get((kind, "reclaimed", ""), 0.0))
+            lost.add_metric([shown[kind], outcome], values.get((kind, "lost", outcome), 0.0))
+        reclaims.add_metric([shown[kind]], values.get((kind, "reclaimed", ""), 0.0))
         cumulative, buckets = 0.0, []
         for bound in bounds:
             cumulative += values.get((kind, "duration", f"{bound:g}"), 0.0)
             buckets.append((f"{bound:g}", cumulative))
         cumulative += values.get((kind, "duration", "+Inf"), 0.0)
         buckets.append(("+Inf", cumulative))
-        duration.add_metric([kind], buckets, values.get((kind, "duration_sum", ""), 0.0))
+        duration.add_metric([shown[kind]], buckets, values.get((kind, "duration_sum", ""), 0.0))
 
     info = GaugeMetricFamily(
         "leasework_build_info", "The leasework version serving these metrics.", labels=["version"]

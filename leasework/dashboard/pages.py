@@ -16,6 +16,8 @@ from urllib.parse import urlencode
 
 import orjson
 
+from ..text import UNSAFE
+
 
 @dataclass(frozen=True)
 class View:
@@ -106,12 +108,13 @@ FAVICON = (
 )
 
 
-_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+_CONTROL = {c: repr(chr(c))[1:-1] for c in UNSAFE if c not in (9, 10)}
 
 
 def esc(value: object) -> str:
     """Text for HTML (element content and quoted attributes alike); control characters other
-    than tab and newline are shown escaped (`\\x1b`), as in the terminal."""
+    than tab and newline, bidi controls and line separators (leasework.text) are shown escaped
+    (`\\x1b`, `\\u202e`), as in the terminal: a row cannot reverse or split what is shown."""
     return html.escape("" if value is None else str(value), quote=True).translate(_CONTROL)
 
 

@@ -11,7 +11,9 @@ upload done. A redo after a crash rewrites the same keys and inserts nothing twi
 from __future__ import annotations
 
 import re
+import reprlib
 import time
+import unicodedata
 import zipfile
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +27,7 @@ from psycopg.types.json import Jsonb
 from .. import log
 from ..errors import LeaseworkError
 from ..queries import load
+from ..text import control_problem
 from ..workers import idle
 from ..workers.stage import Site
 from .extract import kind_of
@@ -44,6 +47,9 @@ Conn = psycopg.Connection[Any]
 RATIO_FLOOR = 1 << 20
 _JUNK = re.compile(r"(^|/)(__MACOSX/|\.DS_Store$|Thumbs\.db$|desktop\.ini$)")
 _S_IFMT, _S_IFREG, _S_IFDIR, _S_IFLNK = 0o170000, 0o100000, 0o040000, 0o120000
+# Characters in a member's path: past Linux's PATH_MAX (4,096 bytes) nothing could extract it,
+# and a name that long is an attack, not a document.
+MAX_MEMBER_NAME = 1024
 
 
 class ArchiveRejected(LeaseworkError):
@@ -70,15 +76,36 @@ class Member:
 
 
 def _unsafe_path(name: str) -> str | None:
+    if len(name) > MAX_MEMBER_NAME:
+        return f"is {len(name)} characters long, over the limit of {MAX_MEMBER_NAME}"
     if "\x00" in name:
         return "contains a NUL character"
-    # A drive letter followed by a separator is absolute on Windows; `a:notes.txt` is a plain
-    # name (members are stored under keys of their own, never extracted to a path).
-    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", name):
-        return "is an absolute path"
-    if ".." in re.split(r"[\\/]", name):
-        return "contains '..'"
+    problem = control_problem(name)  # the rule of labels and project names (leasework.text)
+    if problem is not None:
+        return problem
+    # Checked as given and as a consumer that normalizes names would read it (NFKC): U+2025
+    # (two dot leader) becomes `..`, U+FF0F (fullwidth solidus) `/`.
+    for form in dict.fromkeys((name, unicodedata.normalize("NFKC", name))):
+        shown = "" if form == name else " once Unicode-normalized (NFKC)"
+        # A drive letter followed by a separator is absolute on Windows; `a:notes.txt` is a
+        # plain name (members are stored under keys of their own, never extracted to a path).
+        if form.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", form):
+            return f"is an absolute path{shown}"
+        if ".." in re.split(r"[\\/]", form):
+            return f"contains '..'{shown}"
     return None
+
+
+def _shown(name: str) -> str:
+    """A member's name for an error line: its repr (controls escaped), cut at 80 characters."""
+    r = reprlib.Repr()
+    r.maxstring = 80
+    return r.repr(name)
+
+
+def _folded(name: str) -> str:
+    """The name as a case-insensitive, normalizing file system or consumer sees it."""
+    return unicodedata.normalize("NFKC", name).casefold()
 
 
 def plan(infos: list[zipfile.ZipInfo], caps: ArchiveCaps) -> tuple[list[Member], list[str]]:
@@ -91,13 +118,13 @@ def plan(infos: list[zipfile.ZipInfo], caps: ArchiveCaps) -> tuple[list[Member],
         )
     members: list[Member] = []
     skipped: list[str] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # folded name: the member's name
     total = compressed = 0
     for position, info in enumerate(infos):
         name = info.filename
         why = _unsafe_path(name)
         if why is not None:
-            raise ArchiveRejected(f"member {name!r} {why}")
+            raise ArchiveRejected(f"member {_shown(name)} {why}")
         if info.flag_bits & 0x1:
             raise ArchiveRejected(f"member {name!r} is encrypted")
         mode = (info.external_attr >> 16) & _S_IFMT
@@ -107,9 +134,16 @@ def plan(infos: list[zipfile.ZipInfo], caps: ArchiveCaps) -> tuple[list[Member],
             raise ArchiveRejected(f"member {name!r} is not a regular file")
         if info.is_dir() or mode == _S_IFDIR:
             continue
-        if name in seen:
-            raise ArchiveRejected(f"member {name!r} appears twice")
-        seen.add(name)
+        folded = _folded(name)
+        if folded in seen:
+            other = seen[folded]
+            raise ArchiveRejected(
+                f"member {name!r} appears twice"
+                if other == name
+                else f"members {other!r} and {name!r} differ only in case or Unicode form: "
+                "one file on a case-insensitive file system; rename one"
+            )
+        seen[folded] = name
         total += info.file_size
         compressed += info.compress_size
         if total > caps.max_bytes:

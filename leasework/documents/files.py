@@ -18,6 +18,7 @@ import psycopg
 from ..errors import ConfigError
 from ..queries import load
 from ..tasks import RESERVED_KEY_PREFIX
+from ..text import control_problem
 from .settings import ExpandSettings, IngestSettings
 from .store import FileStore, StoreError, new_key
 
@@ -42,10 +43,9 @@ def _project(project: object) -> str:
             "project must be a non-empty string of at most 200 characters, got "
             f"{reprlib.repr(project)}"
         )
-    if any(not ch.isprintable() for ch in project):
-        raise ConfigError(
-            f"project {reprlib.repr(project)} contains control characters: use printable text"
-        )
+    problem = control_problem(project)  # the rule of labels (leasework.text)
+    if problem is not None:
+        raise ConfigError(f"project {reprlib.repr(project)} {problem}")
     return project
 
 

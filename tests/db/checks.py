@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from leasework import App, operations
+from leasework.text import UNSAFE
 from leasework.workers import lease
 
 from ..conftest import expire_lease, get_run, shift_clock, wait_for
@@ -368,3 +369,21 @@ def idle_fenced_transaction_is_ended(conn: Conn, dsn: str, deadline: float = 30.
         with contextlib.suppress(psycopg.Error):
             fenced.execute("SELECT 1")
         assert fenced.broken, "the idle fenced session still answers"
+
+
+def sql_labels_refuse_every_unsafe_character(conn: Conn) -> None:
+    """leasework.enqueue refuses a key, tenant or group holding any character of the label rule
+    (leasework/text.py: C0 and C1 controls, DEL, bidi controls, line separators; not NUL, which
+    Postgres text cannot hold), naming it, and writes nothing."""
+    for code in sorted(UNSAFE - {0}):
+        value = f"a{chr(code)}b"
+        for label in ("key", "tenant", "group"):
+            try:
+                with conn.transaction():
+                    conn.execute(f'SELECT leasework.enqueue(%s, "{label}" => %s)', ("job", value))
+            except psycopg.errors.InvalidParameterValue as exc:
+                said = f"{label} contains control characters (U+{code:04X};"
+                assert str(exc).startswith(said), exc
+            else:
+                raise AssertionError(f"leasework.enqueue took {label} {value!r} (U+{code:04X})")
+    assert conn.execute("SELECT count(*) FROM leasework.runs").fetchone() == (0,)

@@ -162,6 +162,22 @@ def _corrupt_crc(data: bytes) -> bytes:
 HOSTILE = {
     "dotdot": (lambda: make_zip([("ok.txt", b"fine"), ("../evil.txt", b"x")]), "contains '..'"),
     "absolute": (lambda: make_zip([("/etc/evil.txt", b"x")]), "is an absolute path"),
+    "lookalike_dotdot": (
+        lambda: make_zip([("ok.txt", b"fine"), ("\u2025/evil.txt", b"x")]),
+        "contains '..' once Unicode-normalized (NFKC)",
+    ),
+    "bidi_name": (
+        lambda: make_zip([("ok.txt", b"fine"), ("\u202etxt.exe", b"x")]),
+        "contains control characters (U+202E;",
+    ),
+    "long_name": (
+        lambda: make_zip([("ok.txt", b"fine"), ("a" * 60_000 + ".txt", b"x")]),
+        "is 60004 characters long, over the limit of 1024",
+    ),
+    "case_collision": (
+        lambda: make_zip([("A.txt", b"one"), ("a.txt", b"two")]),
+        "members 'A.txt' and 'a.txt' differ only in case or Unicode form",
+    ),
     "link": (lambda: make_zip([(_link(), b"/etc/passwd")]), "is a symbolic link"),
     "too_many": (
         lambda: make_zip([(f"f{i}.txt", b"x") for i in range(6)]),

@@ -1,8 +1,9 @@
 """The suite must be able to fail: load a query from its .sql file, break one rule on purpose (a
 renewal without its owner predicate, a claim that ignores cancel requests, one branch of the claim
 without its attempts check, a fence whose idle timeout is off, an ingest re-check that looks at
-the scope only), and show that the invariant checks that pass on the real query fail on the
-mutant, by their assertions.
+the scope only), or replace a function of schema.sql with a broken one inside a transaction
+rolled back after (the label rule without DEL), and show that the invariant checks that pass on
+the real code fail on the mutant, by their assertions.
 
 The claim states each rule twice, in its tenanted and its untenanted branch (lease.sql,
 claim_runs), so a mutation can break one branch alone (`branch`: the CTE to mutate in); the
@@ -36,6 +37,7 @@ from .checks import (
     last_attempt_is_never_reclaimed,
     paused_kind_is_never_claimed,
     promotion_skips_an_open_enqueue_of_its_tenants_key,
+    sql_labels_refuse_every_unsafe_character,
     stale_owner_writes_nothing,
     waiting_run_waits_for_its_key,
     waiting_run_waits_only_for_its_tenants_key,
@@ -388,3 +390,43 @@ def test_ingest_recheck_of_scope_only_is_caught(
 
     err = fails_with(monkeypatch, conn, mutation, check)
     assert says in str(err), err
+
+
+# -- functions of schema.sql -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FunctionMutation:
+    """One deliberate bug in a function of schema.sql (`function`, as regprocedure text): in its
+    definition as the database holds it, `remove` becomes `replace`."""
+
+    function: str
+    remove: str
+    replace: str = ""
+
+
+def function_fails_with(conn: Conn, mutation: FunctionMutation, check: Check) -> AssertionError:
+    """`check` passes on the real function, fails (AssertionError) with the mutant in place,
+    and passes again once the mutant's transaction is rolled back."""
+    check(conn)
+    row = conn.execute(
+        "SELECT pg_get_functiondef(%s::regprocedure)", (mutation.function,)
+    ).fetchone()
+    assert row is not None
+    definition: str = row[0]
+    assert mutation.remove in definition, f"the mutation {mutation} no longer applies"
+    with conn.transaction(force_rollback=True):
+        conn.execute(definition.replace(mutation.remove, mutation.replace))
+        with pytest.raises(AssertionError) as caught:
+            check(conn)
+    check(conn)
+    return caught.value
+
+
+# Issue 34's mutant: the label rule without DEL (the SQL label tests tried only \x07).
+LABELS_TAKE_DEL = FunctionMutation("leasework.label_problem(text)", r"\x7f-\x9f", r"\x80-\x9f")
+
+
+def test_label_problem_accepting_del_is_caught(conn: Conn) -> None:
+    err = function_fails_with(conn, LABELS_TAKE_DEL, sql_labels_refuse_every_unsafe_character)
+    assert "(U+007F)" in str(err), err

@@ -1,6 +1,8 @@
 """Files of issue 18: the size cap is checked before anything is copied, special files are
 refused with their real reason, project names are printable, `a:notes.txt` is a plain member
-name, and error lines stay short."""
+name, and error lines stay short. Issue 34: member names take the rule of labels, are at most
+1,024 characters, hold no path that is absolute or climbs once normalized (NFKC), and no two
+differ only in case or Unicode form."""
 
 from __future__ import annotations
 
@@ -99,3 +101,58 @@ def test_a_colon_in_a_member_name_is_not_a_drive() -> None:
     for absolute in ("C:\\windows\\x.txt", "c:/x.txt", "/etc/passwd", "\\\\server\\x"):
         with pytest.raises(ArchiveRejected, match="absolute"):
             plan(_infos(absolute), caps)
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("a\x1b[2J.txt", "contains control characters (U+001B;"),
+        ("a\x7f.txt", "contains control characters (U+007F;"),
+        ("a\x9b2J.txt", "contains control characters (U+009B;"),
+        ("\u202etxt.exe", "contains control characters (U+202E;"),
+        ("a\u2066b.txt", "contains control characters (U+2066;"),
+        ("line\u2028break.txt", "contains control characters (U+2028;"),
+        ("\u2025/x.txt", "contains '..' once Unicode-normalized (NFKC)"),
+        ("docs/\ufe52\ufe52/x.txt", "contains '..' once Unicode-normalized (NFKC)"),
+        ("\uff0fetc\uff0fpasswd.txt", "is an absolute path once Unicode-normalized (NFKC)"),
+        ("a" * 1021 + ".txt", "is 1025 characters long, over the limit of 1024"),
+        ("a" * 60_000 + ".txt", "is 60004 characters long, over the limit of 1024"),
+    ],
+)
+def test_member_names_take_the_rule_of_labels_and_no_lookalike_path(
+    name: str, reason: str
+) -> None:
+    caps = ArchiveCaps.from_config(Config())
+    with pytest.raises(ArchiveRejected) as caught:
+        plan(_infos("ok.txt", name), caps)
+    message = str(caught.value)
+    assert reason in message and len(message) < 300, message
+    assert message.isprintable(), message  # the name is shown escaped
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("A.txt", "a.txt"),
+        ("docs/Read.md", "DOCS/read.md"),
+        ("\ufb01le.txt", "file.txt"),  # the fi ligature, one file once normalized
+        ("stra\xdfe.txt", "STRASSE.txt"),
+        ("\uff41.txt", "a.txt"),  # fullwidth a
+    ],
+)
+def test_members_differing_only_in_case_or_unicode_form_are_refused(
+    names: tuple[str, str],
+) -> None:
+    caps = ArchiveCaps.from_config(Config())
+    with pytest.raises(ArchiveRejected, match="differ only in case or Unicode form"):
+        plan(_infos(*names), caps)
+    with pytest.raises(ArchiveRejected, match="appears twice"):
+        plan(_infos(names[0], names[0]), caps)
+
+
+def test_unicode_member_names_that_are_safe_are_kept() -> None:
+    caps = ArchiveCaps.from_config(Config())
+    names = ("\u65e5\u672c\u8a9e.txt", "\uff46\uff55\uff4c\uff4c.txt", "caf\xe9.md",
+             "a" * 1020 + ".txt", "\u2024hidden.txt", "nbsp\xa0name.txt")  # fmt: skip
+    members, skipped = plan(_infos(*names), caps)
+    assert [m.path for m in members] == list(names) and not skipped

@@ -8,11 +8,11 @@ import difflib
 import importlib
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from datetime import UTC
 from typing import Any, NoReturn, TypeVar
 
 import orjson
@@ -23,7 +23,7 @@ from .app import App, Family
 from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .operations import STATUSES
-from .status import terminal_safe
+from .status import instant_text, seconds_text, terminal_safe
 
 F = TypeVar("F", bound=Family)
 
@@ -655,13 +655,29 @@ def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
     return EXIT_OK
 
 
-def json_text(value: Any) -> str:
-    """Indented JSON of a row's values. A payload written outside Python (SQL, another language)
-    may hold integers past 64 bits, which orjson refuses: the standard library prints those."""
+def json_text(value: Any, *, indent: bool = True) -> str:
+    """JSON of a row's values, indented unless `indent` is false. A payload written outside
+    Python (SQL, another language) may hold integers past 64 bits, which orjson refuses: the
+    standard library prints those. A float's NaN or Infinity is null, as orjson writes it."""
     try:
-        return orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
+        return orjson.dumps(
+            value, option=orjson.OPT_INDENT_2 if indent else None, default=str
+        ).decode()
     except (orjson.JSONEncodeError, TypeError):
-        return json.dumps(value, indent=2, default=str, ensure_ascii=False)
+        return json.dumps(
+            _finite(value), indent=2 if indent else None, default=str, ensure_ascii=False
+        )
+
+
+def _finite(value: Any) -> Any:
+    """`value` with each float that is not finite as None (valid JSON, orjson's choice)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -671,7 +687,7 @@ def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _when(value: Any) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
+    return instant_text(value)
 
 
 def render_runs(rows: Sequence[dict[str, Any]]) -> str:
@@ -771,10 +787,17 @@ def render_run(run: dict[str, Any], now: Any) -> str:
     if run["error"]:
         block("error", run["error"])
     out.append("")
-    history = run["history"] or []
+    # The history is jsonb that a worker-role write can set to any value: a list of entries as
+    # written by leasework, else each entry (or the whole value) shown as its JSON.
+    history = run["history"] if isinstance(run["history"], list) else [run["history"]]
+    if run["history"] is None:
+        history = []
     out.append(f"history ({len(history)} attempt{'s' if len(history) != 1 else ''} ended):")
     for h in history:
-        first = (h.get("error") or "").strip().splitlines()
+        if not isinstance(h, dict):
+            out.append(f"  {json.dumps(h, ensure_ascii=False)[:160]}")
+            continue
+        first = str(h.get("error") or "").strip().splitlines()
         err = f"  {first[0][:100]}" if first else ""
         out.append(
             f"  #{h.get('attempt')} {h.get('outcome')!s:<10} {str(h.get('started_at') or '')[:19]} -> "
@@ -892,8 +915,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
                 conn, heartbeat_interval=cfg.heartbeat_interval, previous=snapshot
             )
             if args.json:
-                option = orjson.OPT_INDENT_2 if args.watch is None else 0
-                sys.stdout.write(orjson.dumps(snapshot, option=option).decode() + "\n")
+                sys.stdout.write(json_text(snapshot, indent=args.watch is None) + "\n")
             elif args.watch is None:
                 sys.stdout.write(status.render(snapshot))
             else:
@@ -973,7 +995,7 @@ def cmd_connections(args: argparse.Namespace, cfg: Config) -> int:
             rows = kinds.list_connections(conn)
             if args.json:
                 plain = [{k: _plain(v) for k, v in r.items()} for r in rows]
-                sys.stdout.write(orjson.dumps(plain, option=orjson.OPT_INDENT_2).decode() + "\n")
+                sys.stdout.write(json_text(plain) + "\n")
             else:
                 sys.stdout.write(_render_connections(rows))
         elif args.action == "sync":
@@ -1000,8 +1022,8 @@ def _render_connections(rows: list[dict[str, Any]]) -> str:
         f"{'next run':<19} {'live':>6} {'gone':>6}"
     ]
     for r in rows:
-        every = f"{r['sync_interval_seconds']:g}s" if r["sync_interval_seconds"] else "-"
-        nxt = r["next_run_at"].strftime("%Y-%m-%d %H:%M:%S") if r["next_run_at"] else "-"
+        every = seconds_text(r["sync_interval_seconds"]) if r["sync_interval_seconds"] else "-"
+        nxt = instant_text(r["next_run_at"])
         out.append(
             f"{r['id']:>5}  {r['workspace'][:14]:<14} {r['provider'][:10]:<10} "
             f"{r['status']:<12} {every:>7}  {nxt:<19} {r['live_records']:>6} "
@@ -1049,11 +1071,11 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     stale_after = max(60.0, 3 * cfg.poll_interval)
     for r in rows:
         spec = (
-            f"every {r['every_seconds']:g}s"
+            f"every {seconds_text(r['every_seconds'])}"
             if r["every_seconds"] is not None
             else f"{r['cron']} {r['timezone']}"
         )
-        nxt = r["next_run_at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        nxt = instant_text(r["next_run_at"])
         last = f"#{r['last_run_id']} {r['last_run_status']}" if r["last_run_id"] else "-"
         line = f"{r['name'][:24]:<24} {spec[:28]:<28} {nxt:<19}  {last}"
         if r["overdue_seconds"] > stale_after:

@@ -3,9 +3,10 @@ as text (80 columns) or returned as JSON-ready data. Never writes."""
 
 from __future__ import annotations
 
+import math
 import textwrap
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -30,10 +31,14 @@ class _BoundedTimestamptzLoader(TimestamptzLoader):
             return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
 
 
-def tolerant(cur: psycopg.Cursor[Any]) -> psycopg.Cursor[Any]:
-    """`cur`, reading every timestamptz whatever its value (see _BoundedTimestamptzLoader)."""
-    cur.adapters.register_loader("timestamptz", _BoundedTimestamptzLoader)
-    return cur
+_Reader = TypeVar("_Reader", psycopg.Connection[Any], psycopg.Cursor[Any])
+
+
+def tolerant(reader: _Reader) -> _Reader:
+    """`reader` (a cursor, or a connection and its cursors to come), reading every timestamptz
+    whatever its value (see _BoundedTimestamptzLoader)."""
+    reader.adapters.register_loader("timestamptz", _BoundedTimestamptzLoader)
+    return reader
 
 
 def terminal_safe(text: object) -> str:
@@ -177,15 +182,62 @@ def progress_rate(
 
 
 def duration(seconds: float | None) -> str:
-    """`42s`, `3m05s`, `2h07m`; `?` when unknown."""
+    """`42s`, `3m05s`, `2h07m`; `?` when unknown; `∞` and `NaN` for a float column's values
+    that are no duration (a row's `Infinity` or `NaN`, which the schema admits)."""
     if seconds is None:
         return "?"
+    if not math.isfinite(seconds):
+        return number_text(max(0.0, seconds))
     s = max(0, round(seconds))
     if s < 60:
         return f"{s}s"
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def number_text(value: float) -> str:
+    """A float as people read it (`60`, `0.5`, `1e+15`): `∞`, `-∞` and `NaN` for the values a
+    float column admits that are no number to format."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    return f"{value:g}"
+
+
+def seconds_text(value: float) -> str:
+    """An interval in seconds as written in a row: `60s`, `0.5s`; `∞`, `NaN` (number_text)."""
+    return f"{value:g}s" if math.isfinite(value) else number_text(value)
+
+
+# What _BoundedTimestamptzLoader reads `infinity` and `-infinity` as (and any timestamp past
+# what Python holds, after year 9999 or before year 1).
+AFTER_ALL = datetime.max.replace(tzinfo=UTC)
+BEFORE_ALL = datetime.min.replace(tzinfo=UTC)
+
+
+def instant_text(value: datetime | str | None, empty: str = "-") -> str:
+    """A timestamp (a datetime, or the ISO text of a JSON snapshot) as `YYYY-MM-DD HH:MM:SS`
+    UTC; `infinity` or `-infinity` for one Python cannot hold (tolerant's reading); text that is
+    no timestamp as it is; `empty` when unset."""
+    if value is None or value == "":
+        return empty
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    if value == AFTER_ALL:
+        return "infinity"
+    if value == BEFORE_ALL:
+        return "-infinity"
+    try:
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except OverflowError:  # within Python's years in its own zone, not in UTC's
+        return value.strftime("%Y-%m-%d %H:%M:%S%z")
 
 
 def rate_text(rate: float | None) -> str:
@@ -297,11 +349,16 @@ def _render_connections(connections: list[dict[str, Any]]) -> list[str]:
             if c["last_run_id"]
             else "never run"
         )
-        nxt = f"next {c['next_run_at'][:19]}" if c["next_run_at"] else "no schedule"
+        nxt = f"next {instant_text(c['next_run_at'])}" if c["next_run_at"] else "no schedule"
         head = f"  {c['id']:<5} {c['workspace'][:12]}/{c['provider'][:12]} {c['status']} "
         out.append(f"{head}{last}; {nxt}"[:80])
-        for name, t in sorted((c["tables"] or {}).items())[:10]:
-            if t.get("status") == "failed":
+        # The run's result is whatever its handler (or a worker-role write) left: per-table
+        # results only when they have that shape, anything else shown as it is.
+        tables = c["tables"] if isinstance(c["tables"], dict) else {}
+        for name, t in sorted(tables.items())[:10]:
+            if not isinstance(t, dict):
+                detail = str(t)
+            elif t.get("status") == "failed":
                 detail = f"failed: {t.get('error') or ''}"
             else:
                 detail = f"+{t.get('upserted', 0)} upserted, -{t.get('tombstoned', 0)} tombstoned"

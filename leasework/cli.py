@@ -23,7 +23,7 @@ from .app import App, Family
 from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .operations import STATUSES
-from .status import instant_text, seconds_text, terminal_safe
+from .status import instant_text, seconds_text, terminal_safe, tolerant
 
 F = TypeVar("F", bound=Family)
 
@@ -640,6 +640,7 @@ def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         filters = _filters_from(args, conn, operations.STATUSES)
         page = operations.list_runs(conn, filters, limit=args.limit, before=args.before)
@@ -712,6 +713,7 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         run = operations.get_run(conn, args.run_id)
         now = operations.db_now(conn)
@@ -975,6 +977,7 @@ def cmd_connections(args: argparse.Namespace, cfg: Config) -> int:
 
     syncs = _family(cfg, Syncs)
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         if args.action == "add":
             config = _parse_payload(args.connection_config, "--connector-config")
@@ -1036,6 +1039,7 @@ def cmd_tenants(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         if getattr(args, "tenants_action", None) == "set":
             operations.set_tenant_weight(conn, args.name, args.weight)
@@ -1060,6 +1064,7 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     from .status import duration
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         rows = list_schedules(conn)
     if args.json:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.json import JsonbLoader
 
 from .queries import load
 
@@ -31,13 +32,49 @@ class _BoundedTimestamptzLoader(TimestamptzLoader):
             return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
 
 
+# How deep a jsonb value a reader takes as JSON: Python's encoders (json.dumps with an indent,
+# which the readers fall back to past orjson's limits) recurse per level, and a value that
+# decodes may still be too deep to print.
+READABLE_DEPTH = 200
+
+
+class _BoundedJsonbLoader(JsonbLoader):
+    """Reads a jsonb nested deeper than READABLE_DEPTH as its text (a string) instead of raising
+    there or later: the worker role can write such a payload, result or history."""
+
+    def load(self, data: Any) -> Any:
+        raw = bytes(data)
+        try:
+            value = super().load(raw)
+        except RecursionError:
+            return raw.decode("utf-8", "replace")
+        # The nesting is at most the number of brackets: count them (fast) before walking.
+        if raw.count(b"[") + raw.count(b"{") > READABLE_DEPTH and _deeper(value, READABLE_DEPTH):
+            return raw.decode("utf-8", "replace")
+        return value
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists and dicts more than `limit` deep (without recursing)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
 _Reader = TypeVar("_Reader", psycopg.Connection[Any], psycopg.Cursor[Any])
 
 
 def tolerant(reader: _Reader) -> _Reader:
     """`reader` (a cursor, or a connection and its cursors to come), reading every timestamptz
-    whatever its value (see _BoundedTimestamptzLoader)."""
+    and every jsonb however deep, whatever its value (_BoundedTimestamptzLoader,
+    _BoundedJsonbLoader)."""
     reader.adapters.register_loader("timestamptz", _BoundedTimestamptzLoader)
+    reader.adapters.register_loader("jsonb", _BoundedJsonbLoader)
     return reader
 
 

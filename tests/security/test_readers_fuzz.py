@@ -34,7 +34,7 @@ Conn = psycopg.Connection[Any]
 WORKER = "leasework_worker"
 
 FUZZ = settings(
-    max_examples=20,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -163,6 +163,10 @@ ODD_JSON = [
     '{"tables": "x"}',
     '{"tables": [1, 2]}',
     '{"tables": {"a": 5, "b": {"status": "failed", "error": 7}, "c": {"upserted": "many"}}}',
+    '[1e400, -1e400, 1e-400, 123456789012345678901234567890]',
+    # deeper than Python's JSON decoder goes, and deep enough that printing it would recurse out
+    "[" * 3000 + "]" * 3000,
+    '{"tables": ' * 500 + "{}" + "}" * 500,
 ]
 
 
@@ -337,6 +341,8 @@ REPRODUCTIONS = {
         "UPDATE leasework.runs SET lease_seconds = 'NaN', timeout_seconds = 'Infinity'",
         "UPDATE leasework.tenants SET turn = 'NaN'",
         "UPDATE leasework.counters SET value = 'NaN'",
+        "UPDATE leasework.runs SET payload = '" + "[" * 3000 + "]" * 3000 + "' WHERE id = 1",
+        "UPDATE leasework.connections SET config = '" + '{"a": ' * 600 + "1" + "}" * 600 + "'",
     ],
     "infinity": [
         "UPDATE leasework.schedules SET next_run_at = 'infinity', last_enqueued_at = '-infinity',"
@@ -359,6 +365,7 @@ REPRODUCTIONS = {
         """UPDATE leasework.runs SET result = '{"tables": {"a": 5, "b": [1]}}'"""
         " WHERE key = 'connection:1'",
         """UPDATE leasework.runs SET result = '{"tables": ["x"]}' WHERE key = 'connection:2'""",
+        "UPDATE leasework.runs SET history = '" + "[" * 600 + "]" * 600 + "' WHERE id = 2",
     ],
 }
 

@@ -23,7 +23,7 @@ from .app import App, Family
 from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .operations import STATUSES
-from .status import instant_text, seconds_text, terminal_safe, tolerant
+from .status import instant_text, number_text, seconds_text, terminal_safe, tolerant
 
 F = TypeVar("F", bound=Family)
 
@@ -1052,8 +1052,8 @@ def cmd_tenants(args: argparse.Namespace, cfg: Config) -> int:
     out = [f"{'tenant':<32} {'weight':>8} {'queued':>8} {'running':>8}  turn"]
     for r in rows:
         out.append(
-            f"{r['name'][:32]:<32} {r['weight']:>8g} {r['queued']:>8} {r['running']:>8}"
-            f"  {r['turn']:g}"
+            f"{r['name'][:32]:<32} {number_text(r['weight']):>8} {r['queued']:>8} "
+            f"{r['running']:>8}  {number_text(r['turn'])}"
         )
     sys.stdout.write("\n".join(terminal_safe(line) for line in out) + "\n")
     return EXIT_OK

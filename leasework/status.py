@@ -264,7 +264,7 @@ def instant_text(value: datetime | str | None, empty: str = "-") -> str:
         try:
             value = datetime.fromisoformat(value)
         except ValueError:
-            return value
+            return str(value)
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     if value == AFTER_ALL:

@@ -367,7 +367,9 @@ def _connections_section(connections: Sequence[Mapping[str, Any]], v: View = PLA
         return ""
     rows = []
     for c in connections:
-        tables = c.get("tables") if isinstance(c.get("tables"), Mapping) else {}
+        tables = c.get("tables")
+        if not isinstance(tables, Mapping):  # a result of another shape: no per-table results
+            tables = {}
         results = "<br>".join(
             f"{esc(name)}: {_table_result(t)}" for name, t in sorted(tables.items())
         )

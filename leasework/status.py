@@ -223,9 +223,9 @@ def duration(seconds: float | None) -> str:
     that are no duration (a row's `Infinity` or `NaN`, which the schema admits)."""
     if seconds is None:
         return "?"
-    if not math.isfinite(seconds):
-        return number_text(max(0.0, seconds))
-    s = max(0, round(seconds))
+    if math.isnan(seconds) or seconds == math.inf:
+        return number_text(seconds)
+    s = max(0, round(seconds)) if seconds > -math.inf else 0
     if s < 60:
         return f"{s}s"
     if s < 3600:

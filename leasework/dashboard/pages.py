@@ -130,9 +130,9 @@ def ago(seconds: object) -> str:
     """A duration for people: `4 s`, `3 min 5 s`, `2 h 10 min`, `3 d 4 h`."""
     if not isinstance(seconds, int | float):
         return ""
-    if isinstance(seconds, float) and not math.isfinite(seconds):  # a row's NaN or Infinity
-        return number_text(max(0.0, seconds))
-    s = max(0, int(seconds))
+    if isinstance(seconds, float) and (math.isnan(seconds) or seconds == math.inf):
+        return number_text(seconds)  # a row's NaN or Infinity
+    s = max(0, int(seconds)) if seconds > -math.inf else 0
     if s < 60:
         return f"{s} s"
     if s < 3600:

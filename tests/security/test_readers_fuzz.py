@@ -34,7 +34,7 @@ Conn = psycopg.Connection[Any]
 WORKER = "leasework_worker"
 
 FUZZ = settings(
-    max_examples=60,
+    max_examples=12,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -163,7 +163,7 @@ ODD_JSON = [
     '{"tables": "x"}',
     '{"tables": [1, 2]}',
     '{"tables": {"a": 5, "b": {"status": "failed", "error": 7}, "c": {"upserted": "many"}}}',
-    '[1e400, -1e400, 1e-400, 123456789012345678901234567890]',
+    "[1e400, -1e400, 1e-400, 123456789012345678901234567890]",
     # deeper than Python's JSON decoder goes, and deep enough that printing it would recurse out
     "[" * 3000 + "]" * 3000,
     '{"tables": ' * 500 + "{}" + "}" * 500,
@@ -176,7 +176,9 @@ def values_for(pg_type: str) -> st.SearchStrategy[str | None]:
     if base in ("timestamp with time zone", "instant"):
         return st.none() | st.sampled_from(TIMESTAMPS)
     if base in ("double precision", "seconds", "real"):
-        floats = st.floats(allow_nan=False, allow_infinity=False, width=32 if base == "real" else 64)
+        floats = st.floats(
+            allow_nan=False, allow_infinity=False, width=32 if base == "real" else 64
+        )
         return st.none() | st.sampled_from(FLOATS) | floats.map(repr)
     if base in ("integer", "attempt_count", "max_attempts"):
         return st.none() | st.sampled_from(INTS).map(str)
@@ -251,9 +253,9 @@ def write_as_worker(conn: Conn, writes: list[tuple[str, str, str, str | None, in
             where = (
                 sql.SQL("")
                 if row is None
-                else sql.SQL(" WHERE ctid = (SELECT ctid FROM {} ORDER BY ctid OFFSET {} LIMIT 1)").format(
-                    target, sql.Literal(row)
-                )
+                else sql.SQL(
+                    " WHERE ctid = (SELECT ctid FROM {} ORDER BY ctid OFFSET {} LIMIT 1)"
+                ).format(target, sql.Literal(row))
             )
             statement = sql.SQL("UPDATE {} SET {} = CAST({} AS {}){}").format(
                 target, sql.Identifier(column), sql.Literal(value), sql.SQL(pg_type), where

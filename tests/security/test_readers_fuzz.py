@@ -300,7 +300,7 @@ def render_every_reader(conn: Conn, dsn: str, dashboard: Dashboard) -> None:
         resp = request(f"{dashboard.url}{path}")
         assert resp.status == 200, (path, resp.text[-500:])
     resp = request(f"{dashboard.url}metrics")
-    assert resp.status == 200, resp.text[-500:]
+    assert resp.status == 200, ("metrics", resp.text[-500:])
     for family in text_string_to_metric_families(resp.text):
         for sample in family.samples:
             assert isinstance(sample.value, float)

@@ -34,7 +34,7 @@ Conn = psycopg.Connection[Any]
 WORKER = "leasework_worker"
 
 FUZZ = settings(
-    max_examples=12,
+    max_examples=8,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -8,11 +8,11 @@ import difflib
 import importlib
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from datetime import UTC
 from typing import Any, NoReturn, TypeVar
 
 import orjson
@@ -23,7 +23,7 @@ from .app import App, Family
 from .config import Config
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .operations import STATUSES
-from .status import terminal_safe
+from .status import instant_text, number_text, seconds_text, terminal_safe, tolerant
 from .text import json_visible
 
 F = TypeVar("F", bound=Family)
@@ -642,6 +642,7 @@ def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         filters = _filters_from(args, conn, operations.STATUSES)
         page = operations.list_runs(conn, filters, limit=args.limit, before=args.before)
@@ -657,15 +658,31 @@ def cmd_runs(args: argparse.Namespace, cfg: Config) -> int:
     return EXIT_OK
 
 
-def json_text(value: Any) -> str:
-    """Indented JSON of a row's values, unsafe characters `\\u`-escaped (leasework.text). A
-    payload written outside Python (SQL, another language) may hold integers past 64 bits, which
-    orjson refuses: the standard library prints those."""
+def json_text(value: Any, *, indent: bool = True) -> str:
+    """JSON of a row's values, indented unless `indent` is false, unsafe characters
+    `\\u`-escaped (leasework.text). A payload written outside Python (SQL, another language) may
+    hold integers past 64 bits, which orjson refuses: the standard library prints those. A
+    float's NaN or Infinity is null, as orjson writes it."""
     try:
-        text = orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
+        text = orjson.dumps(
+            value, option=orjson.OPT_INDENT_2 if indent else None, default=str
+        ).decode()
     except (orjson.JSONEncodeError, TypeError):
-        text = json.dumps(value, indent=2, default=str, ensure_ascii=False)
+        text = json.dumps(
+            _finite(value), indent=2 if indent else None, default=str, ensure_ascii=False
+        )
     return json_visible(text)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with each float that is not finite as None (valid JSON, orjson's choice)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -675,7 +692,7 @@ def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _when(value: Any) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
+    return instant_text(value)
 
 
 def render_runs(rows: Sequence[dict[str, Any]]) -> str:
@@ -700,6 +717,7 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         run = operations.get_run(conn, args.run_id)
         now = operations.db_now(conn)
@@ -775,10 +793,17 @@ def render_run(run: dict[str, Any], now: Any) -> str:
     if run["error"]:
         block("error", run["error"])
     out.append("")
-    history = run["history"] or []
+    # The history is jsonb that a worker-role write can set to any value: a list of entries as
+    # written by leasework, else each entry (or the whole value) shown as its JSON.
+    history = run["history"] if isinstance(run["history"], list) else [run["history"]]
+    if run["history"] is None:
+        history = []
     out.append(f"history ({len(history)} attempt{'s' if len(history) != 1 else ''} ended):")
     for h in history:
-        first = (h.get("error") or "").strip().splitlines()
+        if not isinstance(h, dict):
+            out.append(f"  {json.dumps(h, ensure_ascii=False)[:160]}")
+            continue
+        first = str(h.get("error") or "").strip().splitlines()
         err = f"  {first[0][:100]}" if first else ""
         out.append(
             f"  #{h.get('attempt')} {h.get('outcome')!s:<10} {str(h.get('started_at') or '')[:19]} -> "
@@ -896,9 +921,7 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
                 conn, heartbeat_interval=cfg.heartbeat_interval, previous=snapshot
             )
             if args.json:
-                option = orjson.OPT_INDENT_2 if args.watch is None else 0
-                text = json_visible(orjson.dumps(snapshot, option=option).decode())
-                sys.stdout.write(text + "\n")
+                sys.stdout.write(json_text(snapshot, indent=args.watch is None) + "\n")
             elif args.watch is None:
                 sys.stdout.write(status.render(snapshot))
             else:
@@ -958,6 +981,7 @@ def cmd_connections(args: argparse.Namespace, cfg: Config) -> int:
 
     syncs = _family(cfg, Syncs)
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         if args.action == "add":
             config = _parse_payload(args.connection_config, "--connector-config")
@@ -1005,8 +1029,8 @@ def _render_connections(rows: list[dict[str, Any]]) -> str:
         f"{'next run':<19} {'live':>6} {'gone':>6}"
     ]
     for r in rows:
-        every = f"{r['sync_interval_seconds']:g}s" if r["sync_interval_seconds"] else "-"
-        nxt = r["next_run_at"].strftime("%Y-%m-%d %H:%M:%S") if r["next_run_at"] else "-"
+        every = seconds_text(r["sync_interval_seconds"]) if r["sync_interval_seconds"] else "-"
+        nxt = instant_text(r["next_run_at"])
         out.append(
             f"{r['id']:>5}  {r['workspace'][:14]:<14} {r['provider'][:10]:<10} "
             f"{r['status']:<12} {every:>7}  {nxt:<19} {r['live_records']:>6} "
@@ -1019,6 +1043,7 @@ def cmd_tenants(args: argparse.Namespace, cfg: Config) -> int:
     from . import operations
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         if getattr(args, "tenants_action", None) == "set":
             operations.set_tenant_weight(conn, args.name, args.weight)
@@ -1031,8 +1056,8 @@ def cmd_tenants(args: argparse.Namespace, cfg: Config) -> int:
     out = [f"{'tenant':<32} {'weight':>8} {'queued':>8} {'running':>8}  turn"]
     for r in rows:
         out.append(
-            f"{r['name'][:32]:<32} {r['weight']:>8g} {r['queued']:>8} {r['running']:>8}"
-            f"  {r['turn']:g}"
+            f"{r['name'][:32]:<32} {number_text(r['weight']):>8} {r['queued']:>8} "
+            f"{r['running']:>8}  {number_text(r['turn'])}"
         )
     sys.stdout.write("\n".join(terminal_safe(line) for line in out) + "\n")
     return EXIT_OK
@@ -1043,6 +1068,7 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     from .status import duration
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         rows = list_schedules(conn)
     if args.json:
@@ -1054,11 +1080,11 @@ def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     stale_after = max(60.0, 3 * cfg.poll_interval)
     for r in rows:
         spec = (
-            f"every {r['every_seconds']:g}s"
+            f"every {seconds_text(r['every_seconds'])}"
             if r["every_seconds"] is not None
             else f"{r['cron']} {r['timezone']}"
         )
-        nxt = r["next_run_at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        nxt = instant_text(r["next_run_at"])
         last = f"#{r['last_run_id']} {r['last_run_status']}" if r["last_run_id"] else "-"
         line = f"{r['name'][:24]:<24} {spec[:28]:<28} {nxt:<19}  {last}"
         if r["overdue_seconds"] > stale_after:

@@ -3,13 +3,15 @@ as text (80 columns) or returned as JSON-ready data. Never writes."""
 
 from __future__ import annotations
 
+import math
 import textwrap
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.json import JsonbLoader
 
 from .queries import load
 
@@ -30,10 +32,50 @@ class _BoundedTimestamptzLoader(TimestamptzLoader):
             return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
 
 
-def tolerant(cur: psycopg.Cursor[Any]) -> psycopg.Cursor[Any]:
-    """`cur`, reading every timestamptz whatever its value (see _BoundedTimestamptzLoader)."""
-    cur.adapters.register_loader("timestamptz", _BoundedTimestamptzLoader)
-    return cur
+# How deep a jsonb value a reader takes as JSON: Python's encoders (json.dumps with an indent,
+# which the readers fall back to past orjson's limits) recurse per level, and a value that
+# decodes may still be too deep to print.
+READABLE_DEPTH = 200
+
+
+class _BoundedJsonbLoader(JsonbLoader):
+    """Reads a jsonb nested deeper than READABLE_DEPTH as its text (a string) instead of raising
+    there or later: the worker role can write such a payload, result or history."""
+
+    def load(self, data: Any) -> Any:
+        raw = bytes(data)
+        try:
+            value = super().load(raw)
+        except RecursionError:
+            return raw.decode("utf-8", "replace")
+        # The nesting is at most the number of brackets: count them (fast) before walking.
+        if raw.count(b"[") + raw.count(b"{") > READABLE_DEPTH and _deeper(value, READABLE_DEPTH):
+            return raw.decode("utf-8", "replace")
+        return value
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists and dicts more than `limit` deep (without recursing)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+_Reader = TypeVar("_Reader", psycopg.Connection[Any], psycopg.Cursor[Any])
+
+
+def tolerant(reader: _Reader) -> _Reader:
+    """`reader` (a cursor, or a connection and its cursors to come), reading every timestamptz
+    and every jsonb however deep, whatever its value (_BoundedTimestamptzLoader,
+    _BoundedJsonbLoader)."""
+    reader.adapters.register_loader("timestamptz", _BoundedTimestamptzLoader)
+    reader.adapters.register_loader("jsonb", _BoundedJsonbLoader)
+    return reader
 
 
 def terminal_safe(text: object) -> str:
@@ -177,15 +219,62 @@ def progress_rate(
 
 
 def duration(seconds: float | None) -> str:
-    """`42s`, `3m05s`, `2h07m`; `?` when unknown."""
+    """`42s`, `3m05s`, `2h07m`; `?` when unknown; `∞` and `NaN` for a float column's values
+    that are no duration (a row's `Infinity` or `NaN`, which the schema admits)."""
     if seconds is None:
         return "?"
-    s = max(0, round(seconds))
+    if math.isnan(seconds) or seconds == math.inf:
+        return number_text(seconds)
+    s = max(0, round(seconds)) if seconds > -math.inf else 0
     if s < 60:
         return f"{s}s"
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def number_text(value: float) -> str:
+    """A float as people read it (`60`, `0.5`, `1e+15`): `∞`, `-∞` and `NaN` for the values a
+    float column admits that are no number to format."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    return f"{value:g}"
+
+
+def seconds_text(value: float) -> str:
+    """An interval in seconds as written in a row: `60s`, `0.5s`; `∞`, `NaN` (number_text)."""
+    return f"{value:g}s" if math.isfinite(value) else number_text(value)
+
+
+# What _BoundedTimestamptzLoader reads `infinity` and `-infinity` as (and any timestamp past
+# what Python holds, after year 9999 or before year 1).
+AFTER_ALL = datetime.max.replace(tzinfo=UTC)
+BEFORE_ALL = datetime.min.replace(tzinfo=UTC)
+
+
+def instant_text(value: datetime | str | None, empty: str = "-") -> str:
+    """A timestamp (a datetime, or the ISO text of a JSON snapshot) as `YYYY-MM-DD HH:MM:SS`
+    UTC; `infinity` or `-infinity` for one Python cannot hold (tolerant's reading); text that is
+    no timestamp as it is; `empty` when unset."""
+    if value is None or value == "":
+        return empty
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return str(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    if value == AFTER_ALL:
+        return "infinity"
+    if value == BEFORE_ALL:
+        return "-infinity"
+    try:
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except OverflowError:  # within Python's years in its own zone, not in UTC's
+        return value.strftime("%Y-%m-%d %H:%M:%S%z")
 
 
 def rate_text(rate: float | None) -> str:
@@ -297,11 +386,16 @@ def _render_connections(connections: list[dict[str, Any]]) -> list[str]:
             if c["last_run_id"]
             else "never run"
         )
-        nxt = f"next {c['next_run_at'][:19]}" if c["next_run_at"] else "no schedule"
+        nxt = f"next {instant_text(c['next_run_at'])}" if c["next_run_at"] else "no schedule"
         head = f"  {c['id']:<5} {c['workspace'][:12]}/{c['provider'][:12]} {c['status']} "
         out.append(f"{head}{last}; {nxt}"[:80])
-        for name, t in sorted((c["tables"] or {}).items())[:10]:
-            if t.get("status") == "failed":
+        # The run's result is whatever its handler (or a worker-role write) left: per-table
+        # results only when they have that shape, anything else shown as it is.
+        tables = c["tables"] if isinstance(c["tables"], dict) else {}
+        for name, t in sorted(tables.items())[:10]:
+            if not isinstance(t, dict):
+                detail = str(t)
+            elif t.get("status") == "failed":
                 detail = f"failed: {t.get('error') or ''}"
             else:
                 detail = f"+{t.get('upserted', 0)} upserted, -{t.get('tombstoned', 0)} tombstoned"

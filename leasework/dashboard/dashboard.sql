@@ -36,7 +36,9 @@ SELECT kind, extract(epoch FROM leasework.now() - min(queued_at))::float8 AS age
 -- the lease ran out; crashed: the supervisor saw the worker die) and how many of those were
 -- `reclaimed` (the run was claimed again after the lost attempt). A lost lease leaves a second
 -- attempt or a failed, running or cancelled run, so that WHERE keeps the history scan off most
--- rows. One scan of the table per scrape, as status_counts makes.
+-- rows. One scan of the table per scrape, as status_counts makes. A history that is not an array
+-- counts no loss, and an entry's started_at that is no timestamp no reclaim (leasework.try_instant):
+-- the worker role can write any jsonb there, and a scrape must not fail on it.
 WITH finished AS MATERIALIZED (
     SELECT kind, status,
            CASE WHEN started_at IS NOT NULL
@@ -45,9 +47,11 @@ WITH finished AS MATERIALIZED (
      WHERE finished_at IS NOT NULL
 ), lost AS MATERIALIZED (
     SELECT r.kind, e.entry ->> 'outcome' AS outcome,
-           r.started_at > (e.entry ->> 'started_at')::timestamptz AS reclaimed
+           coalesce(r.started_at > leasework.try_instant(e.entry ->> 'started_at'), false)
+               AS reclaimed
       FROM leasework.runs r
-     CROSS JOIN LATERAL jsonb_array_elements(r.history) AS e(entry)
+     CROSS JOIN LATERAL jsonb_array_elements(
+         CASE WHEN jsonb_typeof(r.history) = 'array' THEN r.history ELSE '[]' END) AS e(entry)
      WHERE (r.attempts > 1 OR r.status IN ('failed', 'running', 'cancelled'))
        AND e.entry ->> 'outcome' IN ('expired', 'crashed')
 ), counted AS (

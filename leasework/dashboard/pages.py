@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
 import orjson
 
+from ..status import instant_text, number_text
 from ..text import UNSAFE
 
 
@@ -119,18 +121,10 @@ def esc(value: object) -> str:
 
 
 def when(value: object) -> str:
-    """A timestamp (datetime or ISO text) as `YYYY-MM-DD HH:MM:SS` UTC; blank when unset."""
-    if value is None or value == "":
-        return ""
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return str(value)
-    if isinstance(value, datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(UTC)
-        return value.strftime("%Y-%m-%d %H:%M:%S")
+    """A timestamp (datetime or ISO text) as `YYYY-MM-DD HH:MM:SS` UTC (`infinity`, `-infinity`
+    for one past Python's years); blank when unset; anything else as it is."""
+    if isinstance(value, datetime | str | None):
+        return instant_text(value, empty="")
     return str(value)
 
 
@@ -138,7 +132,9 @@ def ago(seconds: object) -> str:
     """A duration for people: `4 s`, `3 min 5 s`, `2 h 10 min`, `3 d 4 h`."""
     if not isinstance(seconds, int | float):
         return ""
-    s = max(0, int(seconds))
+    if isinstance(seconds, float) and (math.isnan(seconds) or seconds == math.inf):
+        return number_text(seconds)  # a row's NaN or Infinity
+    s = max(0, int(seconds)) if seconds > -math.inf else 0
     if s < 60:
         return f"{s} s"
     if s < 3600:
@@ -373,7 +369,9 @@ def _connections_section(connections: Sequence[Mapping[str, Any]], v: View = PLA
         return ""
     rows = []
     for c in connections:
-        tables = c.get("tables") or {}
+        tables = c.get("tables")
+        if not isinstance(tables, Mapping):  # a result of another shape: no per-table results
+            tables = {}
         results = "<br>".join(
             f"{esc(name)}: {_table_result(t)}" for name, t in sorted(tables.items())
         )
@@ -506,7 +504,7 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
     parts = [
         f'<section id="run"><h2>Run #{esc(rid)}</h2><dl>{dl}</dl></section>',
         _run_actions(run, v),
-        _history_section(run.get("history") or [], run, now),
+        _history_section(run.get("history"), run, now),
         _tables_section(run.get("result")),
     ]
     if run.get("error"):
@@ -615,14 +613,17 @@ def _duration(start: object, end: object) -> str:
     try:
         a = datetime.fromisoformat(str(start))
         b = datetime.fromisoformat(str(end))
-    except ValueError:
+        return ago((b - a).total_seconds())
+    except (ValueError, TypeError, OverflowError):  # not timestamps, or one naive, one aware
         return ""
-    return ago((b - a).total_seconds())
 
 
-def _history_section(history: Sequence[Any], run: Mapping[str, Any], now: datetime | None) -> str:
+def _history_section(history: object, run: Mapping[str, Any], now: datetime | None) -> str:
     """Ended attempts from the run's history, then the attempt in progress, if any (a crashed
-    attempt stays `running` until it is reclaimed; its entry is already in the history)."""
+    attempt stays `running` until it is reclaimed; its entry is already in the history). An
+    entry of another shape (the history is jsonb a worker-role write can set to anything) is
+    shown as its JSON."""
+    entries = history_entries(history)
     rows = [
         [
             esc(h.get("attempt")),
@@ -635,10 +636,11 @@ def _history_section(history: Sequence[Any], run: Mapping[str, Any], now: dateti
             if h.get("error")
             else "",
         ]
-        for h in history
         if isinstance(h, Mapping)
+        else ["", "", "", "", "", "", esc(first_line(json.dumps(h, ensure_ascii=False), 300))]
+        for h in entries
     ]
-    ended = {h.get("attempt") for h in history if isinstance(h, Mapping)}
+    ended = [h.get("attempt") for h in entries if isinstance(h, Mapping)]
     started = run.get("started_at")
     if run.get("status") == "running" and run.get("attempts") not in ended:
         took = (now - started).total_seconds() if isinstance(started, datetime) and now else None
@@ -655,6 +657,14 @@ def _history_section(history: Sequence[Any], run: Mapping[str, Any], now: dateti
         )
     headers = ["#attempt", "worker", "started (UTC)", "ended (UTC)", "took", "outcome", "error"]
     return f'<section id="history"><h2>Attempt history</h2>{table(headers, rows, empty="not started yet")}</section>'
+
+
+def history_entries(history: object) -> list[Any]:
+    """A run's history as a list of entries: a list as it is, nothing for NULL, and any other
+    JSON value as one entry."""
+    if history is None:
+        return []
+    return list(history) if isinstance(history, list) else [history]
 
 
 def _tables_section(result: object) -> str:

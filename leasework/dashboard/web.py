@@ -548,6 +548,8 @@ class DashboardApp:
                 )
             except LeaseworkError as exc:  # down, or a malformed DSN
                 raise Unavailable(log.redact_dsn(str(exc))) from None
+            # Every page reads any timestamp a row holds (infinity too) rather than fail.
+            status.tolerant(conn)
             with conn:  # commits at the end of the request (an action's), or rolls back
                 try:
                     # One transaction per request, its settings local to it: through a pooler in

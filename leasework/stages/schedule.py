@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 from .. import log
 from ..config import Range, doc, section
 from ..queries import load
+from ..status import tolerant
 from ..tasks import Registry, ScheduleSpec, first_fire, next_fire
 from ..workers import idle
 from ..workers.stage import Site
@@ -90,7 +91,9 @@ def enqueue_due_tasks(app: Registry, conn: Conn, limit: int) -> int:
 
 
 def list_schedules(conn: Conn) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
+    """Every schedule, for `leasework schedules` and the dashboard; a timestamp Python cannot
+    hold (infinity) is read as status.tolerant reads it."""
+    with tolerant(conn.cursor(row_factory=dict_row)) as cur:
         return cur.execute(Q["list_schedules"]).fetchall()
 
 

@@ -58,9 +58,14 @@ UPDATE leasework.schedules
 -- overdue_seconds: how long past its next_run_at a schedule is. Any running worker whose app has
 -- the task enqueues it within a poll; one overdue for long is a task no running worker has (its
 -- workers are down, or it was removed from the code: the row then stays, and is never enqueued).
+-- A next_run_at of -infinity is overdue for ever, one of infinity never; neither is subtracted
+-- (an error in Postgres).
 SELECT s.name, s.kind, s.every_seconds, s.cron, s.timezone, s.next_run_at, s.last_enqueued_at,
        s.last_run_id, r.status AS last_run_status,
-       greatest(extract(epoch FROM leasework.now() - s.next_run_at), 0)::float8 AS overdue_seconds
+       CASE WHEN isfinite(s.next_run_at)
+            THEN greatest(extract(epoch FROM leasework.now() - s.next_run_at), 0)::float8
+            WHEN s.next_run_at < leasework.now() THEN 'Infinity'::float8
+            ELSE 0 END AS overdue_seconds
   FROM leasework.schedules s
   LEFT JOIN leasework.runs r ON r.id = s.last_run_id
  ORDER BY s.next_run_at, s.name

@@ -21,6 +21,7 @@ from .. import log
 from ..config import RETENTION, SECONDS, Range, doc, section
 from ..errors import Aborted, ConfigError, LeaseLost, LeaseworkError, Partial
 from ..queries import load
+from ..status import tolerant
 from ..tasks import MAX_EVERY, RESERVED_KEY_PREFIX, Task, check_seconds
 from .connectors import Connection, Connector, Row, Table, TableError
 
@@ -71,7 +72,9 @@ def get_connection(conn: Conn, connection_id: int, *, lock: bool = False) -> Con
 
 
 def list_connections(conn: Conn, limit: int = 1000) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
+    """Connections for `leasework connections list`; a timestamp Python cannot hold (infinity)
+    is read as status.tolerant reads it."""
+    with tolerant(conn.cursor(row_factory=dict_row)) as cur:
         cur.execute(Q["list_connections"], {"limit": limit})
         return cur.fetchall()
 

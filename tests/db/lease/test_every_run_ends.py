@@ -91,3 +91,44 @@ def test_release_does_not_charge_the_attempt(conn: Conn) -> None:
     assert lease.finish(conn, again, "succeeded")
     outcomes = [h["outcome"] for h in get_run(conn, run_id)["history"]]
     assert outcomes == ["released", "succeeded"]
+
+
+# A run's history is jsonb the worker role can write anything into: the claim's reclaim and the
+# settle read its last entry's attempt number, which must be a number to count.
+ODD_HISTORIES = [
+    '[{"attempt": "x"}]',
+    '[{"attempt": 1.5}]',
+    '[{"attempt": 1e30}]',
+    '[{"attempt": true}]',
+    '[{"attempt": [1]}]',
+    '["a plain string"]',
+    '"a plain string"',
+    '{"attempt": "x"}',
+    "7",
+]
+
+
+@pytest.mark.parametrize("history", ODD_HISTORIES)
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_a_history_of_any_shape_is_reclaimed_and_its_run_ends(
+    conn: Conn, tenant: str | None, history: str
+) -> None:
+    app = make_app()
+    run_id = app.enqueue(conn, "job", max_attempts=2, tenant=tenant)
+    assert claim_one(conn) is not None
+    conn.execute(
+        "UPDATE leasework.runs SET history = %s::jsonb WHERE id = %s", (history, run_id)
+    )
+    expire_lease(conn, run_id)
+    again = claim_one(conn, "w2")  # raised (22P02, 22003) while the cast was unguarded
+    assert again is not None and again.id == run_id and again.attempts == 2
+    expire_lease(conn, run_id)
+    assert lease.expire_and_promote(conn, 100) == (1, 0)
+    row = get_run(conn, run_id)
+    assert row["status"] == "failed" and row["error"] == "lease expired"
+    # Nothing the history held is lost; an attempt that is no number counts as none recorded.
+    written = conn.execute("SELECT %s::jsonb", (history,)).fetchone()[0]  # as jsonb keeps it
+    if isinstance(written, list):
+        assert row["history"][: len(written)] == written
+    if "x" in history or "true" in history:
+        assert [h.get("attempt") for h in row["history"][-2:]] == [1, 2]

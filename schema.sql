@@ -215,7 +215,9 @@ CREATE OR REPLACE FUNCTION leasework.claimed_history(r leasework.runs) RETURNS j
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE
                WHEN r.status = 'running'
-                    AND coalesce((r.history -> -1 ->> 'attempt')::int, 0) < r.attempts
+                    AND coalesce(CASE WHEN jsonb_typeof(r.history -> -1 -> 'attempt') = 'number'
+                                      THEN (r.history -> -1 -> 'attempt')::numeric END,
+                                 0) < r.attempts
                THEN r.history || jsonb_build_array(leasework.history_entry(
                    r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
                    'expired', 'lease expired'))
@@ -956,9 +958,13 @@ LANGUAGE sql VOLATILE AS $$
           FROM g WHERE status IN ('succeeded', 'partial', 'failed', 'cancelled')
     ), lost AS (
         SELECT g.kind, e.entry ->> 'outcome' AS outcome,
-               g.started_at > (e.entry ->> 'started_at')::timestamptz AS reclaimed
-          FROM g CROSS JOIN LATERAL jsonb_array_elements(g.history) AS e(entry)
-         WHERE losses AND e.entry ->> 'outcome' IN ('expired', 'crashed')
+               coalesce(g.started_at > leasework.try_instant(e.entry ->> 'started_at'), false)
+                   AS reclaimed
+          FROM g CROSS JOIN LATERAL jsonb_array_elements(
+                   CASE WHEN jsonb_typeof(g.history) = 'array' THEN g.history ELSE '[]' END
+               ) AS e(entry)
+         WHERE losses AND jsonb_typeof(e.entry) = 'object'
+           AND e.entry ->> 'outcome' IN ('expired', 'crashed')
     ), added AS (
         SELECT kind, 'finished' AS name, status AS label, 1::float8 AS value FROM terminal
         UNION ALL

@@ -172,19 +172,8 @@ UPDATE leasework.runs r
        lease_expires_at = leasework.now() + make_interval(secs => coalesce(r.lease_seconds, %(lease)s)),
        started_at = leasework.now(),
        -- A reclaimed run records the attempt that died holding it (unless the supervisor's fast
-       -- release already did: the last entry's attempt). leasework.claimed_history (schema.sql)
-       -- written out, with its cast guarded: the history is jsonb the worker role can write, and
-       -- an attempt that is no integer ("x", 1.5, 1e30) made every claim that reached the run
-       -- fail. Only a JSON number counts, as numeric (no range to overflow); anything else is 0.
-       history = CASE
-           WHEN r.status = 'running'
-                AND coalesce(CASE WHEN jsonb_typeof(r.history -> -1 -> 'attempt') = 'number'
-                                  THEN (r.history -> -1 -> 'attempt')::numeric END, 0) < r.attempts
-           THEN r.history || jsonb_build_array(leasework.history_entry(
-               r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
-               'expired', 'lease expired'))
-           ELSE r.history
-       END
+       -- release already did): leasework.claimed_history, schema.sql (its cast guarded: 0020).
+       history = leasework.claimed_history(r)
  WHERE r.id = ANY(ARRAY(SELECT id FROM chosen))
    -- Each claimed tenant's turn and priority are written first (served: read once, an InitPlan).
    AND (SELECT n FROM served) >= 0

@@ -197,3 +197,34 @@ def test_files_left_indexing_follow_their_ended_ingest_run(conn, workers):
     assert status == {failed: "failed", cancelled: "pending", live: "indexing"}
     error = conn.execute("SELECT error FROM leasework.files WHERE id = %s", (failed,)).fetchone()[0]
     assert error == "lease expired"
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        '"a string"',
+        '{"outcome": "expired"}',
+        '[1, "x", null, [2]]',
+        '[{"outcome": "expired", "started_at": "not a time", "attempt": "x"}]',
+        '[{"outcome": "crashed", "started_at": "2026-01-01T00:00:00Z"}]',
+    ],
+)
+def test_deleting_a_run_whose_history_has_any_shape_keeps_its_counts(conn, history) -> None:
+    """The worker role can write a run's history; the delete trigger (pruning, `leasework
+    delete`) must not fail on whatever it holds, or one row would block every prune batch that
+    includes it. Losses are counted from the entries that are objects with an outcome."""
+    conn.execute("TRUNCATE leasework.runs, leasework.counters")
+    (run_id,) = conn.execute(
+        "INSERT INTO leasework.runs (kind, status, attempts, started_at, finished_at, history)"
+        " VALUES ('odd', 'succeeded', 1, now() - interval '1 s', now(), %s::jsonb) RETURNING id",
+        (history,),
+    ).fetchone()
+    conn.execute("DELETE FROM leasework.runs WHERE id = %s", (run_id,))
+    counts = dict(
+        conn.execute(
+            "SELECT name || ':' || label, value FROM leasework.counters WHERE kind = 'odd'"
+        ).fetchall()
+    )
+    assert counts["finished:succeeded"] == 1
+    assert counts.get("lost:crashed", 0) == (1 if "crashed" in history else 0)
+    assert counts.get("reclaimed:", 0) == (1 if "crashed" in history else 0)

@@ -249,7 +249,7 @@ class DashboardApp:
                 "dashboard_error",
                 logging.ERROR,
                 path=req.path,
-                error=log.redact_dsn(f"{type(exc).__name__}: {exc}"),
+                error=log.clip(f"{type(exc).__name__}: {exc}", 2000),
             )
             return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error (logged)", v)
 

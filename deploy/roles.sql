@@ -1,24 +1,41 @@
 -- Least-privilege roles for leasework. Run as the owner of the `leasework` schema (the role that
 -- ran `leasework migrate`), after migrating; re-run after each upgrade (it revokes what an
 -- older copy of this file granted, then grants what this release needs). No superuser is needed
--- at run time. Grant these NOLOGIN roles to your login roles, e.g.
+-- at run time, nor CREATEROLE once the two roles exist (a superuser can make them first:
+--   CREATE ROLE leasework_worker NOLOGIN; CREATE ROLE leasework_enqueue NOLOGIN;
+-- this file says so when they are missing). With psql: `psql -v ON_ERROR_STOP=1 -f roles.sql`.
+-- Grant these NOLOGIN roles to your login roles, e.g.
 --   CREATE ROLE jobs_host LOGIN PASSWORD '...' IN ROLE leasework_worker;
 --   CREATE ROLE web_app   LOGIN PASSWORD '...' IN ROLE leasework_enqueue;
 -- What each role can and cannot do: README.md, "Security".
 
--- Roles are cluster-wide: two sessions running this file at once must not fail on each other.
+-- Roles are cluster-wide. Each is made only when missing, so a schema owner without CREATEROLE
+-- can run this file once they exist; when one is missing and cannot be made, one line says what
+-- to ask a superuser for. Two sessions making them at once do not fail on each other.
 DO $$
+DECLARE
+    wanted text;
+    missing text[] := '{}';
 BEGIN
-    BEGIN
-        CREATE ROLE leasework_worker NOLOGIN;
-    EXCEPTION WHEN duplicate_object OR unique_violation THEN
-        NULL;
-    END;
-    BEGIN
-        CREATE ROLE leasework_enqueue NOLOGIN;
-    EXCEPTION WHEN duplicate_object OR unique_violation THEN
-        NULL;
-    END;
+    FOREACH wanted IN ARRAY ARRAY['leasework_worker', 'leasework_enqueue'] LOOP
+        CONTINUE WHEN EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = wanted);
+        BEGIN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', wanted);
+        EXCEPTION
+            WHEN duplicate_object OR unique_violation THEN
+                NULL;  -- made meanwhile by another session
+            WHEN insufficient_privilege THEN
+                missing := missing || wanted;
+        END;
+    END LOOP;
+    IF cardinality(missing) > 0 THEN
+        RAISE EXCEPTION 'deploy/roles.sql: % missing and role % cannot create roles (it lacks CREATEROLE): ask a superuser to run `%` (or to grant % CREATEROLE), then run this file again',
+            array_to_string(missing, ' and ') || CASE WHEN cardinality(missing) = 1 THEN ' is' ELSE ' are' END,
+            current_user,
+            (SELECT string_agg(format('CREATE ROLE %I NOLOGIN;', m), ' ') FROM unnest(missing) AS m),
+            current_user
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
 END
 $$;
 

@@ -1207,7 +1207,7 @@ MAX_ERROR_CHARS = 400  # an error line quotes at most this much (the input can b
 def one_line(message: str) -> str:
     """An error message as one printable, password-free line of bounded length: control
     characters (which a terminal or `splitlines` would break on) are shown escaped."""
-    text = terminal_safe(log.redact_dsn(message.strip()))
+    text = terminal_safe(log.clip(message.strip(), MAX_ERROR_CHARS))
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 1] + "…"
     return text

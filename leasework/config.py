@@ -12,6 +12,7 @@ import difflib
 import functools
 import math
 import os
+import re
 import stat
 import sys
 import tomllib
@@ -484,6 +485,20 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     return out
 
 
+# A number in the environment: ASCII digits only. int() and float() also read other scripts'
+# digits (`١٢` is 12) and underscores (`1_0` is 10), which nobody types on purpose.
+_ENV_INTEGER = re.compile(r"[+-]?[0-9]+")
+_ENV_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def env_number(text: str, integer: bool = False) -> int | float:
+    """An integer (or a number) written in the environment or a spec, or ValueError."""
+    text = text.strip()
+    if not (_ENV_INTEGER if integer else _ENV_FLOAT).fullmatch(text):
+        raise ValueError(f"not an ASCII number: {text!r}")
+    return int(text) if integer else float(text)
+
+
 def _convert(name: str, value: Any, where: str) -> Any:
     """Convert one raw value (TOML value or env string) to the field's type, or refuse it."""
     kind = _field(name).type
@@ -504,14 +519,14 @@ def _convert(name: str, value: Any, where: str) -> Any:
         if kind in ("float", "float | None"):
             if isinstance(value, bool):
                 raise TypeError
-            number = float(value) if from_env else value
+            number = env_number(value) if from_env else value
             if not isinstance(number, int | float) or not math.isfinite(number):
                 raise TypeError
             return float(number)
         if kind in ("int", "int | None"):
             if isinstance(value, bool):
                 raise TypeError
-            number = int(value) if from_env else value
+            number = env_number(value, integer=True) if from_env else value
             if not isinstance(number, int):
                 raise TypeError
             return number
@@ -521,7 +536,7 @@ def _convert(name: str, value: Any, where: str) -> Any:
             items = value.split(",") if from_env else value
             if not isinstance(items, list | tuple) or not items:
                 raise TypeError
-            out = tuple(float(x) if from_env else x for x in items)
+            out = tuple(env_number(x) if from_env else x for x in items)
             if any(isinstance(x, bool) or not isinstance(x, int | float) for x in out):
                 raise TypeError
             return tuple(float(x) for x in out)
@@ -531,9 +546,19 @@ def _convert(name: str, value: Any, where: str) -> Any:
         "float": "a number",
         "float | None": "a number",
         "int": "an integer",
+        "int | None": "an integer",
         "tuple[float, ...]": "a non-empty list of numbers",
         "bool": "true or false",
     }.get(str(kind), "a string")
+    written = {  # how the environment writes them
+        "float": "in ASCII digits (like 2.5)",
+        "float | None": "in ASCII digits (like 2.5)",
+        "int": "in ASCII digits (like 8)",
+        "int | None": "in ASCII digits (like 8)",
+        "tuple[float, ...]": "in ASCII digits (like 5,30,120)",
+    }.get(str(kind))
+    if from_env and written:
+        expected += f" {written}"
     raise ConfigError(f"{where}: {name} must be {expected}, got {short(value)}")
 
 
@@ -656,9 +681,10 @@ def _pool_spec(text: str, label: str) -> dict[str, Any]:
 
 
 def _integer(text: str) -> Any:
-    """An integer written in a spec, or the text as it was (the table's check names it)."""
+    """An integer written in a spec (ASCII digits), or the text as it was (the table's check
+    names it)."""
     try:
-        return int(text)
+        return env_number(text, integer=True)
     except ValueError:
         return text
 
@@ -790,6 +816,11 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         return tomllib.loads(data.decode("utf-8-sig"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {where} is not valid TOML: {exc}") from None
+    except RecursionError:  # the parser recurses once per level of nested arrays or tables
+        raise ConfigError(
+            f"config file {where} nests arrays or inline tables too deeply: its keys are flat "
+            "(`pools`, a list of tables, is the deepest value)"
+        ) from None
 
 
 def misspelt(env: Mapping[str, str]) -> list[str]:
@@ -880,13 +911,31 @@ def did_you_mean(key: str) -> str:
     return " (`leasework config --reference` lists every key)"
 
 
+def toml_string(text: str) -> str:
+    """A TOML basic string: quotes and backslashes escaped, and every character a terminal could
+    act on or that would not show as itself (C0 and C1 controls, DEL, bidi controls, line and
+    paragraph separators: what `isprintable()` refuses) written as `\\uXXXX`, so the output is
+    valid TOML, one line, and inert on a terminal."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(f"\\U{ord(ch):08X}")
+    return '"' + "".join(out) + '"'
+
+
 def toml_value(value: Any) -> str:
     if value is None:
         return "unset"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return f'"{value}"'
+        return toml_string(value)
     if isinstance(value, tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, Pool):  # a spec string, which `pools` also reads back

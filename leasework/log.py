@@ -78,36 +78,57 @@ def install_record_factory() -> None:
 
 
 # A password in key=value form: its whole value as libpq reads it, quoted (spaces and escaped
-# quotes inside) or not (backslash-escaped characters, `Top\ Secret`, included).
+# quotes inside) or not (backslash-escaped characters, `Top\ Secret`, included). Linear: no two
+# alternatives of a repetition can take the same character.
 _PASSWORD_KV = re.compile(
     r"(password\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\])+)", re.IGNORECASE | re.DOTALL
 )
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+# A URL's `scheme://` (letters, digits, `+.-`, at least one letter). A match may only start where
+# a run of scheme characters starts (the look-behind), and `[0-9+.-]*` never takes a letter: a
+# failed try costs the run once, not once per character of it (`[A-Za-z][A-Za-z0-9+.-]*://` was
+# quadratic in a long run of letters and digits: 100,000 of them took 10 s).
+_SCHEME = re.compile(r"(?<![A-Za-z0-9+.-])[0-9+.-]*[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def redact_dsn(text: str) -> str:
+def redact_dsn(text: str, *, cut: bool = False) -> str:
     """Hide passwords in a DSN or in any message that may quote one, however malformed: a URL's
     whole userinfo after the user name (up to the last `@` on its line, so a password holding an
-    unencoded `@`, `:` or a space goes whole) and a key=value password's whole value."""
+    unencoded `@`, `:` or a space goes whole) and a key=value password's whole value. Linear in
+    the text. `cut`: the text is the head of a longer one, so a URL on its last line whose `@`
+    was cut off is hidden to the end (what follows the user name may be the password)."""
     text = _PASSWORD_KV.sub(r"\1***", text)
     out: list[str] = []
-    pos = 0
-    for m in _SCHEME.finditer(text):
+    pos = 0  # text[:pos] is in `out`
+    search = 0
+    while (m := _SCHEME.search(text, search)) is not None:
         start = m.end()
-        if start < pos:
-            continue
         end = text.find("\n", start)
         end = len(text) if end == -1 else end
-        at = text.rfind("@", start, end)
+        at = text.rfind("@", start, end)  # the last on the line: no later URL on it has one
+        if at == -1 and cut and end == len(text):
+            at = end
         if at == -1:
+            search = end + 1  # no `@` after this URL on its line: none for any other URL on it
             continue
-        userinfo = text[start:at]
-        if ":" not in userinfo:
+        search = at  # no `://` before `at` has an `@` beyond it but `at` itself
+        if text.find(":", start, at) == -1:
             continue
-        out.append(text[pos:start] + userinfo.split(":", 1)[0] + ":***")
+        out.append(text[pos:start] + text[start : text.index(":", start, at)] + ":***")
         pos = at
     out.append(text[pos:])
     return "".join(out)
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters (its last one `…` when cut), passwords hidden.
+    The work is bounded by `limit` however long the text: only the kept head is scanned, and a
+    password reaching past the cut is hidden (`redact_dsn(cut=True)`), so nothing of a secret
+    is kept because its end was not read."""
+    cut = len(text) > limit
+    out = redact_dsn(text[: max(0, limit - 1)] if cut else text, cut=cut)
+    if not cut and len(out) <= limit:
+        return out
+    return out[: max(0, limit - 1)] + "…"  # `***` can be longer than what it hides
 
 
 def has_password(dsn: str) -> bool:
@@ -115,11 +136,14 @@ def has_password(dsn: str) -> bool:
     return redact_dsn(dsn) != dsn
 
 
+FIRST_LINE_MAX = 2000
+
+
 def first_line(exc: BaseException) -> str:
-    """An error as one log-safe line: its message's first line, DSN passwords redacted; the
-    exception's type when the message is empty."""
+    """An error as one log-safe line: its message's first line (at most FIRST_LINE_MAX
+    characters), DSN passwords redacted; the exception's type when the message is empty."""
     text = str(exc).strip()
-    return redact_dsn(text.splitlines()[0] if text else type(exc).__name__)
+    return clip(text.splitlines()[0] if text else type(exc).__name__, FIRST_LINE_MAX)
 
 
 def _event(record: logging.LogRecord) -> tuple[str, dict[str, Any]]:

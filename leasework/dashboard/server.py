@@ -245,6 +245,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         d = self.server.dashboard
+        problem = framing_problem(self.headers.get_all("Content-Length") or [])
+        if problem is not None:
+            # Where the body ends is in doubt: answer without reading it and close, so none of
+            # its bytes is ever taken for a request of its own (smuggling behind a proxy that
+            # read the framing the other way).
+            self.close_connection = True
+            page = f"{problem}\n".encode()
+            self._send(
+                HTTPStatus.BAD_REQUEST,
+                [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(page)))],
+                b"" if self.command == "HEAD" else page,
+            )
+            return
         body = _Body(self.rfile, self.headers.get("Content-Length"))
         if self.headers.get("Transfer-Encoding") or body.invalid:
             self.close_connection = True  # a body we will not read to its end
@@ -329,6 +342,17 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
 
+def framing_problem(lengths: list[str]) -> str | None:
+    """Why the Content-Length headers leave the body's end in doubt, or None: more than one
+    (even equal: a proxy may have read another), or one that is not ASCII digits (`²` and `٣`
+    are digits to `str.isdigit`, and `int` refuses the first)."""
+    if len(lengths) > 1:
+        return "more than one Content-Length header: send exactly one"
+    if lengths and not (lengths[0].strip().isascii() and lengths[0].strip().isdigit()):
+        return f"Content-Length must be ASCII digits, got {lengths[0].strip()[:20]!r}"
+    return None
+
+
 class _Body:
     """wsgi.input: reads at most Content-Length bytes of the request body, never past it, and
     knows how many are left unread (then the connection is closed after the answer)."""
@@ -336,8 +360,9 @@ class _Body:
     def __init__(self, rfile: Any, length: str | None) -> None:
         self.rfile = rfile
         text = (length or "").strip()
-        self.invalid = bool(text) and not text.isdigit()
-        self.left = int(text) if text.isdigit() else 0
+        digits = text.isascii() and text.isdigit()
+        self.invalid = bool(text) and not digits
+        self.left = int(text) if digits else 0
 
     def read(self, size: int = -1) -> bytes:
         n = self.left if size is None or size < 0 else min(size, self.left)

@@ -217,6 +217,10 @@ class DashboardApp:
             )
         v = pages.View(req.root, actions_on=self.actions)
         try:
+            if "\x00" in req.path or any("\x00" in k + q for k, q in req.query.items()):
+                # No page, parameter or label holds one (Postgres text cannot): a 400, not
+                # the 500 of a statement that refused it.
+                raise BadRequest("the path or query holds a NUL character (%00)")
             if req.method in ("GET", "HEAD"):
                 return self.get(req)
             if req.method == "POST" and self.actions:
@@ -249,7 +253,7 @@ class DashboardApp:
                 "dashboard_error",
                 logging.ERROR,
                 path=req.path,
-                error=log.redact_dsn(f"{type(exc).__name__}: {exc}"),
+                error=log.clip(f"{type(exc).__name__}: {exc}", 2000),
             )
             return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error (logged)", v)
 
@@ -467,7 +471,7 @@ class DashboardApp:
         length = str(req.environ.get("CONTENT_LENGTH") or "").strip()
         if not length:
             raise Refused(HTTPStatus.LENGTH_REQUIRED, "a form needs a Content-Length")
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()):  # `²` is a digit to isdigit()
             raise BadRequest(f"Content-Length {length[:20]!r} is not a number")
         if int(length) > MAX_FORM:
             raise Refused(
@@ -490,6 +494,8 @@ class DashboardApp:
             )
         except (ValueError, UnicodeDecodeError):
             raise BadRequest("the form is not valid urlencoded UTF-8") from None
+        if any("\x00" in k or "\x00" in v for k, vs in pairs.items() for v in vs):
+            raise BadRequest("the form holds a NUL character (%00), which no field takes")
         return {k: v[-1] for k, v in pairs.items()}
 
     def act_on_run(self, action: str, run_id: int) -> str:

@@ -306,9 +306,56 @@ class Context(RunFacts):
                 conns.give_back(conn, lent)
 
 
+ERROR_MAX = 4000  # characters of an error's description kept in a run's history
+_PIECE_MAX = 1000  # of its message, and of each entry of its traceback
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+def _exception_line(exc: BaseException) -> str:
+    """The last line of a traceback (`module.Type: message`), its message cut first."""
+    kind = type(exc).__qualname__
+    if type(exc).__module__ not in ("builtins", "__main__"):
+        kind = f"{type(exc).__module__}.{kind}"
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<exception str() failed>"
+    return log.clip(f"{kind}: {message}" if message else kind, _PIECE_MAX) + "\n"
+
+
+def _traceback_tail(exc: BaseException, limit: int) -> list[str]:
+    """The last `limit` entries of `traceback.format_exception(exc)` (frames, exception lines
+    and the lines joining a chain), built from the end: never the whole chain nor a whole
+    message (the standard library indents a message line by line, a second per million)."""
+    backwards: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(backwards) < limit:
+        seen.add(id(current))
+        backwards.append(_exception_line(current))
+        if current.__traceback__ is not None:
+            frames = traceback.format_tb(current.__traceback__, -limit)
+            backwards.extend(log.clip(f, _PIECE_MAX) for f in reversed(frames))
+            backwards.append("Traceback (most recent call last):\n")
+        if current.__cause__ is not None:
+            backwards.append(_CAUSE)
+            current = current.__cause__
+        elif current.__context__ is not None and not current.__suppress_context__:
+            backwards.append(_CONTEXT)
+            current = current.__context__
+        else:
+            current = None
+    return backwards[:limit][::-1]
+
+
 def describe_error(exc: BaseException, limit: int = 8) -> str:
-    """`Type: message` plus the tail of the traceback, for the run's history."""
-    head = f"{type(exc).__name__}: {exc}"
-    tail = "".join(traceback.format_exception(exc)[-limit:])
+    """`Type: message` plus the tail of the traceback (its last `limit` entries), for the run's
+    history: at most ERROR_MAX characters, passwords hidden. Each piece is cut to its head
+    before it is scanned (`log.clip`), so a message of megabytes costs what its first thousand
+    characters cost, not seconds with the GIL held (the lease keeper's thread starved with
+    it)."""
+    head = log.clip(f"{type(exc).__name__}: {exc}", _PIECE_MAX)
+    tail = "".join(_traceback_tail(exc, limit))
     text = head if not tail else f"{head}\n{tail}"
-    return log.redact_dsn(text)[-4000:]
+    return text[-ERROR_MAX:]

@@ -1,9 +1,11 @@
 """deploy/roles.sql: a worker runs under the worker role; the enqueue role can enqueue and
-cancel but cannot touch a lease column."""
+cancel but cannot touch a lease column. The file runs as a schema owner that is no superuser
+and has no CREATEROLE once the roles exist, and names what to ask a superuser for when not."""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -11,7 +13,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from leasework import App, Config
+from leasework import App, Config, db
 from leasework.errors import ConfigError
 from leasework.workers.worker import Worker
 
@@ -136,3 +138,118 @@ def test_the_enqueue_role_cannot_take_a_familys_key(conn, roles, tmp_path):
         ("purge", f"leasework:connection:{cid}"),
     ]
     assert get_run(conn, purge)["status"] in ("waiting", "queued")
+
+
+# -- run by a schema owner that is no superuser (issue 34) ---------------------------------------
+
+
+class Owners:
+    """Login roles that are no superuser, each owning a database it migrated itself (as
+    `leasework migrate` would), and role names of their own for roles.sql to make: all dropped
+    after the test (roles are cluster-wide, and other suites share the server)."""
+
+    def __init__(self, server_dsn: str) -> None:
+        self.server_dsn = server_dsn
+        self.made: list[tuple[str, str]] = []
+        self.roles: list[str] = []
+
+    def dsn(self, createrole: bool = False) -> str:
+        name, db_name = f"lw_owner_{secrets.token_hex(4)}", f"lw_roles_{secrets.token_hex(4)}"
+        with psycopg.connect(self.server_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER {}").format(
+                    sql.Identifier(name), sql.SQL("CREATEROLE" if createrole else "NOCREATEROLE")
+                )
+            )
+            self.made.append((name, db_name))
+            admin.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(db_name), sql.Identifier(name)
+                )
+            )
+        params = conninfo_to_dict(self.server_dsn)
+        params.update(user=name, dbname=db_name)
+        owner_dsn = make_conninfo(**params)
+        with psycopg.connect(owner_dsn, autocommit=True) as c:
+            db.migrate(c)
+        return owner_dsn
+
+    def role_names(self) -> tuple[str, str]:
+        """Names for the worker and enqueue roles that no other test uses."""
+        worker, enqueue = f"lw_w_{secrets.token_hex(4)}", f"lw_e_{secrets.token_hex(4)}"
+        self.roles += [worker, enqueue]
+        return worker, enqueue
+
+    def drop(self) -> None:
+        with psycopg.connect(self.server_dsn, autocommit=True) as admin:
+            for name, db_name in self.made:
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(db_name)
+                    )
+                )
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+            for name in self.roles:
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def owners(server_dsn: str) -> Iterator[Owners]:
+    made = Owners(server_dsn)
+    yield made
+    made.drop()
+
+
+def _renamed(worker: str, enqueue: str) -> str:
+    """roles.sql for roles of other names: the cluster's own leasework roles stay untouched."""
+    return (
+        ROLES.read_text().replace("leasework_worker", worker).replace("leasework_enqueue", enqueue)
+    )
+
+
+def test_an_owner_without_createrole_runs_roles_sql_once_the_roles_exist(conn, owners):
+    conn.execute(ROLES.read_text())  # as a superuser: the roles exist
+    with psycopg.connect(owners.dsn(), autocommit=True) as c:
+        assert c.execute(
+            "SELECT rolsuper, rolcreaterole FROM pg_roles WHERE rolname = current_user"
+        ).fetchone() == (False, False)
+        c.execute(ROLES.read_text())
+        c.execute(ROLES.read_text())  # and again, as after an upgrade
+        granted = c.execute(
+            "SELECT has_table_privilege('leasework_worker', 'leasework.runs', 'UPDATE'),"
+            " has_function_privilege('leasework_enqueue', 'leasework.cancel(bigint)', 'EXECUTE'),"
+            " has_table_privilege('leasework_enqueue', 'leasework.runs', 'SELECT')"
+        ).fetchone()
+    assert granted == (True, True, False)
+
+
+def test_missing_roles_that_the_owner_cannot_create_are_named_in_one_line(owners, server_dsn):
+    worker, enqueue = owners.role_names()
+    with psycopg.connect(owners.dsn(), autocommit=True) as c:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as err:
+            c.execute(_renamed(worker, enqueue))
+        message = err.value.diag.message_primary or ""
+        assert "\n" not in message
+        assert "ask a superuser to run" in message and "CREATEROLE" in message, message
+        assert f"CREATE ROLE {worker} NOLOGIN; CREATE ROLE {enqueue} NOLOGIN;" in message
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(worker)))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as err:
+            c.execute(_renamed(worker, enqueue))
+        message = err.value.diag.message_primary or ""
+        assert f"{enqueue} is missing" in message and f"CREATE ROLE {worker}" not in message
+        # Nothing of the file was applied: it stopped at the roles.
+        assert c.execute(
+            "SELECT has_table_privilege(%s, 'leasework.runs', 'UPDATE')", (worker,)
+        ).fetchone() == (False,)
+
+
+def test_an_owner_with_createrole_makes_the_missing_roles(owners):
+    worker, enqueue = owners.role_names()
+    with psycopg.connect(owners.dsn(createrole=True), autocommit=True) as c:
+        c.execute(_renamed(worker, enqueue))
+        assert c.execute(
+            "SELECT has_table_privilege(%s, 'leasework.runs', 'UPDATE'),"
+            " has_table_privilege(%s, 'leasework.runs', 'SELECT')",
+            (worker, enqueue),
+        ).fetchone() == (True, False)

@@ -166,3 +166,78 @@ def test_connections_are_capped(dsn: str, monkeypatch: pytest.MonkeyPatch) -> No
             time.sleep(0.1)
         else:
             raise AssertionError("slots were not given back")
+
+
+# -- framing and NUL (issue 34) ------------------------------------------------------------------
+
+NEXT = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [b"0", str(len(NEXT)).encode()],  # conflicting: the smuggling case
+        [str(len(NEXT)).encode(), b"0"],
+        [str(len(NEXT)).encode()] * 2,  # equal: still two framings to trust
+        [b"\xb2"],  # `²` in latin-1: a digit to str.isdigit, not to int()
+        [b"1\xb9"],
+        [b"+5"],
+        [b"-1"],
+        [b"1_0"],
+        [b"0x10"],
+        [b""],
+    ],
+    ids=lambda v: "+".join(x.decode("latin-1") for x in v) or "empty",
+)
+def test_doubtful_content_lengths_get_400_and_the_body_is_never_a_request(
+    dsn: str, capfd: pytest.CaptureFixture[str], lengths: list[bytes]
+) -> None:
+    head = b"POST /healthz HTTP/1.1\r\nHost: localhost\r\n"
+    head += b"".join(b"Content-Length: " + n + b"\r\n" for n in lengths)
+    with running_dashboard(fast_config(dsn)) as d:
+        answer = _raw(d.port, head + b"\r\n" + NEXT)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1, answer  # the body was not served as a request
+    assert b"Connection: close" in answer and b"Content-Length" in answer.split(b"\r\n\r\n")[1]
+    for name, value in SECURITY_HEADERS.items():
+        assert f"{name}: {value}".encode() in answer
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_one_plain_content_length_still_frames_the_next_request(dsn: str) -> None:
+    """The control: one honest length, and the bytes after it are the next request on the same
+    connection (a body the application leaves unread closes it instead)."""
+    first = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
+    last = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    with running_dashboard(fast_config(dsn)) as d:
+        answer = _raw(d.port, first + last)
+    assert answer.count(b"HTTP/1.1 200 ") == 2, answer
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/runs?kind=%00", "/runs?status=failed&kind=a%00b", "/runs?%00=1", "/runs/%00", "/%00",
+     "/kinds?x=%00", "/healthz?kind=%00"],
+)  # fmt: skip
+def test_a_nul_in_the_path_or_query_is_400(conn: Any, dsn: str, target: str) -> None:
+    with running_dashboard(fast_config(dsn)) as d:
+        resp = request(f"{d.url.rstrip('/')}{target}")
+    assert resp.status == 400, (target, resp.status, resp.text[:300])
+    assert "NUL" in resp.text
+
+
+def test_a_nul_in_an_actions_form_is_400_and_changes_nothing(conn: Any, dsn: str) -> None:
+    from leasework import App
+
+    from ..db.dashboard_helpers import Client
+
+    app = App()
+    app.task("mail")(lambda ctx, payload: None)
+    run_id = app.enqueue(conn, "mail")
+    with running_dashboard(fast_config(dsn), actions=True) as d:
+        c = Client(d.url)
+        token = c.token(f"/runs/{run_id}")
+        resp = c.post("/kinds/pause", {"csrf": token, "kind": "mail\x00"})
+        assert resp.status == 400 and "NUL" in resp.text, resp.text[:300]
+        assert conn.execute("SELECT count(*) FROM leasework.paused_kinds").fetchone() == (0,)
+        assert c.post("/kinds/pause", {"csrf": token, "kind": "mail"}).status == 303  # control

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from leasework import App
+from leasework.cli import register_sections
 from leasework.config import load
 from leasework.errors import ConfigError, PayloadError, ResultError
 from leasework.workers import lease
@@ -117,7 +118,9 @@ def test_config_file_values_out_of_range_name_key_and_file(
     path = tmp_path / "lw.toml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle) as err:
-        load(path, env={})
+        # As the CLI reads it: the families' sections (embedding_dim is the documents') are
+        # registered first, not left to whichever test imported them before this one.
+        load(path, env={}, prepare=register_sections)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
@@ -143,7 +146,70 @@ def test_misspelt_variables_get_a_did_you_mean(cli: Any) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("LEASEWORK_PROCESSES", "\u0661\u0662"),  # Arabic-Indic 12, which int() reads
+        ("LEASEWORK_PROCESSES", "1_0"),  # 10 to int()
+        ("LEASEWORK_PROCESSES", "\uff18"),  # a fullwidth 8
+        ("LEASEWORK_LEASE", "\u0663\u0660"),
+        ("LEASEWORK_LEASE", "3_0.5"),
+        ("LEASEWORK_BACKOFF", "1,2_0"),
+        ("LEASEWORK_BACKOFF", "1,\u0662"),
+    ],
+)
+def test_environment_numbers_are_ascii_digits(cli: Any, setting: str, value: str) -> None:
+    result = cli("config", env={setting: value})
+    one_line_exit_2(result, "in ASCII digits (like ")
+    assert setting in result.stderr
+
+
+def test_a_pool_spec_counts_in_ascii_digits(cli: Any) -> None:
+    one_line_exit_2(
+        cli("config", env={"LEASEWORK_POOLS": "io:\u0662:fetch"}),
+        "processes must be an integer",
+    )
+    assert cli("config", env={"LEASEWORK_POOLS": "io:2:fetch"}).returncode == 0
+
+
 # -- the config file --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "lease = " + "[" * 5000 + "1" + "]" * 5000 + "\n",
+        "app = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n",
+        "backoff = " + "[" * 100_000 + "\n",
+    ],
+    ids=["arrays", "inline-tables", "unclosed"],
+)
+def test_a_deeply_nested_config_file_is_refused_in_one_line(
+    tmp_path: Path, cli: Any, text: str
+) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text(text)
+    one_line_exit_2(cli("config", "--config", str(path)), "nests arrays or inline tables")
+    with pytest.raises(ConfigError, match="too deeply"):
+        load(path, env={})
+
+
+def test_config_shows_control_characters_escaped_as_valid_toml(tmp_path: Path, cli: Any) -> None:
+    """ESC, a C1 CSI, a bidi override and a line separator in a DSN and in the app's name: the
+    printout is TOML that reads back to the same (redacted) values, with none of them raw."""
+    import tomllib
+
+    dsn = "host=h application_name=a\x1b[2Jb\u009b2J\u202egnp\u2028x password=Sec\x1bret"
+    result = cli("config", with_dsn=False, env={"LEASEWORK_DSN": dsn, "LEASEWORK_APP": 'a"\x1b'})
+    assert result.returncode == 0, result.stderr
+    for raw in ("\x1b", "\u009b", "\u202e", "\u2028", "Sec"):
+        assert raw not in result.stdout
+    assert "\\u001B[2J" in result.stdout
+    printed = tomllib.loads(result.stdout)
+    assert (
+        printed["dsn"] == "host=h application_name=a\x1b[2Jb\u009b2J\u202egnp\u2028x password=***"
+    )
+    assert printed["app"] == 'a"\x1b'
 
 
 def test_config_file_must_be_a_small_regular_file(tmp_path: Path, cli: Any) -> None:

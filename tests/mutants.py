@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "leasework"
+TIMEOUT = 300  # seconds for one mutant's tests
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,19 @@ MUTANTS = [
         ),
         says="not delivered after the statement",
         why="a cancel that arrives during leasework's own statement is never delivered",
+    ),
+    Mutant(
+        name="async-cancel-inside-the-statement",
+        path="workers/acontext.py",
+        remove="        if self._shield:\n            self._pending = True",
+        replace="        if False:\n            self._pending = True",
+        tests=(
+            "tests/db/test_async.py"
+            "::test_a_cancel_that_arrives_during_leaseworks_statement_is_delivered_after_it",
+        ),
+        says="delivered inside leasework's statement",
+        why="a cancel is delivered inside leasework's own statement (the pool connection given "
+        "back half-way)",
     ),
 ]
 
@@ -131,14 +145,18 @@ def run(mutant: Mutant, python: str = sys.executable) -> Outcome:
         env["LEASEWORK_MUTANT_PROBE"] = str(probe)
         # -P: the working directory (the real package's parent) is not put first on sys.path.
         command = [python, "-P", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-        proc = subprocess.run(
-            [*command, "-p", "leasework_mutant_probe", *mutant.tests],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        try:
+            proc = subprocess.run(
+                [*command, "-p", "leasework_mutant_probe", *mutant.tests],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:  # killed: its test database is left behind
+            output = f"the tests ran past {TIMEOUT} s: a hang is not a catch"
+            return Outcome(mutant, False, time.monotonic() - started, output)
         output = proc.stdout + proc.stderr
         files = probe.read_text(encoding="utf-8").split() if probe.exists() else []
         elsewhere = [

@@ -6,8 +6,8 @@ the mutant broke.
 
     python -m tests.mutants [NAME ...]     # or: make mutants
 
-prints caught/survived per mutant and exits 1 if any survived. tests/db/test_source_mutants.py
-runs each one in the suite."""
+prints caught/survived per mutant and exits 1 if any survived (about a minute: a pytest session
+and a database per mutant, hence not in `make test`)."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def run(mutant: Mutant, python: str = sys.executable) -> Outcome:
             output = f"the tests ran past {TIMEOUT} s: a hang is not a catch"
             return Outcome(mutant, False, time.monotonic() - started, output)
         output = proc.stdout + proc.stderr
-        files = probe.read_text(encoding="utf-8").split() if probe.exists() else []
+        files = probe.read_text(encoding="utf-8").splitlines() if probe.exists() else []
         elsewhere = [
             f for f in files if f != "None" and not f.startswith(str(where / "leasework"))
         ]

@@ -1,8 +1,9 @@
 """Async handlers on real Postgres: several runs at once per worker on one event loop, each under
 its own lease. Concurrency caps (the worker's, a kind's), outcomes, cancel / timeout / lost lease
-reaching a run that never awaits ctx.check() (its task is cancelled), the fenced transaction and
-checkpoints on the async pool, a blocking call detected, a graceful and a fast stop, and the
-registration checks."""
+reaching a run that never awaits ctx.check() (its task is cancelled), a cancel landing during
+leasework's own statement delivered after it, never inside (tests/mutants.py), the fenced
+transaction and checkpoints on the async pool, a blocking call detected, a graceful and a fast
+stop, and the registration checks."""
 
 from __future__ import annotations
 

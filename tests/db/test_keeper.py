@@ -2,7 +2,8 @@
 keeps its lease, and a cancel, a timeout or a lost lease interrupts it where it blocks (a sleep,
 a query of its own); an interrupted pooled connection is discarded, never reused half-way. The
 keeper's give-up rule (renewal failing until 0.9 of the lease) is checked on a moved clock, and
-both rules have a mutation that the checks here catch."""
+both rules have a mutation that the checks here catch. So is a task's lease shorter than the
+worker's, renewed at its own pace (tests/mutants.py plants the worker's pace instead)."""
 
 from __future__ import annotations
 

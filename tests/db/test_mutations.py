@@ -1,8 +1,8 @@
 """The suite must be able to fail: load a query from its .sql file, break one rule on purpose (a
 renewal without its owner predicate, a claim that ignores cancel requests, one branch of the claim
-without its attempts check, a fence whose idle timeout is off, an ingest re-check that looks at
-the scope only), and show that the invariant checks that pass on the real query fail on the
-mutant, by their assertions.
+without its attempts check or out of the order rule, a fence whose idle timeout is off, an ingest
+re-check that looks at the scope only), and show that the invariant checks that pass on the real
+query fail on the mutant, by their assertions. (Bugs planted in Python code: tests/mutants.py.)
 
 The claim states each rule twice, in its tenanted and its untenanted branch (lease.sql,
 claim_runs), so a mutation can break one branch alone (`branch`: the CTE to mutate in); the

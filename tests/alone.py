@@ -7,6 +7,7 @@ chaos runs excepted) in a pytest of its own and lists the files that fail.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +28,10 @@ def main(argv: list[str]) -> int:
     if missing:
         print(f"no test file {missing[0]}: give test files, e.g. tests/db/test_cli.py", file=sys.stderr)
         return 2
+    # This tree's package first, for the commands the tests start too (`python -m leasework`), which
+    # would otherwise import whichever leasework the environment has installed.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     failed: list[str] = []
     for f in files:
         name = str(f.resolve().relative_to(ROOT))
@@ -34,6 +39,7 @@ def main(argv: list[str]) -> int:
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not chaos", name],
             cwd=ROOT,
+            env=env,
             capture_output=True,
             text=True,
         )

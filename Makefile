@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo chaos clean bench bench-quick bench-long bench-peers bench-async compat
+.PHONY: test test-alone mutants lint demo chaos clean bench bench-quick bench-long bench-peers bench-async compat
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,6 +17,16 @@ lint: $(STAMP)
 
 test: lint
 	$(VENV)/bin/pytest -q -m 'not chaos' tests
+
+# Each test file in a pytest of its own (chaos excepted): every one must pass alone, not only in
+# the suite's order (tests/alone.py). Slow: one session, database and all, per file.
+test-alone: $(STAMP)
+	$(PY) -m tests.alone
+
+# Bugs planted in Python source, each in a copy of the package, that the named tests must catch
+# (tests/mutants.py; the SQL ones are tests/db/test_mutations.py, in `make test`). About a minute.
+mutants: $(STAMP)
+	$(PY) -m tests.mutants
 
 chaos: $(STAMP)
 	$(VENV)/bin/pytest -q -m chaos tests

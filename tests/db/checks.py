@@ -17,7 +17,7 @@ from leasework import App, operations
 from leasework.text import UNSAFE
 from leasework.workers import lease
 
-from ..conftest import expire_lease, get_run, shift_clock, wait_for
+from ..conftest import expire_lease, get_run, shift_clock, truncate_all, wait_for
 
 Conn = psycopg.Connection[Any]
 KINDS = ["job", "other"]
@@ -143,6 +143,59 @@ def delayed_run_is_claimed_only_when_due(conn: Conn, tenant: str | None = None) 
         assert claim.tenant == tenant
     finally:
         shift_clock(conn, 0)
+
+
+def drain(conn: Conn) -> list[int]:
+    """Claim and seal one run at a time until nothing is claimed: the ids in claim order."""
+    order = []
+    while (claim := claim_one(conn)) is not None:
+        assert lease.finish(conn, claim, "succeeded")
+        order.append(claim.id)
+    return order
+
+
+def claim_order_is_priority_then_queued_at(conn: Conn, tenant: str | None = None) -> None:
+    """The order rule: priority first, then (between tenants) turns, then queued_at. Runs of one
+    tenant (or none) over two kinds come out by priority, then queued_at, whichever kind each is;
+    an expired lease and a queued run of one tenant by priority, the older one waiting; and with
+    a tenant, a tenant served more lately but holding an urgent run goes before one whose turn
+    comes first."""
+    app = make_app()
+    late = app.enqueue(conn, "job", priority=0, tenant=tenant)
+    urgent = app.enqueue(conn, "other", priority=-5, tenant=tenant)
+    also_late = app.enqueue(conn, "job", priority=0, tenant=tenant)
+    background = app.enqueue(conn, "other", priority=10, tenant=tenant)
+    soon = app.enqueue(conn, "job", priority=-1, tenant=tenant)
+    assert drain(conn) == [urgent, soon, late, also_late, background], (
+        "runs of one tenant were not claimed by priority, then queued_at"
+    )
+
+    # A queued run of a better priority beats an older run whose lease expired.
+    truncate_all(conn)
+    stale = app.enqueue(conn, "job", priority=0, tenant=tenant)
+    held = claim_one(conn, "gone")
+    assert held is not None and held.id == stale
+    expire_lease(conn, stale)
+    better = app.enqueue(conn, "other", priority=-5, tenant=tenant)
+    assert drain(conn) == [better, stale], (
+        "an expired run was claimed before a queued run of a better priority"
+    )
+    if tenant is None:
+        return
+
+    # Two tenants: `served` had a turn lately (its turn is one ahead of `waiting`'s), then
+    # queues an urgent run; `waiting` holds an ordinary run. Priority comes before turns.
+    truncate_all(conn)
+    served, waiting = f"{tenant}-served", f"{tenant}-waiting"
+    app.enqueue(conn, "job", tenant=served)
+    assert drain(conn) != []
+    ordinary = app.enqueue(conn, "job", priority=0, tenant=waiting)
+    pressing = app.enqueue(conn, "other", priority=-5, tenant=served)
+    turns = dict(conn.execute("SELECT name, turn FROM leasework.tenants").fetchall())
+    assert turns[waiting] < turns[served], turns  # else the walk's order is not tested
+    assert drain(conn) == [pressing, ordinary], (
+        "a tenant's urgent run waited for another tenant's turn: priority comes before turns"
+    )
 
 
 def claim_takes_only_its_kinds(conn: Conn, tenant: str | None = None) -> None:

@@ -1,8 +1,9 @@
 """Async handlers on real Postgres: several runs at once per worker on one event loop, each under
 its own lease. Concurrency caps (the worker's, a kind's), outcomes, cancel / timeout / lost lease
-reaching a run that never awaits ctx.check() (its task is cancelled), the fenced transaction and
-checkpoints on the async pool, a blocking call detected, a graceful and a fast stop, and the
-registration checks."""
+reaching a run that never awaits ctx.check() (its task is cancelled), a cancel landing during
+leasework's own statement delivered after it, never inside (tests/mutants.py), the fenced
+transaction and checkpoints on the async pool, a blocking call detected, a graceful and a fast
+stop, and the registration checks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from leasework import Aborted, App, Config, ConfigError, LeaseLost, Retry
 from leasework.config import parse_pools
@@ -263,6 +265,98 @@ def test_a_cancel_cancels_the_task_of_a_run_that_never_checks(
     assert sorted(others) == sorted(rest), "the other runs of the worker went on"
     row = get_run(conn, victim)
     assert row["history"][-1]["outcome"] == "cancelled"
+
+
+GATE = 734_215  # the advisory lock a gated session's UPDATE of leasework.runs waits on
+
+
+@contextmanager
+def gated_updates(conn: Conn, dsn: str, application_name: str) -> Iterator[Conn]:
+    """Until the block ends or the gate is opened (`pg_advisory_unlock(GATE)` on the connection
+    yielded), every UPDATE of leasework.runs sent by a session named `application_name` waits,
+    before it touches a row, at a statement trigger: a statement of leasework's held in flight
+    while every other session (the keeper, a cancel) goes on."""
+    conn.execute(
+        sql.SQL(
+            """CREATE OR REPLACE FUNCTION public.gate() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN
+                   IF current_setting('application_name') = TG_ARGV[0] THEN
+                       PERFORM pg_advisory_xact_lock_shared({});
+                   END IF;
+                   RETURN NULL;
+               END $$"""
+        ).format(sql.Literal(GATE))
+    )
+    conn.execute(
+        sql.SQL(
+            "CREATE TRIGGER gate BEFORE UPDATE ON leasework.runs"
+            " FOR EACH STATEMENT EXECUTE FUNCTION public.gate({})"
+        ).format(sql.Literal(application_name))
+    )
+    try:
+        with psycopg.connect(dsn, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (GATE,))
+            yield holder
+    finally:
+        conn.execute("DROP TRIGGER gate ON leasework.runs")
+
+
+def test_a_cancel_that_arrives_during_leaseworks_statement_is_delivered_after_it(
+    conn: Conn, make_worker: MakeWorker, dsn: str
+) -> None:
+    """The cancel lands while the handler's task waits inside leasework's own statement (a
+    checkpoint, held at a gate in the database): it is not delivered there (the pool connection
+    would be given back half-way), and it is delivered at the handler's first await after the
+    statement has ended, not deferred for ever."""
+    app = App()
+    seen: list[str] = []
+
+    @app.task("gated")
+    async def gated(ctx: AsyncContext, payload: Any) -> None:
+        try:
+            await ctx.checkpoint(1)
+        except asyncio.CancelledError:
+            seen.append("cancelled inside the statement")
+            raise
+        seen.append("checkpoint written")
+        try:
+            for _ in range(1000):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            seen.append("cancelled after the statement")
+            raise
+        seen.append("never cancelled")
+
+    run_id = app.enqueue(conn, "gated")
+    worker = make_worker(app, **QUICK)
+    pool_name = f"leasework:{worker.id}"  # the async pool's sessions (workers/aexecutor.py)
+
+    def at_the_gate() -> bool:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            " AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+            (pool_name,),
+        ).fetchone()
+        return row == (1,)
+
+    with gated_updates(conn, dsn, pool_name) as gate, serving(worker):
+        wait_for(at_the_gate, timeout=30)
+        assert App().cancel(conn, run_id) == "running"
+        wait_for(lambda: (h := worker.keeper.get(run_id)) is not None and h.interrupted, 30)
+        worker.keeper.tend()  # under the keeper's lock: its interrupt has been sent
+        loop = worker.aexecutor.loop
+        assert loop is not None
+        # The loop has run the interrupt's callback (queued before this one).
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=30)
+        assert seen == [], "the cancel was delivered inside leasework's statement"
+        assert at_the_gate()
+        gate.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
+        wait_for(lambda: get_run(conn, run_id)["status"] not in ("queued", "running"), 30)
+    assert seen == ["checkpoint written", "cancelled after the statement"], (
+        f"the cancel was not delivered after the statement ended: {seen}"
+    )
+    row = get_run(conn, run_id)
+    assert row["status"] == "cancelled" and row["processed_units"] == 1
 
 
 def test_a_timeout_cancels_the_task_and_the_attempt_fails(

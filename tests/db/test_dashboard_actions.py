@@ -1,9 +1,10 @@
 """The dashboard's actions over plain HTTP (no browser, so these run wherever Postgres does):
 cancel, retry, delete, pause and resume as POST forms, each checked in the database; the CSRF
-token required (missing, wrong, from another dashboard, without its cookie, posted from another
-site: 403 and nothing changed); bad input (unknown id, live run to retry or delete, finished run
-to cancel, unknown kind to pause or resume) a one-line 4xx page changing nothing; a read-only
-dashboard drawing no form and refusing every POST; beyond loopback, the token still in front."""
+token required (missing, empty, wrong, truncated or a prefix of the right one, from another
+dashboard, without its cookie, posted from another site: 403 and nothing changed); bad input
+(unknown id, live run to retry or delete, finished run to cancel, unknown kind to pause or
+resume) a one-line 4xx page changing nothing; a read-only dashboard drawing no form and refusing
+every POST; beyond loopback, the token still in front."""
 
 from __future__ import annotations
 
@@ -130,7 +131,16 @@ def test_every_action_changes_the_database_and_redirects(
 
 @pytest.mark.parametrize(
     "forge",
-    ["no token", "wrong token", "no cookie", "another dashboard's token", "cross-site"],
+    [
+        "no token",
+        "empty token",
+        "wrong token",
+        "truncated token",
+        "a prefix of the token",
+        "no cookie",
+        "another dashboard's token",
+        "cross-site",
+    ],
 )
 def test_a_post_without_the_right_token_is_refused_and_changes_nothing(
     acting: Any, scenario: tuple[Scenario, int], conn: Conn, dsn: str, forge: str
@@ -142,6 +152,12 @@ def test_a_post_without_the_right_token_is_refused_and_changes_nothing(
     headers: dict[str, str] = {}
     if forge == "no token":
         del fields["csrf"]
+    elif forge == "empty token":
+        fields["csrf"] = ""
+    elif forge == "truncated token":  # the right token less its last character
+        fields["csrf"] = token[:-1]
+    elif forge == "a prefix of the token":
+        fields["csrf"] = token[:1]
     elif forge == "wrong token":
         fields["csrf"] = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
     elif forge == "no cookie":

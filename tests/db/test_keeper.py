@@ -2,7 +2,8 @@
 keeps its lease, and a cancel, a timeout or a lost lease interrupts it where it blocks (a sleep,
 a query of its own); an interrupted pooled connection is discarded, never reused half-way. The
 keeper's give-up rule (renewal failing until 0.9 of the lease) is checked on a moved clock, and
-both rules have a mutation that the checks here catch."""
+both rules have a mutation that the checks here catch. So is a task's lease shorter than the
+worker's, renewed at its own pace (tests/mutants.py plants the worker's pace instead)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from leasework.workers import lease
 from leasework.workers.keeper import Keeper
 from leasework.workers.worker import Worker
 
-from ..conftest import get_run, wait_for
+from ..conftest import fast_config, get_run, shift_clock, wait_for
 from .test_worker import steal
 
 Conn = psycopg.Connection[Any]
@@ -265,6 +266,50 @@ def test_giving_up_later_than_the_lease_is_caught(
     monkeypatch.setattr(keeper_mod, "GIVE_UP_AT", 1.5)
     with pytest.raises(AssertionError, match=r"past 0\.9"):
         gives_up_before_the_lease_could_expire(a_claim(conn))
+
+
+def a_shorter_lease_never_lapses(conn: Conn, dsn: str) -> None:
+    """A task's own lease (3 s) shorter than the worker's (30 s, renewed every 10 s): the keeper
+    renews it at the pace scaled to its lease (every 1 s), not the worker's. On a moved clock,
+    the keeper's and the database's moved together a quarter of a second per tick over four of
+    its leases, the committed lease never lapses before the next tick and is never given up."""
+    app = App()
+    app.task("short", lease=3)(lambda ctx, payload: None)
+    run_id = app.enqueue(conn, "short")
+    [claim] = lease.claim_runs(conn, ["short"], worker="w", lease=30.0)
+    assert claim.lease_seconds == 3.0
+    clock = Clock()
+    start = clock.t
+    keeper = Keeper(fast_config(dsn, lease=30.0, renew_interval=10.0), name="t", clock=clock)
+    held = keeper.hold(claim)
+    renewals = 0
+    try:
+        for tick in range(1, 49):
+            elapsed = tick * 0.25
+            clock.t = start + elapsed
+            for c in (conn, keeper.connection()):
+                shift_clock(c, elapsed)
+            row = conn.execute(
+                "SELECT lease_expires_at, lease_expires_at > leasework.now()"
+                " FROM leasework.runs WHERE id = %s",
+                (run_id,),
+            ).fetchone()
+            assert row is not None and row[1], (
+                f"the run's 3 s lease lapsed {elapsed:g} s after its claim: renewed "
+                f"{renewals} times, every {held.renew_every:g} s"
+            )
+            before = held.renewed
+            keeper.tend()
+            renewals += held.renewed != before
+            assert not held.signal.tripped, held.signal.reason
+        assert renewals >= 10
+    finally:
+        keeper.close()
+        shift_clock(conn, 0)
+
+
+def test_a_run_with_a_shorter_lease_never_lapses(conn: Conn, dsn: str) -> None:
+    a_shorter_lease_never_lapses(conn, dsn)
 
 
 def late(claim: lease.Claim) -> lease.Claim:

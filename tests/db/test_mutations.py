@@ -1,9 +1,10 @@
 """The suite must be able to fail: load a query from its .sql file, break one rule on purpose (a
 renewal without its owner predicate, a claim that ignores cancel requests, one branch of the claim
-without its attempts check, a fence whose idle timeout is off, an ingest re-check that looks at
-the scope only), or replace a function of schema.sql with a broken one inside a transaction
-rolled back after (the label rule without DEL), and show that the invariant checks that pass on
-the real code fail on the mutant, by their assertions.
+without its attempts check or out of the order rule, a fence whose idle timeout is off, an ingest
+re-check that looks at the scope only), or replace a function of schema.sql with a broken one
+inside a transaction rolled back after (the label rule without DEL), and show that the invariant
+checks that pass on the real code fail on the mutant, by their assertions. (Bugs planted in
+Python code: tests/mutants.py.)
 
 The claim states each rule twice, in its tenanted and its untenanted branch (lease.sql,
 claim_runs), so a mutation can break one branch alone (`branch`: the CTE to mutate in); the
@@ -30,6 +31,7 @@ from leasework.workers import lease
 from ..conftest import truncate_all
 from .checks import (
     cancel_beats_reclaim,
+    claim_order_is_priority_then_queued_at,
     claim_takes_only_its_kinds,
     delayed_run_is_claimed_only_when_due,
     expire_worker_leases_expires_only_the_dead_workers_leases,
@@ -230,6 +232,96 @@ def test_claim_branch_without_its_predicate_is_caught(
     with monkeypatch.context() as m:
         applied(m, mutation)
         check(conn, tenant=other)
+
+
+# -- the claim's order ----------------------------------------------------------------------------
+
+# Priority, then turns, then queued_at (docs/state-machine.md). Each ORDER BY of the tenanted
+# branch with queued_at put before priority (or priority dropped): the claim still takes one
+# run per pick, the wrong one. (`h.id\n`: the walk's pick across kinds, not the due-time probe
+# above it, which orders by the same columns on one line.)
+CLAIM_ORDER = [
+    pytest.param(
+        Mutation(
+            "claim_runs",
+            "ORDER BY r.priority, r.queued_at, r.id",
+            "ORDER BY r.queued_at, r.priority, r.id",
+            branch="tenanted_queued",
+        ),
+        "ws-1",
+        "by priority, then queued_at",
+        id="tenant-within-a-kind-by-queued-at",
+    ),
+    pytest.param(
+        Mutation(
+            "claim_runs",
+            "ORDER BY h.priority, h.queued_at, h.id\n",
+            "ORDER BY h.queued_at, h.priority, h.id\n",
+            branch="tenanted_queued",
+        ),
+        "ws-1",
+        "by priority, then queued_at",
+        id="tenant-across-kinds-by-queued-at",
+    ),
+    pytest.param(
+        Mutation(
+            "claim_runs",
+            "ORDER BY t.priority, t.turn, t.name",
+            "ORDER BY t.turn, t.priority, t.name",
+            branch="tenanted_queued",
+        ),
+        "ws-1",
+        "priority comes before turns",
+        id="tenants-walked-by-turn-first",
+    ),
+    pytest.param(
+        Mutation(
+            "claim_runs",
+            "ORDER BY t.priority, t.turn, t.name",
+            "ORDER BY t.turn, t.name",
+            branch="tenanted_queued",
+        ),
+        "ws-1",
+        "priority comes before turns",
+        id="tenants-walked-without-priority",
+    ),
+    pytest.param(
+        Mutation(
+            "claim_runs",
+            "ORDER BY c.tenant, c.priority, c.queued_at, c.id",
+            "ORDER BY c.tenant, c.queued_at, c.priority, c.id",
+            branch="tenanted",
+        ),
+        "ws-1",
+        "expired run was claimed before",
+        id="tenant-expired-before-queued-by-queued-at",
+    ),
+    pytest.param(
+        Mutation(
+            "claim_runs",
+            "ORDER BY priority, queued_at, id",
+            "ORDER BY queued_at, priority, id",
+            branch="chosen",
+        ),
+        None,
+        "by priority, then queued_at",
+        id="chosen-by-queued-at",
+    ),
+]
+
+
+@pytest.mark.parametrize(("mutation", "tenant", "says"), CLAIM_ORDER)
+def test_claim_order_mutations_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+    conn: Conn,
+    mutation: Mutation,
+    tenant: str | None,
+    says: str,
+) -> None:
+    err = fails_with(
+        monkeypatch, conn, mutation, partial(claim_order_is_priority_then_queued_at, tenant=tenant)
+    )
+    assert says in str(err), err
 
 
 # -- settle, expire_worker_leases ------------------------------------------------------------------

@@ -18,6 +18,7 @@ from ..checks import (
     LEASE,
     TENANTS,
     claim_one,
+    claim_order_is_priority_then_queued_at,
     claim_takes_only_its_kinds,
     delayed_run_is_claimed_only_when_due,
     make_app,
@@ -66,6 +67,13 @@ def test_claim_order_is_priority_then_queued_at_then_id(conn: Conn) -> None:
     while (claim := claim_one(conn)) is not None:
         order.append(claim.id)
     assert order == [urgent, late, also_late, background]
+
+
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_claim_order_holds_across_kinds_expired_leases_and_tenants(
+    conn: Conn, tenant: str | None
+) -> None:
+    claim_order_is_priority_then_queued_at(conn, tenant)
 
 
 @pytest.mark.parametrize("tenant", TENANTS)

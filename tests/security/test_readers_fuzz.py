@@ -206,14 +206,13 @@ def _text_array(items: list[str]) -> str:
 
 
 WRITABLE = """
-SELECT c.table_name, c.column_name,
+SELECT c.relname::text AS table_name, a.attname::text AS column_name,
        format_type(a.atttypid, a.atttypmod) AS type
-  FROM information_schema.columns c
-  JOIN pg_attribute a ON a.attrelid = format('leasework.%%I', c.table_name)::regclass
-                     AND a.attname = c.column_name
- WHERE c.table_schema = 'leasework'
-   AND has_column_privilege(%(role)s, format('leasework.%%I', c.table_name), c.column_name,
-                            'UPDATE')
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'leasework'
+  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+ WHERE c.relkind IN ('r', 'p')
+   AND has_column_privilege(%(role)s, c.oid, a.attnum, 'UPDATE')
    AND a.attidentity = ''
  ORDER BY 1, 2
 """

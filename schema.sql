@@ -411,9 +411,10 @@ BEGIN
 END
 $$;
 
--- When the first queued run of `kind` (and `tenant`) not yet due becomes due, NULL when there is
--- none: per priority present, the first entry past now(). Serves next_due, as due_priority the
--- claim.
+-- When the first queued run of `kind` (and `tenant`) is due, NULL when there is none: per
+-- priority present, its first entry (one look-up each). In the past when a run is due yet was not
+-- claimed (a row another session holds, a tenant the limiter holds back): the idle worker then
+-- polls every poll_interval (migration 0020). Serves next_due, as due_priority the claim.
 CREATE OR REPLACE FUNCTION leasework.next_due_at(kind text, tenant text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 DECLARE
@@ -427,7 +428,7 @@ BEGIN
         WHILE p IS NOT NULL LOOP
             SELECT min(r.queued_at) INTO q FROM leasework.runs r
              WHERE r.kind = next_due_at.kind AND r.tenant IS NULL AND r.status = 'queued'
-               AND r.priority = p AND r.queued_at > leasework.now();
+               AND r.priority = p;
             best := least(best, q);
             SELECT min(r.priority) INTO p FROM leasework.runs r
              WHERE r.kind = next_due_at.kind AND r.tenant IS NULL AND r.status = 'queued'
@@ -440,7 +441,7 @@ BEGIN
         WHILE p IS NOT NULL LOOP
             SELECT min(r.queued_at) INTO q FROM leasework.runs r
              WHERE r.tenant = next_due_at.tenant AND r.kind = next_due_at.kind
-               AND r.status = 'queued' AND r.priority = p AND r.queued_at > leasework.now();
+               AND r.status = 'queued' AND r.priority = p;
             best := least(best, q);
             SELECT min(r.priority) INTO p FROM leasework.runs r
              WHERE r.tenant = next_due_at.tenant AND r.kind = next_due_at.kind

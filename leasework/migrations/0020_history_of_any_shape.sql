@@ -7,6 +7,12 @@
 -- trigger, read every history as an array and every started_at as a timestamp: one such row made
 -- each prune batch and `leasework delete` that included it fail. Now a history that is no array
 -- counts no loss, and a started_at that is no timestamp no reclaim (as /metrics reads them).
+-- leasework.next_due_at, read by an idle worker to know how long it may sleep, saw only runs due
+-- in the future: a run due now that the claim could not take (a row an operator holds with
+-- SELECT ... FOR UPDATE, a tenant held back by the limiter) counted for nothing, and the idle
+-- worker slept until a NOTIFY or idle_poll_max (30 s) after the row was free again. Now the first
+-- queued_at of each priority counts, due or not: such a run keeps idle workers polling every
+-- poll_interval, as workers/idle.py intends for work due yet not taken.
 -- CREATE OR REPLACE keeps owners and grants. Idempotent.
 
 CREATE OR REPLACE FUNCTION leasework.claimed_history(r leasework.runs) RETURNS jsonb
@@ -55,4 +61,41 @@ LANGUAGE sql VOLATILE AS $$
     INSERT INTO leasework.counters AS c (kind, name, label, value)
     SELECT kind, name, label, sum(value) FROM added GROUP BY 1, 2, 3
     ON CONFLICT (kind, name, label) DO UPDATE SET value = c.value + EXCLUDED.value;
+$$;
+
+CREATE OR REPLACE FUNCTION leasework.next_due_at(kind text, tenant text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+DECLARE
+    p integer;
+    q timestamptz;
+    best timestamptz;
+BEGIN
+    IF next_due_at.tenant IS NULL THEN
+        SELECT min(r.priority) INTO p FROM leasework.runs r
+         WHERE r.kind = next_due_at.kind AND r.tenant IS NULL AND r.status = 'queued';
+        WHILE p IS NOT NULL LOOP
+            SELECT min(r.queued_at) INTO q FROM leasework.runs r
+             WHERE r.kind = next_due_at.kind AND r.tenant IS NULL AND r.status = 'queued'
+               AND r.priority = p;
+            best := least(best, q);
+            SELECT min(r.priority) INTO p FROM leasework.runs r
+             WHERE r.kind = next_due_at.kind AND r.tenant IS NULL AND r.status = 'queued'
+               AND r.priority > p;
+        END LOOP;
+    ELSE
+        SELECT min(r.priority) INTO p FROM leasework.runs r
+         WHERE r.tenant = next_due_at.tenant AND r.kind = next_due_at.kind
+           AND r.status = 'queued';
+        WHILE p IS NOT NULL LOOP
+            SELECT min(r.queued_at) INTO q FROM leasework.runs r
+             WHERE r.tenant = next_due_at.tenant AND r.kind = next_due_at.kind
+               AND r.status = 'queued' AND r.priority = p;
+            best := least(best, q);
+            SELECT min(r.priority) INTO p FROM leasework.runs r
+             WHERE r.tenant = next_due_at.tenant AND r.kind = next_due_at.kind
+               AND r.status = 'queued' AND r.priority > p;
+        END LOOP;
+    END IF;
+    RETURN best;
+END
 $$;

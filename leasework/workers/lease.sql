@@ -597,9 +597,10 @@ SELECT lease_expires_at
 
 -- name: next_due
 -- Seconds from now until a run of %(kinds)s may next be claimed or settled without anyone saying
--- so, by what the table holds now: the first queued_at still ahead (a delayed run, a retry's
--- backoff) and the first lease_expires_at still ahead (a run whose worker may be dead: reclaimed,
--- or ended, once it passes). NULL: nothing, until something new arrives, which NOTIFYs (enqueue,
+-- so, by what the table holds now: the first queued_at (a delayed run, a retry's backoff; or
+-- one due already that the claim did not take, a row another session holds or a tenant held back:
+-- 0 or less, so the idle worker polls every poll_interval) and the first lease_expires_at still
+-- ahead (a run whose worker may be dead: reclaimed, or ended, once it passes). NULL: nothing, until something new arrives, which NOTIFYs (enqueue,
 -- requeue, release, retry, resume, promotion, the supervisor's fast release). Paused kinds count
 -- for nothing (resume NOTIFYs). Read by an idle worker after a claim found nothing, to know how
 -- long it may sleep (workers/idle.py). Queued runs per live kind (and per tenant in the turns),

@@ -180,7 +180,16 @@ def test_an_operator_holding_a_queued_run_never_stalls_a_worker(
         assert get_run(conn, held)["status"] == "queued"
         assert not watcher.blocked, "a worker backend waited on the operator's lock"
         other.commit()
-    wait_for(lambda: get_run(conn, held)["status"] == "succeeded", timeout=30)
+        row = conn.execute("SELECT leasework.now()").fetchone()
+        assert row is not None
+        freed = row[0]
+    run = wait_for(
+        lambda: (r := get_run(conn, held))["status"] == "succeeded" and r, timeout=30
+    )
+    # The idle worker kept polling for it (next_due counts a due run it could not take), rather
+    # than sleeping until a NOTIFY or idle_poll_max.
+    late = (run["started_at"] - freed).total_seconds()
+    assert late < 5 * START_WITHIN, f"started {late:.2f} s after the operator let it go"
 
 
 def test_an_operator_holding_a_running_run_never_stalls_a_worker(

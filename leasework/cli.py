@@ -763,16 +763,18 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         ("finished", _when(run["finished_at"])),
     ]
     if run["lease_owner"] is not None:
-        left = (run["lease_expires_at"] - now).total_seconds()
         fields.append(("worker", run["lease_worker"] or "-"))
-        fields.append(
-            (
-                "lease",
+        expires = run["lease_expires_at"]
+        if expires is None:  # an owner without a lease (a row written by hand)
+            lease_text = f"{run['lease_owner']}, no expiry"
+        else:
+            left = (expires - now).total_seconds()
+            lease_text = (
                 f"{run['lease_owner']}, expires in {duration(left)}"
                 if left >= 0
-                else f"{run['lease_owner']}, expired {duration(-left)} ago",
+                else f"{run['lease_owner']}, expired {duration(-left)} ago"
             )
-        )
+        fields.append(("lease", lease_text))
     out = [f"{name + ':':<10} {value}" for name, value in fields]
 
     def block(title: str, value: Any) -> None:

@@ -368,6 +368,11 @@ REPRODUCTIONS = {
         """UPDATE leasework.runs SET result = '{"tables": ["x"]}' WHERE key = 'connection:2'""",
         "UPDATE leasework.runs SET history = '" + "[" * 600 + "]" * 600 + "' WHERE id = 2",
     ],
+    # Found by the fuzz test: an owner on a run without a lease (`show` subtracted from None).
+    "owner": [
+        "UPDATE leasework.runs SET lease_owner = '00000000-0000-0000-0000-000000000000'"
+        " WHERE status = 'queued'",
+    ],
 }
 
 

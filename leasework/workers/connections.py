@@ -101,10 +101,16 @@ class Connections:
                 # executing it (bench/README.md). Behind a pooler nothing is prepared, and a
                 # session setting would land on whichever server session ran it. No JIT either:
                 # these are short statements, and compiling one (when a generic plan's cost
-                # estimate passes jit_above_cost) took longer than a thousand runs of it.
+                # estimate passes jit_above_cost) took longer than a thousand runs of it. And no
+                # sequential scan where an index serves: a generic plan is kept until the table
+                # is analyzed again, and one made while `runs` was empty (a worker started before
+                # the first enqueue) scanned and sorted the whole queue on every claim once it
+                # filled: 2-3 s per claim of 100 from 100,000 queued, until autovacuum's analyze
+                # (never, with autovacuum off). Every statement here has an index to use;
+                # ctx.transaction() puts the default back for the handler's own.
                 self._control.execute(
                     "SELECT set_config('plan_cache_mode', 'force_generic_plan', false),"
-                    " set_config('jit', 'off', false)"
+                    " set_config('jit', 'off', false), set_config('enable_seqscan', 'off', false)"
                 )
             self.handler_waits = db.bound_waits(
                 self._control, self.config.lock_timeout, self.config.statement_timeout

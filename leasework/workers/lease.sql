@@ -571,8 +571,9 @@ RETURNING lease_expires_at
 -- a process killed while its socket is black-holed) would otherwise keep the run from reclaim
 -- until the server noticed the dead peer, by TCP keepalive, hours later. A handler idle that long
 -- has stopped renewing and is killed by the watchdog anyway. tests/chaos/test_faults.py.
--- plan_cache_mode back to the default for the handler's own statements, also local: the
--- transaction may run on the control connection, which plans leasework's generically. So are
+-- plan_cache_mode and enable_seqscan back to the defaults for the handler's own statements, also
+-- local: the transaction may run on the control connection, which plans leasework's generically
+-- and without sequential scans (workers/connections.py). So are
 -- lock_timeout and statement_timeout (%(lock_timeout)s, %(statement_timeout)s: the session's own
 -- from before db.bound_waits, or NULL to leave them), set once the row is locked: the fence
 -- itself gives up on a row another session holds, as leasework's statements do, but the
@@ -584,6 +585,7 @@ WITH fenced AS MATERIALIZED (
        AND lease_expires_at > leasework.now()
        AND set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) IS NOT NULL
        AND set_config('plan_cache_mode', 'auto', true) IS NOT NULL
+       AND set_config('enable_seqscan', 'on', true) IS NOT NULL
        FOR KEY SHARE
 )
 SELECT lease_expires_at

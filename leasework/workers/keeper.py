@@ -275,10 +275,9 @@ class Keeper:
         sent = self._clock()
         due = [(h.claim, sent - h.renewed >= h.renew_every) for h in runs]
         try:
+            # A lease that ran out is lost (tend_leases): even unclaimed, the limiter may have
+            # let its tenant run another, so it is never renewed back to life.
             states = lease.tend(self._connection(), due)
-            expired = [h for h in runs if (s := states.get(h.claim.id)) and s.expired]
-            if expired:  # ours, but the lease lapsed (a long stall): renew them at once
-                states.update(lease.tend(self._connection(), [(h.claim, True) for h in expired]))
         except (psycopg.Error, LeaseworkError) as exc:
             self._failed(runs, exc, sent)
             return

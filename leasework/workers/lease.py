@@ -123,7 +123,7 @@ _PARAM_FORMATS = [
     pq.Format.TEXT,
 ]
 AConn = psycopg.AsyncConnection[Any]
-ControlState = Literal["ok", "lost", "cancelled", "expired"]
+ControlState = Literal["ok", "lost", "cancelled"]
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
 
 
@@ -181,7 +181,6 @@ class Tended(NamedTuple):
     ours: bool
     renewed: bool
     cancel_requested: bool
-    expired: bool
 
 
 def _params(claim: Owned, **extra: Any) -> dict[str, Any]:
@@ -622,13 +621,12 @@ def tend(conn: Conn, runs: Sequence[tuple[Claim, bool]]) -> dict[int, Tended]:
 
 
 def control(conn: Conn, claim: Owned) -> ControlState:
-    """The control query: lost, cancel requested, lease expired (renew now), or carry on."""
+    """The control query: lost (another owner, or the lease ran out), cancel requested, or carry
+    on."""
     row = conn.execute(Q["control_run"], _params(claim), prepare=True).fetchone()
     if row is None:
         return "lost"
-    if row[0]:
-        return "cancelled"
-    return "expired" if row[1] else "ok"
+    return "cancelled" if row[0] else "ok"
 
 
 def finish(

@@ -265,17 +265,19 @@ SELECT (SELECT count(*) FROM ended) AS ended, (SELECT count(*) FROM promoted) AS
               AND w.id NOT IN (SELECT id FROM unheld)) END AS busy
 
 -- name: renew_lease
--- Zero rows means the run is no longer ours: stop at once.
+-- Zero rows means the run is no longer ours: stop at once. A lease that ran out is lost even
+-- before another worker reclaims it: the claim's limiter counts only live leases, so a lapsed
+-- exclusive run's tenant may already run another, and a renewal must not revive the first.
 UPDATE leasework.runs
    SET lease_expires_at = leasework.now() + make_interval(secs => %(lease)s)
- WHERE id = %(id)s AND lease_owner = %(owner)s
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND lease_expires_at > leasework.now()
 RETURNING lease_expires_at, cancel_requested_at IS NOT NULL AS cancel_requested
 
 -- name: tend_leases
 -- The lease keeper's one statement per tick, on its own connection: renew the leases of the runs
 -- flagged in %(renew)s and read the state of every run the worker holds. Per run: `ours` (false:
--- the lease is lost, stop at once), `renewed`, `cancel_requested`, and `expired` (the lease lapsed
--- before this renewal: renew at once). Owner-scoped like every statement after the claim.
+-- the lease is lost, stop at once: another owner, or the lease ran out, as renew_lease), `renewed`
+-- and `cancel_requested`. Owner-scoped like every statement after the claim.
 -- SKIP LOCKED: a run whose row is locked is not renewed this tick but stays ours. The only
 -- lasting lock on a running run is the worker's own ctx.transaction() after a checkpoint inside
 -- it (which renewed the lease in that transaction); waiting for it would stall every other
@@ -287,7 +289,7 @@ WITH held AS (
     SELECT r.id, h.lease
       FROM leasework.runs r
       JOIN held h ON h.id = r.id AND h.owner = r.lease_owner
-     WHERE r.id = ANY(%(ids)s::bigint[]) AND h.renew
+     WHERE r.id = ANY(%(ids)s::bigint[]) AND h.renew AND r.lease_expires_at > leasework.now()
        FOR NO KEY UPDATE OF r SKIP LOCKED
 ), renewed AS (
     UPDATE leasework.runs r
@@ -299,18 +301,18 @@ WITH held AS (
 SELECT h.id,
        r.id IS NOT NULL AS ours,
        n.id IS NOT NULL AS renewed,
-       coalesce(r.cancel_requested_at IS NOT NULL, false) AS cancel_requested,
-       coalesce(r.lease_expires_at < leasework.now(), false) AS expired
+       coalesce(r.cancel_requested_at IS NOT NULL, false) AS cancel_requested
   FROM held h
-  LEFT JOIN leasework.runs r ON r.id = h.id AND r.lease_owner = h.owner
   LEFT JOIN renewed n ON n.id = h.id
+  LEFT JOIN leasework.runs r ON r.id = h.id AND r.lease_owner = h.owner
+                            AND (n.id IS NOT NULL OR r.lease_expires_at > leasework.now())
 
 -- name: control_run
--- One query answers both questions: no row = lease lost; cancel_requested = the user cancelled.
-SELECT cancel_requested_at IS NOT NULL AS cancel_requested,
-       lease_expires_at < leasework.now() AS expired
+-- One query answers both questions: no row = lease lost (another owner, or it ran out: as
+-- renew_lease); cancel_requested = the user cancelled.
+SELECT cancel_requested_at IS NOT NULL AS cancel_requested
   FROM leasework.runs
- WHERE id = %(id)s AND lease_owner = %(owner)s
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND lease_expires_at > leasework.now()
 
 -- name: finish_run
 -- Terminal: succeeded, partial, failed or cancelled. A NULL result keeps the one gathered so far.
@@ -557,7 +559,7 @@ UPDATE leasework.runs
    SET processed_units = %(processed)s,
        total_units = coalesce(%(total)s, total_units),
        lease_expires_at = leasework.now() + make_interval(secs => %(lease)s)
- WHERE id = %(id)s AND lease_owner = %(owner)s
+ WHERE id = %(id)s AND lease_owner = %(owner)s AND lease_expires_at > leasework.now()
 RETURNING lease_expires_at
 
 -- name: fence_run

@@ -74,10 +74,17 @@ class LeaseMachine(RuleBasedStateMachine):
         if row["status"] in TERMINAL:
             self.terminal.setdefault(run_id, (row["status"], row["finished_at"]))
 
-    def stale_write(self, claim: Claim, write: Any) -> Any:
-        """Perform a write with `claim`; if the claim is not the owner, it must change nothing."""
+    def stale_write(self, claim: Claim, write: Any, *, live: bool = False) -> Any:
+        """Perform a write with `claim`; if the claim is not the owner, it must change nothing.
+        `live`: a renewal (renew, checkpoint) also needs the lease not to have run out: a lapsed
+        lease is never revived, since the limiter may have let its tenant run another."""
         before = self.row(claim.id)
         mine = before["status"] == "running" and before["lease_owner"] == claim.owner
+        if live and mine:
+            with self.conn.cursor() as cur:
+                now = cur.execute("SELECT leasework.now()").fetchone()
+            assert now is not None
+            mine = before["lease_expires_at"] > now[0]
         result = write()
         if not mine:
             assert not result, f"a stale token's write returned {result!r}"
@@ -153,13 +160,15 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def renew(self, data: st.DataObject) -> None:
         claim = data.draw(st.sampled_from(self.held))
-        self.stale_write(claim, lambda: lease.renew(self.conn, claim))
+        self.stale_write(claim, lambda: lease.renew(self.conn, claim), live=True)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), processed=st.integers(0, 50))
     def checkpoint(self, data: st.DataObject, processed: int) -> None:
         claim = data.draw(st.sampled_from(self.held))
-        self.stale_write(claim, lambda: lease.checkpoint(self.conn, claim, processed, 50))
+        self.stale_write(
+            claim, lambda: lease.checkpoint(self.conn, claim, processed, 50), live=True
+        )
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), status=st.sampled_from(["succeeded", "partial", "failed", "cancelled"]))

@@ -47,7 +47,9 @@ def test_lease_expiry_by_database_clock(conn: Conn) -> None:
     shift_clock(conn, LEASE - 1)
     assert claim_one(conn) is None
     shift_clock(conn, LEASE + 1)
-    assert lease.control(conn, old) == "expired"  # still ours until someone reclaims it
+    # Lost once it ran out, before anyone reclaims it: never renewed back to life.
+    assert lease.control(conn, old) == "lost"
+    assert lease.renew(conn, old) is None and lease.checkpoint(conn, old, 1) is False
     new = claim_one(conn, "w2")
     assert new is not None and new.id == run_id and new.attempts == 2
     assert lease.control(conn, old) == "lost"
@@ -61,7 +63,7 @@ def test_renew_extends_from_database_now(conn: Conn) -> None:
     app.enqueue(conn, "job")
     claim = claim_one(conn)
     assert claim is not None
-    shift_clock(conn, 1000)
+    shift_clock(conn, LEASE / 2)
     expires = lease.renew(conn, claim)
     assert expires is not None
     assert abs(secs(expires - lease.db_now(conn)) - LEASE) < 5
@@ -128,7 +130,9 @@ def test_fence_blocks_reclaim_until_the_fenced_transaction_ends(conn: Conn, othe
         assert lease.fence(other, claim) is False
 
 
-def test_fence_refuses_an_expired_lease_even_if_unclaimed(conn: Conn) -> None:
+def test_an_expired_lease_is_lost_even_if_unclaimed(conn: Conn) -> None:
+    """Neither the fence nor a renewal nor a checkpoint accepts a lease that ran out, though no
+    one reclaimed the run yet; the run is reclaimed next, its attempt charged."""
     app = make_app()
     run_id = app.enqueue(conn, "job")
     claim = claim_one(conn)
@@ -136,10 +140,34 @@ def test_fence_refuses_an_expired_lease_even_if_unclaimed(conn: Conn) -> None:
     expire_lease(conn, run_id)
     with conn.transaction():
         assert lease.fence(conn, claim) is False
-    assert lease.renew(conn, claim) is not None  # not yet taken: renewal rescues it
-    with conn.transaction():
-        assert lease.fence(conn, claim) is True
+    assert lease.renew(conn, claim) is None
+    assert lease.checkpoint(conn, claim, 1) is False
+    assert lease.control(conn, claim) == "lost"
+    again = claim_one(conn, "w2")
+    assert again is not None and again.id == run_id and again.attempts == 2
 
 
 def test_idle_fenced_transaction_is_ended_by_the_server(conn: Conn, dsn: str) -> None:
     idle_fenced_transaction_is_ended(conn, dsn)
+
+
+def test_a_lapsed_exclusive_run_is_not_revived_beside_its_tenants_next_run(conn: Conn) -> None:
+    """The limiter counts live leases only: once an exclusive run's lease ran out, its tenant's
+    next run may be claimed before anyone reclaims the first. Its old owner's renewal or
+    checkpoint must then fail, or two runs of one exclusive tenant would hold live leases."""
+    app = make_app()
+    first = app.enqueue(conn, "job", tenant="t", exclusive=True)
+    second = app.enqueue(conn, "job", tenant="t", delay=0)
+    old = claim_one(conn, "w1")
+    assert old is not None and old.id == first
+    shift_clock(conn, LEASE + 12)
+    taken = lease.claim_runs(conn, ["job"], worker="w2", lease=LEASE, limit=3)
+    assert taken, "the tenant's work stopped behind a lapsed lease"
+    assert lease.checkpoint(conn, old, 1) is False
+    assert lease.renew(conn, old) is None
+    live = conn.execute(
+        "SELECT count(*) FROM leasework.runs WHERE tenant = 't' AND status = 'running'"
+        " AND lease_expires_at > leasework.now()"
+    ).fetchone()
+    assert live is not None and live[0] <= 1, "two runs of an exclusive tenant hold live leases"
+    assert {c.id for c in taken} <= {first, second}

@@ -62,11 +62,13 @@ class BeatSender:
     the parent hears about the run from its claim on whether or not the handler cooperates. Also
     where the child notices its parent is gone and recycles itself. Thread-safe.
 
-    A change (a claim, a finish, a renewal, an abort) goes out at once unless a beat went out less
-    than CHANGE_GAP ago; then it waits for the end of that gap, sent by the next call after it or
-    by a flusher thread at its end, whichever is first. So a busy child sends at most 1/CHANGE_GAP
-    beats a second however many runs it finishes, and the parent hears of every change within
-    CHANGE_GAP: far inside anything its watchdog acts on (seconds)."""
+    A new run claimed, or a run that must stop, goes out at once: the handler may next hold the
+    GIL in a C call for ever, and the parent must know which run to kill it for. Any other change
+    (a finish, jobs done, a renewal) goes out at once unless a beat went out less than CHANGE_GAP
+    ago; then it waits for the end of that gap, sent by the next call after it or by a flusher
+    thread at its end, whichever is first. So a busy child sends one beat per run, not three, and
+    the parent hears of every change within CHANGE_GAP: far inside anything its watchdog acts on
+    (seconds)."""
 
     def __init__(self, fd: int, parent_pid: int, max_jobs: int) -> None:
         self.fd = fd
@@ -110,10 +112,11 @@ class BeatSender:
         else:
             state = (held.claim.id, held.renewed, held.signal.reason, worker.jobs_done, runs)
         since = now - self._sent_at
+        last = self._last or (None, None, None, None, None)
         if state == self._last:
             if since < MIN_BEAT_GAP:
                 return
-        elif since < CHANGE_GAP:
+        elif since < CHANGE_GAP and (state[0] is None or state[0] == last[0]) and state[2] == last[2]:
             if self._pending is None:  # else the flusher is already waiting for the gap's end
                 self._pending = worker
                 self._flush_later()

@@ -57,6 +57,8 @@ TICK = 1.0  # the loop wakes at least this often
 # at most this often for it: a host finishing thousands of runs a second writes a few rows a second,
 # not one per run (what `status` and the dashboard show; the watchdog reads the beats, not rows).
 ROWS_CHANGE_GAP = 1.0
+# The loop reads the children's beats at most this often (signals and the wake-up relay at once).
+PASS_GAP = 0.02
 
 
 @dataclass(eq=False)
@@ -152,6 +154,7 @@ class Supervisor:
         self._booted = False  # schema checked
         self._cancels_at = float("-inf")  # when the children's runs were last checked for cancels
         self._rows_at = float("-inf")  # when the workers rows were last written
+        self._passed_at = float("-inf")  # when the loop's last pass began
         self._boot_retry_at = 0.0
         self._boot_failures = 0
         self.stopping: str | None = None  # "graceful" or "fast"
@@ -242,7 +245,7 @@ class Supervisor:
 
     def _pass(self) -> None:
         self._wait(self._timeout(time.monotonic()))
-        now = time.monotonic()
+        now = self._passed_at = time.monotonic()
         while True:
             try:
                 signum = self._signals.get_nowait()
@@ -281,15 +284,25 @@ class Supervisor:
 
     def _wait(self, timeout: float) -> None:
         """Sleep in select on the signal wake-up pipe, every child's liveness pipe and the wake-up
-        relay's connection (its NOTIFYs passed on to every child at once)."""
-        fds = [self._wake_r, *(c.fd for c in self.children.values())]
+        relay's connection (its NOTIFYs passed on to every child at once). Beats wait in their
+        pipes until PASS_GAP after the last pass: a busy host's children beat once per run, and a
+        pass per beat cost the parent more than the beats (signals and the relay are at once)."""
         relay = self.relay.fileno()
-        if relay is not None:
-            fds.append(relay)
+        urgent = [self._wake_r] if relay is None else [self._wake_r, relay]
+        start = time.monotonic()
+        rest = min(self._passed_at + PASS_GAP - start, timeout)
+        if rest > 0:
+            if self._select(urgent, rest, relay):
+                return
+            timeout = max(0.0, timeout - (time.monotonic() - start))
+        self._select([*urgent, *(c.fd for c in self.children.values())], timeout, relay)
+
+    def _select(self, fds: list[int], timeout: float, relay: int | None) -> bool:
+        """Wait for `fds` at most `timeout` seconds and handle what is ready; True if any was."""
         try:
             ready, _, _ = select.select(fds, [], [], timeout)
         except InterruptedError:  # pragma: no cover - PEP 475 retries select itself
-            return
+            return False
         for fd in ready:
             if fd == relay:
                 self._relay(self.relay.read(time.monotonic()))
@@ -305,6 +318,7 @@ class Supervisor:
                 if child.fd == fd:
                     self._read(child, time.monotonic())
                     break
+        return bool(ready)
 
     def _read(self, child: Child, now: float) -> None:
         while True:

@@ -277,7 +277,9 @@ RETURNING lease_expires_at, cancel_requested_at IS NOT NULL AS cancel_requested
 -- The lease keeper's one statement per tick, on its own connection: renew the leases of the runs
 -- flagged in %(renew)s and read the state of every run the worker holds. Per run: `ours` (false:
 -- the lease is lost, stop at once: another owner, or the lease ran out, as renew_lease), `renewed`
--- and `cancel_requested`. Owner-scoped like every statement after the claim.
+-- and `cancel_requested`. Owner-scoped like every statement after the claim. A run whose cancel
+-- was requested stays ours after its lease ran out (nobody reclaims it), so that its owner records
+-- the cancel and its effects (an ingest's file reset); it is never renewed.
 -- SKIP LOCKED: a run whose row is locked is not renewed this tick but stays ours. The only
 -- lasting lock on a running run is the worker's own ctx.transaction() after a checkpoint inside
 -- it (which renewed the lease in that transaction); waiting for it would stall every other
@@ -305,14 +307,16 @@ SELECT h.id,
   FROM held h
   LEFT JOIN renewed n ON n.id = h.id
   LEFT JOIN leasework.runs r ON r.id = h.id AND r.lease_owner = h.owner
-                            AND (n.id IS NOT NULL OR r.lease_expires_at > leasework.now())
+                            AND (n.id IS NOT NULL OR r.lease_expires_at > leasework.now()
+                                 OR r.cancel_requested_at IS NOT NULL)
 
 -- name: control_run
 -- One query answers both questions: no row = lease lost (another owner, or it ran out: as
 -- renew_lease); cancel_requested = the user cancelled.
 SELECT cancel_requested_at IS NOT NULL AS cancel_requested
   FROM leasework.runs
- WHERE id = %(id)s AND lease_owner = %(owner)s AND lease_expires_at > leasework.now()
+ WHERE id = %(id)s AND lease_owner = %(owner)s
+   AND (lease_expires_at > leasework.now() OR cancel_requested_at IS NOT NULL)
 
 -- name: finish_run
 -- Terminal: succeeded, partial, failed or cancelled. A NULL result keeps the one gathered so far.

@@ -307,7 +307,8 @@ def render(snap: dict[str, Any]) -> str:
     if len(shown) < len(workers):
         out.append(f"  ... and {len(workers) - len(shown)} more")
     for p in snap.get("pools") or []:
-        kinds = ", ".join(p["kinds"]) if p["kinds"] is not None else "every other kind"
+        named = p["kinds"]
+        kinds = ", ".join(str(k) for k in named) if named is not None else "every other kind"
         out.append(
             f"  pool {p['pool'][:16]} on {p['host'][:20]}: {p['workers']} worker(s), "
             f"{p['busy']} busy; claims {kinds}"[:80]

@@ -334,7 +334,7 @@ def _pools_section(pools: Sequence[Mapping[str, Any]]) -> str:
         [
             esc(p.get("host")),
             esc(p.get("pool")),
-            esc(", ".join(p["kinds"]) if p.get("kinds") is not None else "every other kind"),
+            esc(", ".join(map(str, p["kinds"])) if p.get("kinds") is not None else "every other kind"),
             esc(p.get("workers")),
             esc(p.get("busy")),
         ]

@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-alone mutants lint demo chaos clean bench bench-quick bench-long bench-peers bench-async compat
+.PHONY: test test-alone fuzz mutants lint demo chaos clean bench bench-quick bench-long bench-peers bench-async compat
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,6 +22,14 @@ test: lint
 # the suite's order (tests/alone.py). Slow: one session, database and all, per file.
 test-alone: $(STAMP)
 	$(PY) -m tests.alone
+
+# The property tests with fresh random examples, five rounds (the suite draws the same examples
+# every time: tests/conftest.py). A find goes in as a regression test.
+fuzz: $(STAMP)
+	for round in 1 2 3 4 5; do \
+	  LEASEWORK_HYPOTHESIS=fuzz $(VENV)/bin/pytest -q -p no:cacheprovider -m 'not chaos' \
+	    $$(grep -rl --include='*.py' '@given' tests) || exit 1; \
+	done
 
 # Bugs planted in Python source, each in a copy of the package, that the named tests must catch
 # (tests/mutants.py; the SQL ones are tests/db/test_mutations.py, in `make test`). About a minute.

@@ -77,12 +77,49 @@ def install_record_factory() -> None:
         logging.setLogRecordFactory(_stamping(current))
 
 
-# A password in key=value form: its whole value as libpq reads it, quoted (spaces and escaped
-# quotes inside) or not (backslash-escaped characters, `Top\ Secret`, included). Linear: no two
-# alternatives of a repetition can take the same character.
-_PASSWORD_KV = re.compile(
-    r"(password\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\])+)", re.IGNORECASE | re.DOTALL
-)
+# A password in key=value form: the key, then its whole value as libpq reads it, quoted (spaces
+# and escaped quotes inside, to the closing quote or the end) or not (backslash-escaped
+# characters, `Top\ Secret`, included).
+_PASSWORD_KEY = re.compile(r"password\s*=\s*", re.IGNORECASE)
+_QUOTED_REST = re.compile(r"(?:[^'\\]|\\.)*'?", re.DOTALL)  # after the opening quote
+_BARE = re.compile(r"(?:\\.|[^\s\\])*", re.DOTALL)
+
+
+def _hide_kv_passwords(text: str) -> str:
+    """Every `password=`'s value hidden, a key inside another key's value included (in
+    `password='password=' password='secret'` the second key's value opens the quote the third
+    key's value closes, so a left-to-right match that took the first value whole showed
+    `secret`). Linear: a value starting inside an earlier value of the same kind (quoted, bare)
+    ends where that one ends, since both scans meet at a position no backslash precedes, so each
+    kind's scans cover disjoint stretches of the text."""
+    hidden: list[tuple[int, int]] = []  # merged [start, end) spans, in order
+    ends = {True: -1, False: -1}  # per kind, the end of the last value scanned
+    for key in _PASSWORD_KEY.finditer(text):
+        start = key.end()
+        quoted = text.startswith("'", start)
+        scan = start + 1 if quoted else start  # no backslash precedes it
+        if scan < ends[quoted]:  # inside the last value of its kind, with the same end
+            end = ends[quoted]
+        else:
+            rest = _QUOTED_REST if quoted else _BARE
+            end = ends[quoted] = rest.match(text, scan).end()  # type: ignore[union-attr]
+        if end <= start:
+            continue
+        if hidden and start <= hidden[-1][1]:
+            hidden[-1] = (hidden[-1][0], max(hidden[-1][1], end))
+        else:
+            hidden.append((start, end))
+    if not hidden:
+        return text
+    out: list[str] = []
+    pos = 0
+    for start, end in hidden:
+        out.append(text[pos:start] + "***")
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
 # A URL's `scheme://` (letters, digits, `+.-`, at least one letter). A match may only start where
 # a run of scheme characters starts (the look-behind), and `[0-9+.-]*` never takes a letter: a
 # failed try costs the run once, not once per character of it (`[A-Za-z][A-Za-z0-9+.-]*://` was
@@ -96,7 +133,7 @@ def redact_dsn(text: str, *, cut: bool = False) -> str:
     unencoded `@`, `:` or a space goes whole) and a key=value password's whole value. Linear in
     the text. `cut`: the text is the head of a longer one, so a URL on its last line whose `@`
     was cut off is hidden to the end (what follows the user name may be the password)."""
-    text = _PASSWORD_KV.sub(r"\1***", text)
+    text = _hide_kv_passwords(text)
     out: list[str] = []
     pos = 0  # text[:pos] is in `out`
     search = 0

@@ -155,3 +155,23 @@ def test_redaction_still_reads_what_it_read_before() -> None:
     }
     for text, hidden in cases.items():
         assert log.redact_dsn(text) == hidden, text
+
+
+def test_a_password_key_inside_another_keys_value_still_hides_its_own() -> None:
+    # Found by the property above in CI: the first key's quoted value took the next key whole,
+    # whose own value was the quote that opened the secret.
+    before = "'password=" * 31
+    for text in (
+        before + " host=db password='QQQQ QQQQ' user=app",
+        "password='password=' password='QZ QZ' user=app",
+        "password=password='QZ QZ'",
+        "password=x password = 'QZ\\' QZ'",
+    ):
+        out = log.redact_dsn(text)
+        assert "Q" not in out and "Z" not in out, out
+    assert log.redact_dsn("password='a' host=h password=b user=u") == (
+        "password=*** host=h password=*** user=u"
+    )
+    nested = "password=" * 100_000 + "'" + "x" * 100_000  # every key inside the first's value
+    assert timed(lambda: log.redact_dsn(nested)) < 2.0
+    assert log.redact_dsn(nested) == "password=***"

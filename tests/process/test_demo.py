@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,12 +69,18 @@ def test_demo_runs_the_whole_story(demo_dsn: str, tmp_path: Path) -> None:
         assert set(statuses) == {"succeeded", "cancelled"}, statuses
 
 
-def test_embedded_postgres_is_started_and_removed(tmp_path: Path) -> None:
+def test_embedded_postgres_is_started_and_removed() -> None:
     pytest.importorskip("pgserver")
-    database = open_database(Config(), embedded=True, root=tmp_path)
-    try:
-        with psycopg.connect(database.dsn) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
-    finally:
-        database.close()
-    assert not (tmp_path / "pg").exists()
+    # Not under pytest's tmp_path: run as root, the server runs as another user, which must
+    # traverse the directory's parents, and every pytest session on the machine resets
+    # /tmp/pytest-of-root to 0700 when it starts (another session did, and the server could not
+    # start).
+    with tempfile.TemporaryDirectory(prefix="leasework-embedded-") as tmp:
+        root = Path(tmp)
+        database = open_database(Config(), embedded=True, root=root)
+        try:
+            with psycopg.connect(database.dsn) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+        finally:
+            database.close()
+        assert not (root / "pg").exists()

@@ -11,12 +11,13 @@ import difflib
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, Unpack
 
 import psycopg
 
 from .client import Client
 from .errors import ConfigError
+from .tasks import EnqueueOptions, accept_options
 from .workers.context import Context
 
 P = ParamSpec("P")
@@ -220,7 +221,7 @@ class Configured(Generic[P]):
     client: Client
     kind: str
     fn: Callable[..., Any]
-    options: dict[str, Any]
+    options: EnqueueOptions
 
     def enqueue(self, conn: Conn, /, *args: P.args, **kwargs: P.kwargs) -> int:
         payload = _payload(self.fn, args, kwargs)
@@ -253,27 +254,9 @@ class TaskHandle(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<task {self.kind!r}: {self.__qualname__}>"
 
-    def configure(
-        self,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        exclusive: bool = False,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
-    ) -> Configured[P]:
+    def configure(self, **options: Unpack[EnqueueOptions]) -> Configured[P]:
         """The enqueue options (as `app.enqueue` takes them) for the next `.enqueue`."""
-        options = {
-            "key": key,
-            "tenant": tenant,
-            "group": group,
-            "exclusive": exclusive,
-            "priority": priority,
-            "delay": delay,
-            "max_attempts": max_attempts,
-        }
+        accept_options("configure", options, EnqueueOptions)
         return Configured(self.client, self.kind, self.fn, options)
 
     def enqueue(self, conn: Conn, /, *args: P.args, **kwargs: P.kwargs) -> int:

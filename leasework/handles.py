@@ -7,7 +7,6 @@ keyword-only, as `fn(ctx, **payload)` (check_signature)."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import typing
 from collections.abc import Callable
@@ -17,7 +16,7 @@ import psycopg
 
 from .client import Client
 from .errors import ConfigError
-from .tasks import EnqueueOptions, accept_options
+from .tasks import EnqueueOptions, accept_options, unexpected_keyword
 from .workers.context import Context
 
 P = ParamSpec("P")
@@ -195,12 +194,7 @@ def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         names = [p.name for p in params if p.kind is not p.VAR_POSITIONAL]
         for key in kwargs:
             if key not in names:  # named before a missing one: the typo is what went wrong
-                close = difflib.get_close_matches(key, names, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise TypeError(
-                    f"{getattr(fn, '__name__', 'task')}.enqueue(): got an unexpected keyword "
-                    f"argument {key!r}{hint}; it takes {', '.join(names) or 'no arguments'}"
-                )
+                raise unexpected_keyword(f"{getattr(fn, '__name__', 'task')}.enqueue():", key, names)
     try:
         bound = sig.bind(None, *args, **kwargs)
     except TypeError as exc:

@@ -251,12 +251,18 @@ def accept_options(method: str, given: Mapping[str, object], accepted: type[Any]
     names: frozenset[str] = accepted.__optional_keys__
     for name in given:
         if name not in names:
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TypeError(
-                f"{method}() got an unexpected keyword argument {name!r}{hint}; its options are "
-                f"{', '.join(sorted(names))}"
-            )
+            raise unexpected_keyword(f"{method}()", name, sorted(names))
+
+
+def unexpected_keyword(call: str, name: str, names: Sequence[str]) -> TypeError:
+    """The one line for keyword `name` given to `call`, which takes `names`: the closest one
+    first (a typo is the likely mistake), then all of them."""
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return TypeError(
+        f"{call} got an unexpected keyword argument {name!r}{hint}; it takes "
+        f"{', '.join(names) or 'no arguments'}"
+    )
 
 
 def check_options(given: Mapping[str, Any], *, reserved: bool = False) -> Options:

@@ -5,8 +5,9 @@ families (connection syncs, documents, or the user's own) plug in with `app.use(
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 import psycopg
 
@@ -26,6 +27,7 @@ from .tasks import (
     MAX_TIMEOUT,
     TASK_LEASE_RANGE,
     Enqueued,
+    EnqueueOptions,
     ScheduleSpec,
     Task,
     check_attempts,
@@ -53,6 +55,16 @@ class Family:
     name: str = "family"
     _app: App | None = None  # set by App.use
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "schedules" in vars(cls):
+            warnings.warn(
+                f"{cls.__qualname__} overrides Family.schedules(), deprecated: override "
+                "has_schedules() instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+
     @property
     def app(self) -> App:
         """The app this family was installed on."""
@@ -65,7 +77,9 @@ class Family:
     def config(self) -> Config:
         return self.app.config
 
-    def enqueue(self, conn: Conn, kind: str, payload: Any = None, **options: Any) -> int:
+    def enqueue(
+        self, conn: Conn, kind: str, payload: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> int:
         """`app.enqueue` for the family's own runs: a key may be under "leasework:" (reserved
         for the families: syncs key `leasework:connection:{id}`, documents `leasework:file:{id}`),
         which no application enqueue can take (Client.enqueue_reserved)."""
@@ -83,8 +97,19 @@ class Family:
         how many items were due."""
         return 0
 
-    def schedules(self) -> bool:
+    def has_schedules(self) -> bool:
         """Whether it has scheduled work: it overrides `enqueue_due`."""
+        if type(self).schedules is not Family.schedules:  # a family written before the rename
+            return bool(self.schedules())
+        return type(self).enqueue_due is not Family.enqueue_due
+
+    def schedules(self) -> bool:
+        """Deprecated: `has_schedules()` (a family that overrides this is still asked it)."""
+        warnings.warn(
+            "Family.schedules() is deprecated: use (or override) Family.has_schedules()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return type(self).enqueue_due is not Family.enqueue_due
 
     def next_due(self, conn: Conn) -> float | None:
@@ -270,8 +295,8 @@ class App(Client):
             ScheduleStage(
                 self,
                 limit=config.section(ScheduleSettings).schedule_limit,
-                due=[f.enqueue_due for f in families if f.schedules()],
-                next_due=[f.next_due for f in families if f.schedules()],
+                due=[f.enqueue_due for f in families if f.has_schedules()],
+                next_due=[f.next_due for f in families if f.has_schedules()],
             ),
             RunsStage(
                 self,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -18,12 +18,13 @@ from .queries import load
 from .tasks import (
     DEFAULT_TIMEOUT,
     Enqueued,
+    EnqueueOptions,
+    ManyOptions,
+    accept_options,
     check_attempts,
-    check_bool,
     check_key,
     check_kind,
-    check_label,
-    check_priority,
+    check_options,
     check_seconds,
     encode_payload,
 )
@@ -173,55 +174,33 @@ class Client:
         return encode_payload(obj, self.config.payload_max_bytes)
 
     def _one(
-        self,
-        kind: str,
-        payload: Any,
-        *,
-        key: str | None,
-        tenant: str | None,
-        group: str | None,
-        exclusive: bool,
-        priority: int,
-        delay: float,
-        max_attempts: int | None,
-        reserved: bool = False,
+        self, kind: str, payload: Any, options: EnqueueOptions, *, reserved: bool = False
     ) -> dict[str, Any]:
         """The parameters of enqueue_run (runs.sql), every argument checked; `reserved`: the key
         may be under RESERVED_KEY_PREFIX (a family's own run, enqueue_reserved)."""
         defaults = self.defaults(kind)
         body = payload if payload is not None else {}
+        opts = check_options(options, reserved=reserved)
         params = {
             "kind": kind,
-            "key": check_key(key, reserved=reserved),
-            "tenant": check_label("tenant", tenant),
-            "group": check_label("group", group),
-            "exclusive": check_bool("exclusive", exclusive),
-            "priority": check_priority(priority),
+            "key": opts.key,
+            "tenant": opts.tenant,
+            "group": opts.group,
+            "exclusive": opts.exclusive,
+            "priority": opts.priority,
             "payload": Jsonb(body, dumps=self._dumps),
-            "max_attempts": check_attempts(max_attempts)
-            or defaults.max_attempts
-            or self.config.max_attempts,
+            "max_attempts": opts.max_attempts or defaults.max_attempts or self.config.max_attempts,
             "lease": defaults.lease,
             "timeout": defaults.timeout,
-            "delay": check_seconds("delay", delay, allow_zero=True) or 0.0,
+            "delay": opts.delay,
         }
         self._dumps(body)  # refuse before touching the database
         return params
 
-    def _many(
-        self,
-        kind: str,
-        payloads: Iterable[Any],
-        *,
-        keys: Sequence[str | None] | None,
-        tenant: str | None,
-        group: str | None,
-        priority: int,
-        delay: float,
-        max_attempts: int | None,
-    ) -> _Many:
+    def _many(self, kind: str, payloads: Iterable[Any], options: ManyOptions) -> _Many:
         defaults = self.defaults(kind)
         encoded = [self._dumps(p if p is not None else {}) for p in payloads]
+        keys = options.get("keys")
         checked_keys: list[str | None] | None = None
         if keys is not None:
             if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
@@ -232,17 +211,16 @@ class Client:
             if len(keys) != len(encoded):
                 raise ConfigError(f"enqueue_many got {len(encoded)} payloads but {len(keys)} keys")
             checked_keys = [check_key(k) for k in keys]
+        opts = check_options(options)
         common = {
             "kind": kind,
-            "tenant": check_label("tenant", tenant),
-            "group": check_label("group", group),
-            "priority": check_priority(priority),
-            "max_attempts": check_attempts(max_attempts)
-            or defaults.max_attempts
-            or self.config.max_attempts,
+            "tenant": opts.tenant,
+            "group": opts.group,
+            "priority": opts.priority,
+            "max_attempts": opts.max_attempts or defaults.max_attempts or self.config.max_attempts,
             "lease": defaults.lease,
             "timeout": defaults.timeout,
-            "delay": check_seconds("delay", delay, allow_zero=True) or 0.0,
+            "delay": opts.delay,
         }
         return _Many(common, encoded, checked_keys)
 
@@ -253,14 +231,7 @@ class Client:
         conn: Conn,
         kind: str,
         payload: Any = None,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        exclusive: bool = False,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> int:
         """Enqueue a run inside the caller's transaction and return its id.
 
@@ -271,48 +242,22 @@ class Client:
         (the families' own keys). `enqueue_run` takes the same arguments and also says which of
         the two happened.
         """
+        accept_options("enqueue", options, EnqueueOptions)
         sync_connection(conn, "enqueue")
-        return self.enqueue_run(
-            conn,
-            kind,
-            payload,
-            key=key,
-            tenant=tenant,
-            group=group,
-            exclusive=exclusive,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-        ).run_id
+        return self.enqueue_run(conn, kind, payload, **options).run_id
 
     def enqueue_run(
         self,
         conn: Conn,
         kind: str,
         payload: Any = None,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        exclusive: bool = False,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
         """`enqueue`, returning Enqueued(run_id, existing): `existing` is True when the key
         already had an active (or, for an exclusive run, a waiting) run, whose id it is."""
+        accept_options("enqueue_run", options, EnqueueOptions)
         c = sync_connection(conn, "enqueue_run")
-        params = self._one(
-            kind,
-            payload,
-            key=key,
-            tenant=tenant,
-            group=group,
-            exclusive=exclusive,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-        )
+        params = self._one(kind, payload, options)
         return _enqueued(c.execute(Q["enqueue_run"], params).fetchone())
 
     def enqueue_reserved(
@@ -320,32 +265,15 @@ class Client:
         conn: Conn,
         kind: str,
         payload: Any = None,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        exclusive: bool = False,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> int:
         """`enqueue` for a family's own runs (Family.enqueue): `key` may also be under
         RESERVED_KEY_PREFIX ("leasework:"), which `enqueue` refuses, so that no application key
         can hold or take it. leasework.enqueue accepts such a key only from a role that may
         write leasework.runs itself (the worker role, the owner), not from the enqueue role."""
+        accept_options("enqueue_reserved", options, EnqueueOptions)
         c = sync_connection(conn, "enqueue_reserved")
-        params = self._one(
-            kind,
-            payload,
-            key=key,
-            tenant=tenant,
-            group=group,
-            exclusive=exclusive,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-            reserved=True,
-        )
+        params = self._one(kind, payload, options, reserved=True)
         return _enqueued(c.execute(Q["enqueue_run"], params).fetchone()).run_id
 
     async def enqueue_async(
@@ -353,29 +281,12 @@ class Client:
         conn: AConn,
         kind: str,
         payload: Any = None,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        exclusive: bool = False,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> int:
         """`enqueue` on a psycopg AsyncConnection, inside its transaction."""
+        accept_options("enqueue_async", options, EnqueueOptions)
         async_connection(conn, "enqueue_async")
-        done = await self.enqueue_run_async(
-            conn,
-            kind,
-            payload,
-            key=key,
-            tenant=tenant,
-            group=group,
-            exclusive=exclusive,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-        )
+        done = await self.enqueue_run_async(conn, kind, payload, **options)
         return done.run_id
 
     async def enqueue_run_async(
@@ -383,28 +294,12 @@ class Client:
         conn: AConn,
         kind: str,
         payload: Any = None,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        exclusive: bool = False,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
         """`enqueue_run` on a psycopg AsyncConnection."""
+        accept_options("enqueue_run_async", options, EnqueueOptions)
         c = async_connection(conn, "enqueue_run_async")
-        params = self._one(
-            kind,
-            payload,
-            key=key,
-            tenant=tenant,
-            group=group,
-            exclusive=exclusive,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-        )
+        params = self._one(kind, payload, options)
         cur = await c.execute(Q["enqueue_run"], params)
         return _enqueued(await cur.fetchone())
 
@@ -413,13 +308,7 @@ class Client:
         conn: Conn,
         kind: str,
         payloads: Iterable[Any],
-        *,
-        keys: Sequence[str | None] | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
+        **options: Unpack[ManyOptions],
     ) -> list[int]:
         """Enqueue many runs of one kind in one statement, inside the caller's transaction.
 
@@ -428,17 +317,9 @@ class Client:
         `enqueue` would;
         the ids returned are those of the rows actually inserted, in payload order.
         """
+        accept_options("enqueue_many", options, ManyOptions)
         c = sync_connection(conn, "enqueue_many")
-        many = self._many(
-            kind,
-            payloads,
-            keys=keys,
-            tenant=tenant,
-            group=group,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-        )
+        many = self._many(kind, payloads, options)
         if not many.encoded:
             return []
         if many.common["tenant"] is not None:
@@ -461,26 +342,12 @@ class Client:
         conn: AConn,
         kind: str,
         payloads: Iterable[Any],
-        *,
-        keys: Sequence[str | None] | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
+        **options: Unpack[ManyOptions],
     ) -> list[int]:
         """`enqueue_many` on a psycopg AsyncConnection (the same statements, awaited)."""
+        accept_options("enqueue_many_async", options, ManyOptions)
         c = async_connection(conn, "enqueue_many_async")
-        many = self._many(
-            kind,
-            payloads,
-            keys=keys,
-            tenant=tenant,
-            group=group,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-        )
+        many = self._many(kind, payloads, options)
         if not many.encoded:
             return []
         if many.common["tenant"] is not None:

@@ -7,16 +7,16 @@ keyword-only, as `fn(ctx, **payload)` (check_signature)."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, Unpack
 
 import psycopg
 
 from .client import Client
 from .errors import ConfigError
+from .tasks import EnqueueOptions, accept_options, unexpected_keyword
 from .workers.context import Context
 
 P = ParamSpec("P")
@@ -194,12 +194,7 @@ def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         names = [p.name for p in params if p.kind is not p.VAR_POSITIONAL]
         for key in kwargs:
             if key not in names:  # named before a missing one: the typo is what went wrong
-                close = difflib.get_close_matches(key, names, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise TypeError(
-                    f"{getattr(fn, '__name__', 'task')}.enqueue(): got an unexpected keyword "
-                    f"argument {key!r}{hint}; it takes {', '.join(names) or 'no arguments'}"
-                )
+                raise unexpected_keyword(f"{getattr(fn, '__name__', 'task')}.enqueue():", key, names)
     try:
         bound = sig.bind(None, *args, **kwargs)
     except TypeError as exc:
@@ -220,7 +215,7 @@ class Configured(Generic[P]):
     client: Client
     kind: str
     fn: Callable[..., Any]
-    options: dict[str, Any]
+    options: EnqueueOptions
 
     def enqueue(self, conn: Conn, /, *args: P.args, **kwargs: P.kwargs) -> int:
         payload = _payload(self.fn, args, kwargs)
@@ -253,27 +248,9 @@ class TaskHandle(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<task {self.kind!r}: {self.__qualname__}>"
 
-    def configure(
-        self,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        exclusive: bool = False,
-        priority: int = 0,
-        delay: float = 0.0,
-        max_attempts: int | None = None,
-    ) -> Configured[P]:
+    def configure(self, **options: Unpack[EnqueueOptions]) -> Configured[P]:
         """The enqueue options (as `app.enqueue` takes them) for the next `.enqueue`."""
-        options = {
-            "key": key,
-            "tenant": tenant,
-            "group": group,
-            "exclusive": exclusive,
-            "priority": priority,
-            "delay": delay,
-            "max_attempts": max_attempts,
-        }
+        accept_options("configure", options, EnqueueOptions)
         return Configured(self.client, self.kind, self.fn, options)
 
     def enqueue(self, conn: Conn, /, *args: P.args, **kwargs: P.kwargs) -> int:

@@ -1,15 +1,17 @@
 """What a task is, when a periodic one fires, what the stages may ask of the registry that holds
-them, and the checks every enqueue makes of what it is given. The app, the stages and the
-families build on this module; it imports none of them."""
+them, and the options every enqueue takes (declared once, `EnqueueOptions`) with the checks it
+makes of them. The app, the stages and the families build on this module; it imports none of
+them."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
@@ -193,6 +195,96 @@ def check_priority(priority: object) -> int:
     return priority
 
 
+# -- the enqueue options: declared here once, taken by every enqueue as `**options` -------------
+
+
+class _KeyOption(TypedDict, total=False):
+    # At most one active run per key in its tenant (Client.enqueue).
+    key: str | None
+
+
+class _RunOptions(TypedDict, total=False):
+    tenant: str | None
+    group: str | None
+    max_attempts: int | None  # None: the task's, else the configured default
+
+
+class _OrderOptions(TypedDict, total=False):
+    priority: int  # lower runs first
+    delay: float  # seconds before the run is due
+
+
+class EnqueueOptions(_KeyOption, _RunOptions, _OrderOptions, total=False):
+    """The options of an enqueue of one run (`Client.enqueue` and its variants, a task's
+    `.configure`, `Family.enqueue`); their defaults are `Options`'."""
+
+    exclusive: bool  # wait while the key is busy rather than return its run
+
+
+class ManyOptions(_RunOptions, _OrderOptions, total=False):
+    """The options of `Client.enqueue_many`: one key per payload rather than one key."""
+
+    keys: Sequence[str | None] | None
+
+
+class RunTaskOptions(_KeyOption, _RunOptions, total=False):
+    """The options of `leasework.testing.run_task`: its run is due at once and first of its
+    kind, so no delay, priority or exclusive."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Enqueue options as checked (check_options); each default is that of an option not given."""
+
+    key: str | None = None
+    tenant: str | None = None
+    group: str | None = None
+    exclusive: bool = False
+    priority: int = 0
+    delay: float = 0.0
+    max_attempts: int | None = None
+
+
+def accept_options(method: str, given: Mapping[str, object], accepted: type[Any]) -> None:
+    """Refuse an option `method` does not take (`accepted`: its TypedDict), as a call of a
+    function declaring them would: TypeError, naming the closest one and those it takes."""
+    names: frozenset[str] = accepted.__optional_keys__
+    for name in given:
+        if name not in names:
+            raise unexpected_keyword(f"{method}()", name, sorted(names))
+
+
+def unexpected_keyword(call: str, name: str, names: Sequence[str]) -> TypeError:
+    """The one line for keyword `name` given to `call`, which takes `names`: the closest one
+    first (a typo is the likely mistake), then all of them."""
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return TypeError(
+        f"{call} got an unexpected keyword argument {name!r}{hint}; it takes "
+        f"{', '.join(names) or 'no arguments'}"
+    )
+
+
+def check_options(given: Mapping[str, Any], *, reserved: bool = False) -> Options:
+    """The enqueue options `given` (accepted by accept_options) checked, the others at their
+    default; ConfigError names a bad one. `reserved`: the key may be under RESERVED_KEY_PREFIX
+    (a family's own run). `keys` is enqueue_many's to check against its payloads."""
+    default = Options()
+
+    def get(name: str) -> Any:
+        return given.get(name, getattr(default, name))
+
+    return Options(
+        key=check_key(get("key"), reserved=reserved),
+        tenant=check_label("tenant", get("tenant")),
+        group=check_label("group", get("group")),
+        exclusive=check_bool("exclusive", get("exclusive")),
+        priority=check_priority(get("priority")),
+        max_attempts=check_attempts(get("max_attempts")),
+        delay=check_seconds("delay", get("delay"), allow_zero=True) or 0.0,
+    )
+
+
 @dataclass(frozen=True)
 class ScheduleSpec:
     """When a periodic task fires: every `every` seconds, or on `cron` in time zone `tz`."""
@@ -280,6 +372,5 @@ class Registry(Protocol):
         conn: psycopg.Connection[Any],
         kind: str,
         payload: Any = None,
-        *,
-        key: str | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> int: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -20,7 +20,7 @@ from .app import App
 from .errors import ConfigError, LeaseworkError, UnknownKind
 from .operations import STATUSES
 from .queries import load
-from .tasks import check_label
+from .tasks import RunTaskOptions, accept_options, check_label
 from .workers import lease
 from .workers.lease import Claim
 from .workers.worker import Worker, new_worker_id
@@ -152,30 +152,16 @@ class Runner:
         )
 
     def run_task(
-        self,
-        kind: str,
-        payload: Any = None,
-        *,
-        key: str | None = None,
-        tenant: str | None = None,
-        group: str | None = None,
-        max_attempts: int | None = None,
+        self, kind: str, payload: Any = None, **options: Unpack[RunTaskOptions]
     ) -> RunResult:
         """Enqueue a run of `kind` (committed at once), claim it and run its handler here with a
         real Context; return how the attempt ended. `Retry`, `Partial`, `Aborted` and failures
         come back as outcomes (a retry: status `queued`, `due_at` set), never as exceptions."""
+        accept_options("run_task", options, RunTaskOptions)
         (kind,) = self._kinds([kind])
-        done = self.app.enqueue_run(
-            self._control,
-            kind,
-            payload,
-            key=key,
-            tenant=tenant,
-            group=group,
-            priority=FIRST,
-            max_attempts=max_attempts,
-        )
+        done = self.app.enqueue_run(self._control, kind, payload, priority=FIRST, **options)
         if done.existing:
+            key = options.get("key")
             raise LeaseworkError(
                 f"key {key!r} already has an active run ({done.run_id}): run_task runs a new one"
             )
@@ -237,17 +223,12 @@ def run_task(
     conn_or_dsn: Conn | str,
     kind: str,
     payload: Any = None,
-    *,
-    key: str | None = None,
-    tenant: str | None = None,
-    group: str | None = None,
-    max_attempts: int | None = None,
+    **options: Unpack[RunTaskOptions],
 ) -> RunResult:
     """Run one task of `app` inline on the database of `conn_or_dsn` (Runner.run_task)."""
+    accept_options("run_task", options, RunTaskOptions)
     with Runner(app, conn_or_dsn) as runner:
-        return runner.run_task(
-            kind, payload, key=key, tenant=tenant, group=group, max_attempts=max_attempts
-        )
+        return runner.run_task(kind, payload, **options)
 
 
 def drain(

@@ -33,8 +33,8 @@ AConn = psycopg.AsyncConnection[Any]
 __all__ = ["AsyncContext"]
 
 
-class AsyncRunner(Protocol):
-    """What an async context needs of whoever runs its handler (the async executor)."""
+class AsyncAttemptHost(Protocol):
+    """What an async context needs of whoever runs its attempt (the async executor)."""
 
     worker_id: str
 
@@ -58,12 +58,12 @@ async def adiscard_if_busy(conn: AConn) -> bool:
 class AsyncContext(RunFacts):
     """Passed to every `async def` handler as its first argument."""
 
-    _runner: AsyncRunner
+    _runner: AsyncAttemptHost
 
     def __init__(
         self,
         claim: Claim,
-        runner: AsyncRunner,
+        runner: AsyncAttemptHost,
         held: Held,
         *,
         clock: Callable[[], float] = time.monotonic,

@@ -119,8 +119,9 @@ class RunFacts:
         return self._runner.worker_id
 
 
-class Runner(Protocol):
-    """What a context needs of whoever runs its handler (the executor)."""
+class AttemptHost(Protocol):
+    """What a context needs of whoever runs its attempt (the executor): the worker's id, its
+    keeper and connections, and the liveness beat."""
 
     worker_id: str
     keeper: Keeper
@@ -132,12 +133,12 @@ class Runner(Protocol):
 class Context(RunFacts):
     """Passed to every handler as its first argument."""
 
-    _runner: Runner
+    _runner: AttemptHost
 
     def __init__(
         self,
         claim: Claim,
-        runner: Runner,
+        runner: AttemptHost,
         held: Held,
         *,
         clock: Callable[[], float] = time.monotonic,

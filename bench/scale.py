@@ -1,6 +1,6 @@
 """The scaling curve (README, "Scaling"): 1 to 64 worker processes spread over 4 hosts, each host a
 network namespace running a real `leasework supervise --processes K` that reaches one Postgres
-over its veth link (tests/chaos/netns.py), directly and through PgBouncer in transaction mode
+over its veth link (tests/faults/netns.py), directly and through PgBouncer in transaction mode
 (tests/pgbouncer.py, the hosts' LISTEN direct over `listen_dsn`). Processes are spread as evenly
 as the 4 hosts allow (3 processes: 1+1+1+0).
 
@@ -56,7 +56,7 @@ from common import print_table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from leasework import App, db
-from tests.chaos import netns
+from tests.faults import netns
 from tests.pgbouncer import Bouncer, executable, pgbouncer
 from tests.pgcluster import Cluster, private_cluster
 

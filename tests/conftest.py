@@ -1,6 +1,8 @@
 """Shared fixtures. Tests talk to a real Postgres: LEASEWORK_TEST_DSN, else the server on
 127.0.0.1:5432, else an embedded one (the `embedded` extra). Each test session makes its own
-database and drops it at the end; each database test starts from empty leasework tables."""
+database and drops it at the end; each database test starts from empty leasework tables. The
+folder says a test's tier (tests/README.md): every test under tests/chaos carries the `chaos`
+marker, given here, and no test elsewhere may."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,7 +25,11 @@ from leasework.workers.worker import Worker
 
 from . import clock
 
+# The fault harness's `chaos` fixture, for the process tier's fault tests and the chaos tier's.
+pytest_plugins = ("tests.faults.plugin",)
+
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+CHAOS_TIER = Path(__file__).resolve().parent / "chaos"
 
 # Property tests draw the same examples on every run of the suite: a new find must not turn an
 # unrelated change's CI red at random. `make fuzz` searches afresh (random seeds, every property
@@ -30,6 +37,17 @@ DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 settings.register_profile("suite", derandomize=True)
 settings.register_profile("fuzz", derandomize=False)
 settings.load_profile(os.environ.get("LEASEWORK_HYPOTHESIS", "suite"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`-m chaos` and `-m 'not chaos'` select by folder: `make chaos` runs tests/chaos, `make
+    test` everything else."""
+    for item in items:
+        if CHAOS_TIER in item.path.resolve().parents:
+            item.add_marker(pytest.mark.chaos)
+        elif item.get_closest_marker("chaos") is not None:
+            raise pytest.UsageError(f"{item.nodeid} is marked chaos: chaos tests go in tests/chaos")
 
 
 def _server_dsn() -> str:

@@ -4,7 +4,7 @@ crash here is a process crash, not a power cut, so the page cache survives) but
 `synchronous_commit=on`, so a commit acknowledged to a client is in the WAL the restart replays.
 
 The driver only signals pids it can name: the postmaster from `postmaster.pid` and its children
-from /proc. Shared by tests/process/test_postgres_crash.py and tests/chaos/."""
+from /proc. Shared by tests/chaos/, the fault harness (tests/faults/) and bench/."""
 
 from __future__ import annotations
 

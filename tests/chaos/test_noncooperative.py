@@ -11,7 +11,7 @@ Besides every invariant of the harness (fenced effects, no stale write, terminal
 liveness that no two attempts of one run were ever alive at once (an attempt is alive until its
 handler leaves or its process is gone), every run ends in the status the scenario expects, and a
 run whose process died does not stay `running` under its token past its lease. One CHAOS line per
-test, as in test_faults.py."""
+test, as in tests/faults/scenarios.py."""
 
 from __future__ import annotations
 
@@ -31,17 +31,14 @@ import psycopg
 import pytest
 
 from tests.conftest import wait_for
+from tests.faults import blockingapp
+from tests.faults.attempts import Attempt, AttemptLog
+from tests.faults.blockingapp import BLOCKS
+from tests.faults.harness import ChaosRun, Fault, worker_pid
 from tests.pgcluster import private_cluster
 from tests.process.conftest import Supervised
 
-from . import blockingapp
-from .attempts import Attempt, AttemptLog
-from .blockingapp import BLOCKS
-from .harness import ChaosRun, Fault, worker_pid
-
-pytestmark = pytest.mark.chaos
-
-APP = "tests.chaos.blockingapp:app"
+APP = "tests.faults.blockingapp:app"
 LEASE = 4.0  # the harness's lease (harness.CONFIG)
 # Seconds a stuck attempt blocks (gil: minutes): longer than it takes any fault to end it. A
 # `sleep` of subprocess.run whose worker was killed outlives it by as much.

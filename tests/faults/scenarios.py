@@ -1,8 +1,9 @@
-"""One fault at a time, on a real supervisor with three children and a private Postgres: each
-test injects its fault while runs of several fenced steps are in flight, then checks every
-invariant over the recorded history (harness.ChaosRun.check) and prints one summary line.
-
-The fast ones run in `make test`; the rest carry the `chaos` marker (`make chaos`)."""
+"""The fault scenarios, one fault at a time, on a real supervisor with three children and a
+private Postgres: each injects its fault while runs of several fenced steps are in flight, then
+checks every invariant over the recorded history (harness.ChaosRun.check) and prints one summary
+line. Each takes the `chaos` fixture (or a partial of it: another app, a pooler); the tests that
+call them are tests/process/test_faults.py (the fast ones, in `make test`) and, in `make chaos`,
+tests/chaos/test_sync_faults.py, test_async_faults.py and test_pooler_faults.py."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import signal
 import time
 from collections.abc import Callable
 
-import pytest
-
 from tests.conftest import wait_for
 
 from .harness import ChaosRun, worker_pid
 
 Chaos = Callable[..., ChaosRun]
+
+# Where kill_9_at_a_critical_point kills the child (chaosapp's `die`).
+POINTS = ["after_claim", "before_checkpoint", "after_step"]
 
 
 def _progress(run: ChaosRun, effects: int) -> None:
@@ -28,14 +30,14 @@ def _progress(run: ChaosRun, effects: int) -> None:
     )
 
 
-def test_fault_free_control_run_executes_each_run_exactly_once(chaos: Chaos) -> None:
+def fault_free_control_run_executes_each_run_exactly_once(chaos: Chaos) -> None:
     run = chaos()
     run.start()
     run.enqueue(24, steps=3)
     run.finish(control=True)
 
 
-def test_kill_9_of_random_children_at_random_moments(chaos: Chaos) -> None:
+def kill_9_of_random_children_at_random_moments(chaos: Chaos) -> None:
     run = chaos()
     run.start()
     run.enqueue(30, steps=4)
@@ -52,8 +54,7 @@ def test_kill_9_of_random_children_at_random_moments(chaos: Chaos) -> None:
     run.finish()
 
 
-@pytest.mark.parametrize("point", ["after_claim", "before_checkpoint", "after_step"])
-def test_kill_9_at_a_critical_point(chaos: Chaos, point: str) -> None:
+def kill_9_at_a_critical_point(chaos: Chaos, point: str) -> None:
     run = chaos()
     run.start()
     victims = run.enqueue(3, steps=3, die=point)
@@ -65,7 +66,7 @@ def test_kill_9_at_a_critical_point(chaos: Chaos, point: str) -> None:
     assert all(r[1] == "succeeded" and r[2] >= 2 for r in rows), rows
 
 
-def test_kill_9_right_after_the_finish_commits(chaos: Chaos) -> None:
+def kill_9_right_after_the_finish_commits(chaos: Chaos) -> None:
     """The supervisor's fast release of the dead child's leases must not touch a finished run."""
     run = chaos()
     sup = run.start()
@@ -94,7 +95,7 @@ def test_kill_9_right_after_the_finish_commits(chaos: Chaos) -> None:
     ) == [(len(ids),)]
 
 
-def test_sigstop_past_the_lease_then_sigcont(chaos: Chaos) -> None:
+def sigstop_past_the_lease_then_sigcont(chaos: Chaos) -> None:
     """Watchdog and dead man's switch off, so the paused child really wakes up after its run was
     taken: everything it then tries is refused (renewal, fence, finish), and it commits
     nothing."""
@@ -113,7 +114,7 @@ def test_sigstop_past_the_lease_then_sigcont(chaos: Chaos) -> None:
     assert len(owners) >= 2, owners
 
 
-def test_blackholed_child_is_stopped_before_its_lease_expires(chaos: Chaos) -> None:
+def blackholed_child_is_stopped_before_its_lease_expires(chaos: Chaos) -> None:
     """A partition: renewals hang instead of failing. The supervisor's watchdog must stop the
     job (QUIT trips its abort signal) before the lease expires in database time."""
     run = chaos()
@@ -133,7 +134,7 @@ def test_blackholed_child_is_stopped_before_its_lease_expires(chaos: Chaos) -> N
     run.finish()
 
 
-def test_a_partition_inside_a_fenced_transaction_does_not_hold_the_run(chaos: Chaos) -> None:
+def a_partition_inside_a_fenced_transaction_does_not_hold_the_run(chaos: Chaos) -> None:
     """The partitioned child had a fenced transaction open: its server session keeps the run's
     row lock until the server notices, and a reclaim skips locked rows. The run must still move
     to another worker within the lease (plus the watchdog), not when the partition heals: the
@@ -169,7 +170,7 @@ def test_a_partition_inside_a_fenced_transaction_does_not_hold_the_run(chaos: Ch
     run.finish()
 
 
-def test_pg_terminate_backend_of_worker_sessions(chaos: Chaos) -> None:
+def pg_terminate_backend_of_worker_sessions(chaos: Chaos) -> None:
     run = chaos()
     run.start()
     run.enqueue(30, steps=4)
@@ -180,8 +181,7 @@ def test_pg_terminate_backend_of_worker_sessions(chaos: Chaos) -> None:
     run.finish()
 
 
-@pytest.mark.chaos
-def test_postgres_crash_and_restart_mid_run(chaos: Chaos) -> None:
+def postgres_crash_and_restart_mid_run(chaos: Chaos) -> None:
     run = chaos()
     run.start()
     run.enqueue(40, steps=4)
@@ -191,8 +191,7 @@ def test_postgres_crash_and_restart_mid_run(chaos: Chaos) -> None:
     run.finish()
 
 
-@pytest.mark.chaos
-def test_postgres_paused_past_the_lease(chaos: Chaos) -> None:
+def postgres_paused_past_the_lease(chaos: Chaos) -> None:
     run = chaos()
     run.start()
     run.enqueue(20, steps=4)
@@ -201,8 +200,7 @@ def test_postgres_paused_past_the_lease(chaos: Chaos) -> None:
     run.finish()
 
 
-@pytest.mark.chaos
-def test_supervisor_sigterm_and_kill_9_mid_job(chaos: Chaos) -> None:
+def supervisor_sigterm_and_kill_9_mid_job(chaos: Chaos) -> None:
     run = chaos()
     run.start()
     run.enqueue(30, steps=5, sleep=(0.2, 0.4))
@@ -215,7 +213,7 @@ def test_supervisor_sigterm_and_kill_9_mid_job(chaos: Chaos) -> None:
     run.finish()
 
 
-def test_poison_job_ends_failed_while_others_flow(chaos: Chaos) -> None:
+def poison_job_ends_failed_while_others_flow(chaos: Chaos) -> None:
     run = chaos()
     run.start()
     (poison,) = run.enqueue(1, kind="poison")
@@ -230,7 +228,7 @@ def test_poison_job_ends_failed_while_others_flow(chaos: Chaos) -> None:
     ]
 
 
-def test_cancels_race_reclaims_and_retries(chaos: Chaos) -> None:
+def cancels_race_reclaims_and_retries(chaos: Chaos) -> None:
     """Cancels land on queued runs, running runs, runs whose holder was just killed (lease being
     reclaimed) and runs waiting out a retry backoff: none of them ever starts again."""
     run = chaos()

@@ -9,7 +9,7 @@ CREATE TABLE IF NOT EXISTS public.chaos_effects (
     attempt int NOT NULL,
     pid     int NOT NULL,
     at      timestamptz NOT NULL DEFAULT clock_timestamp(),
-    client  inet DEFAULT inet_client_addr()  -- the writing host (tests/chaos/test_hosts.py)
+    client  inet DEFAULT inet_client_addr()  -- the writing host (tests/process/test_hosts.py)
 );
 
 -- Each start of a handler (autocommit, before any effect): executions, committed or not.

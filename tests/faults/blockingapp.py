@@ -1,4 +1,4 @@
-"""The app of the non-cooperative chaos tier (`--app tests.chaos.blockingapp:app`): handlers that
+"""The app of the non-cooperative chaos tier (`--app tests.faults.blockingapp:app`): handlers that
 never call ctx.check().
 
 Each run does `payload.steps` steps; each step blocks in one call that knows nothing of leasework
@@ -11,7 +11,7 @@ for minutes, deaf to signals) so that only a fault, a cancel or a timeout ends i
 Every attempt appends its start and its end (when its handler leaves, however it leaves) to the
 journal file `payload.journal`, one JSON line each with its pid and wall-clock time: a local file,
 so the record survives the faults under test (a dead or black-holed database, a held reply),
-which the oracle reads with the processes' liveness (tests/chaos/attempts.py)."""
+which the oracle reads with the processes' liveness (tests/faults/attempts.py)."""
 
 from __future__ import annotations
 

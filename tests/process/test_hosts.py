@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from tests.faults import netns
+from tests.faults.harness import ChaosRun, Fault
+from tests.faults.netns import Host
 from tests.pgcluster import private_cluster
 from tests.process.conftest import Supervised
-
-from . import netns
-from .harness import ChaosRun, Fault
-from .netns import Host
 
 # How late after the lease a run may move: the reclaiming poll (poll_interval), the claim itself,
 # and B's children finishing the runs they hold, which on a busy machine can take seconds. The

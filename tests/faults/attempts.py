@@ -1,5 +1,5 @@
 """The attempt oracle of the non-cooperative tier: when each attempt of a run was alive, from the
-handlers' journal (start and end, with pid and wall-clock time, tests/chaos/blockingapp.py) and
+handlers' journal (start and end, with pid and wall-clock time, tests/faults/blockingapp.py) and
 from watching the worker processes themselves.
 
 An attempt is alive from its start until its handler left (the journal's end) or, if it never

@@ -78,7 +78,7 @@ class ChaosRun:
     # behind the fault proxy: child -> proxy -> pgbouncer -> Postgres.
     pooled: bool = False
     # The app the supervisors run (MODULE:ATTR): chaosapp's sync handlers, or chaosapp_async's.
-    app: str = "tests.chaos.chaosapp:app"
+    app: str = "tests.faults.chaosapp:app"
 
     def __post_init__(self) -> None:
         self.cfg = {**CONFIG, **self.config}

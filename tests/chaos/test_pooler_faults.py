@@ -13,32 +13,27 @@ from collections.abc import Callable
 
 import pytest
 
-from . import test_faults as faults
+from tests.faults import scenarios as faults
+from tests.faults.scenarios import Chaos
+
 from . import test_noncooperative as noncoop
-from .harness import ChaosRun
 from .test_noncooperative import NonCoopRun, nc  # noqa: F401 - the fixture
 
-pytestmark = pytest.mark.chaos
-
-Chaos = Callable[..., ChaosRun]
-
 FAULTS: dict[str, Callable[[Chaos], None]] = {
-    "control": faults.test_fault_free_control_run_executes_each_run_exactly_once,
-    "kill9_random": faults.test_kill_9_of_random_children_at_random_moments,
-    "kill9_after_claim": lambda c: faults.test_kill_9_at_a_critical_point(c, "after_claim"),
-    "kill9_before_checkpoint": lambda c: faults.test_kill_9_at_a_critical_point(
-        c, "before_checkpoint"
-    ),
-    "kill9_after_finish": faults.test_kill_9_right_after_the_finish_commits,
-    "sigstop_past_lease": faults.test_sigstop_past_the_lease_then_sigcont,
-    "blackhole": faults.test_blackholed_child_is_stopped_before_its_lease_expires,
-    "partition_in_tx": faults.test_a_partition_inside_a_fenced_transaction_does_not_hold_the_run,
-    "terminate_backend": faults.test_pg_terminate_backend_of_worker_sessions,
-    "pg_crash_restart": faults.test_postgres_crash_and_restart_mid_run,
-    "pg_paused": faults.test_postgres_paused_past_the_lease,
-    "supervisor_signals": faults.test_supervisor_sigterm_and_kill_9_mid_job,
-    "poison": faults.test_poison_job_ends_failed_while_others_flow,
-    "cancels": faults.test_cancels_race_reclaims_and_retries,
+    "control": faults.fault_free_control_run_executes_each_run_exactly_once,
+    "kill9_random": faults.kill_9_of_random_children_at_random_moments,
+    "kill9_after_claim": lambda c: faults.kill_9_at_a_critical_point(c, "after_claim"),
+    "kill9_before_checkpoint": lambda c: faults.kill_9_at_a_critical_point(c, "before_checkpoint"),
+    "kill9_after_finish": faults.kill_9_right_after_the_finish_commits,
+    "sigstop_past_lease": faults.sigstop_past_the_lease_then_sigcont,
+    "blackhole": faults.blackholed_child_is_stopped_before_its_lease_expires,
+    "partition_in_tx": faults.a_partition_inside_a_fenced_transaction_does_not_hold_the_run,
+    "terminate_backend": faults.pg_terminate_backend_of_worker_sessions,
+    "pg_crash_restart": faults.postgres_crash_and_restart_mid_run,
+    "pg_paused": faults.postgres_paused_past_the_lease,
+    "supervisor_signals": faults.supervisor_sigterm_and_kill_9_mid_job,
+    "poison": faults.poison_job_ends_failed_while_others_flow,
+    "cancels": faults.cancels_race_reclaims_and_retries,
 }
 
 BLOCKING: dict[str, Callable[[Callable[..., NonCoopRun]], None]] = {

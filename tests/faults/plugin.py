@@ -1,5 +1,7 @@
-"""Chaos fixtures: each test gets its own private Postgres cluster (so it may crash, pause and
-restart it) and a `ChaosRun` on it; every supervisor started is stopped afterwards."""
+"""The fault harness's fixture, loaded for the whole tree (tests/conftest.py `pytest_plugins`: the
+process tier's fault tests use it as the chaos tier's do): each test gets its own private
+Postgres cluster (so it may crash, pause and restart it) and a `ChaosRun` on it; every supervisor
+started is stopped afterwards."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def chaos(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., ChaosRun]]:
     """chaos(seed=None, through_pooler=False, app=None, **config) -> a ChaosRun on a fresh
     private cluster (through_pooler: behind a PgBouncer in transaction mode; app: the app its
-    supervisors run, default the test module's CHAOS_APP, else tests.chaos.chaosapp:app)."""
+    supervisors run, default tests.faults.chaosapp:app)."""
     runs: list[ChaosRun] = []
     with private_cluster("leasework-chaos-") as cluster:
 
@@ -46,7 +48,7 @@ def chaos(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[.
                 dict(config),
                 random.Random(seed),
                 pooled=through_pooler,
-                app=app or getattr(request.module, "CHAOS_APP", "tests.chaos.chaosapp:app"),
+                app=app or "tests.faults.chaosapp:app",
             )
             runs.append(run)
             return run

@@ -17,9 +17,8 @@ import psycopg
 import pytest
 
 from tests.conftest import wait_for
-
-from .attempts import AttemptLog
-from .harness import ChaosRun
+from tests.faults.attempts import AttemptLog
+from tests.faults.harness import ChaosRun
 
 Chaos = Callable[..., ChaosRun]
 

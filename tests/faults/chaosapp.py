@@ -1,4 +1,4 @@
-"""The app the chaos supervisor runs (`--app tests.chaos.chaosapp:app`).
+"""The app the chaos supervisor runs (`--app tests.faults.chaosapp:app`).
 
 `steps` does `payload.steps` steps; each sleeps a little (calling ctx.check() as it waits), then
 writes one effect row through the fenced transaction, together with its checkpoint, so a retry
@@ -22,7 +22,7 @@ from leasework import App, Context
 
 app = App()
 
-ORACLE_SQLSTATE = "LW001"  # raised by the chaos_effects trigger (tests/chaos/oracle.sql)
+ORACLE_SQLSTATE = "LW001"  # raised by the chaos_effects trigger (tests/faults/oracle.sql)
 
 
 def _die() -> None:

@@ -1,4 +1,4 @@
-"""The chaos app with async handlers (`--app tests.chaos.chaosapp_async:app`): the same kinds,
+"""The chaos app with async handlers (`--app tests.faults.chaosapp_async:app`): the same kinds,
 payloads and records as chaosapp.py, each child running up to four runs at once on its event
 loop. The waits never await ctx.check(): a cancel, a timeout, a lost lease or a shutdown reaches
 a run only by its task being cancelled."""

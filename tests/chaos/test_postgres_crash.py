@@ -22,8 +22,6 @@ from leasework.workers.worker import Worker
 from ..conftest import wait_for
 from ..pgcluster import Cluster, private_cluster
 
-pytestmark = pytest.mark.chaos
-
 RUNS = 1500
 CRASHES = 3
 

@@ -23,7 +23,7 @@ import psycopg
 from common import DEFAULT_DSN, bench_database, drop_database, med, print_table, spread
 
 from leasework import db
-from leasework.workers import lease
+from leasework.leases import lease
 
 HISTORY = """
 INSERT INTO leasework.runs (kind, status, attempts, started_at, finished_at, history)

@@ -18,11 +18,11 @@ from psycopg.types.json import Jsonb
 
 from .app import App
 from .errors import ConfigError, LeaseworkError, UnknownKind
+from .leases import lease
+from .leases.lease import Claim
 from .operations import STATUSES
 from .queries import load
 from .tasks import check_label
-from .workers import lease
-from .workers.lease import Claim
 from .workers.worker import Worker, new_worker_id
 
 Q = load("leasework", "testing.sql")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 
 from ..config import Config
+from ..leases import lease
 from ..tasks import DEFAULT_CONCURRENCY, Registry
-from ..workers import idle, lease
+from ..workers import idle
 from ..workers.stage import Site
 
 

@@ -12,9 +12,10 @@ from typing import Any
 
 from .. import log
 from ..config import Range, doc, section
+from ..leases import lease
+from ..leases.lease import Claim
 from ..tasks import Registry
-from ..workers import idle, lease
-from ..workers.lease import Claim
+from ..workers import idle
 from ..workers.stage import Site
 
 

@@ -28,8 +28,8 @@ import psycopg
 from .. import log
 from ..db import DatabaseUnavailable
 from ..errors import is_transient
+from ..leases.lease import RunRef
 from ..workers import presence
-from ..workers.lease import RunRef
 from ..workers.worker import Application
 from . import policy, wakeup
 from .child import child_main

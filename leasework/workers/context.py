@@ -21,10 +21,10 @@ from psycopg.pq import TransactionStatus
 
 from .. import log
 from ..errors import Aborted, LeaseLost, is_transient
-from . import lease
+from ..leases import lease
+from ..leases.lease import Claim
 from .connections import Connections
 from .keeper import AbortSignal, Held, Keeper
-from .lease import Claim
 
 Conn = psycopg.Connection[Any]
 

@@ -17,12 +17,12 @@ import psycopg
 from .. import log
 from ..config import Config
 from ..errors import LeaseLost, ResultError, gave_up_on_lock, is_transient
-from . import lease
+from ..leases import lease
+from ..leases.lease import Claim
 from .backoff import retry_delay
 from .connections import Connections
 from .context import Context, describe_error
 from .keeper import AbortSignal, Held, Keeper
-from .lease import Claim
 from .outcome import Outcome, Sealed, decide
 
 Conn = psycopg.Connection[Any]

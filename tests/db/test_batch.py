@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from leasework import App, ConfigError, Context
-from leasework.workers import lease
+from leasework.leases import lease
 from leasework.workers.worker import Worker
 
 from ..conftest import expire_lease, get_run

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from leasework import Aborted, App, Context, LeaseLost, Partial, Retry
-from leasework.workers import lease
+from leasework.leases import lease
 from leasework.workers.stage import Site
 from leasework.workers.worker import Worker
 

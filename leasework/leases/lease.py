@@ -237,14 +237,15 @@ class Chain:
     the dumper of each parameter and the loader of each of the 14 result columns again on
     every statement; a kept one finds them in its own cache.
 
-    On a direct connection the quick statement goes through libpq itself (`quick_rows`, through
-    wire.Prepared): a protocol-level prepared statement of the Chain's own per form, its parameters sent as the
-    text they already are and its rows returned in binary (no timestamp to format on the server
-    or to parse here), the claimed row alone loaded by a kept Transformer, with the connection's
-    loaders. psycopg's cursor did the same work with a third of a job's client time around it
-    (its execution generators, the parameter mapping, the prepared-statement bookkeeping;
-    bench/README.md, issue 19, third pass). Behind a pooler (no prepared statement outlives a
-    transaction there) or inside the caller's transaction, the kept cursor runs it instead."""
+    On a direct connection the quick statement goes through libpq itself (`quick_rows`, with
+    wire.Prepared): a protocol-level prepared statement of the Chain's own per form, its
+    parameters sent as the text they already are and its rows returned in binary (no timestamp
+    to format on the server or to parse here), the claimed row alone loaded by a kept
+    Transformer, with the connection's loaders. psycopg's cursor did the same work with a third
+    of a job's client time around it (its execution generators, the parameter mapping, the
+    prepared-statement bookkeeping; bench/README.md, issue 19, third pass). Behind a pooler (no
+    prepared statement outlives a transaction there) or inside the caller's transaction, the
+    kept cursor runs it instead."""
 
     __slots__ = (
         "_cursor",

@@ -170,7 +170,7 @@ ALTER TABLE leasework.runs
            autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_cost_limit);
 
 -- One entry of runs.history, the record of one ended attempt; every statement of
--- leasework/workers/lease.sql that ends an attempt other than by success appends one with it. STABLE, not IMMUTABLE,
+-- leasework/leases/lease.sql that ends an attempt other than by success appends one with it. STABLE, not IMMUTABLE,
 -- because jsonb_build_object is (a timestamptz is rendered in the session's TimeZone); a
 -- LANGUAGE sql function that is STABLE, not STRICT, has no SET clause and uses each argument
 -- once is inlined by the planner, so it costs nothing over writing the expression out.
@@ -281,7 +281,7 @@ DROP INDEX IF EXISTS leasework.runs_running_by_tenant;
 CREATE INDEX IF NOT EXISTS runs_running_tenanted
     ON leasework.runs (tenant, lease_expires_at) WHERE status = 'running' AND tenant IS NOT NULL;
 
--- The rate limiter's re-check inside claim_runs (leasework/workers/lease.sql), called on each
+-- The rate limiter's re-check inside claim_runs (leasework/leases/lease.sql), called on each
 -- tenanted run after the claim has locked it and its tenant row. It must be VOLATILE: a volatile
 -- function takes a fresh snapshot for each statement it runs, so it sees every rival claim that
 -- committed before we took the tenant lock, which the claim statement's own snapshot may not.

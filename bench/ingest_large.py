@@ -50,7 +50,7 @@ from leasework.documents import Documents, IngestSettings
 from leasework.documents.embed import HashingEmbedder
 from leasework.documents.files import file_key
 from leasework.documents.ingest import IngestStage
-from leasework.workers import lease
+from leasework.leases import lease
 from leasework.workers.worker import Worker
 
 

@@ -23,7 +23,7 @@ import psycopg
 from common import DEFAULT_DSN, bench_database, drop_database, med, print_table, spread
 
 from leasework import db
-from leasework.workers import lease
+from leasework.leases import lease
 
 HISTORY = """
 INSERT INTO leasework.runs (kind, status, attempts, started_at, finished_at, history)
@@ -95,9 +95,9 @@ def fill(dsn: str, parts: list[Part], queue: int) -> None:
         conn.execute("VACUUM ANALYZE leasework.runs")
 
 
-def control_conn(dsn: str) -> psycopg.Connection[Any]:
+def main_conn(dsn: str) -> psycopg.Connection[Any]:
     conn = psycopg.connect(dsn, autocommit=True)
-    conn.execute("SET plan_cache_mode = force_generic_plan")  # as the workers' control connection
+    conn.execute("SET plan_cache_mode = force_generic_plan")  # as the workers' main connection
     return conn
 
 
@@ -105,7 +105,7 @@ def explain(dsn: str, kinds: list[str]) -> dict[str, Any]:
     """One claim under EXPLAIN ANALYZE, rolled back: the indexes it walked, the rows it read and
     threw away for their kind, buffers and time."""
     params = {"kinds": kinds, "worker": "bench", "lease": 120.0, "limit": 1, "finishing": None}
-    with control_conn(dsn) as conn, conn.transaction(force_rollback=True):
+    with main_conn(dsn) as conn, conn.transaction(force_rollback=True):
         sql = b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + lease.Q["claim_runs"]
         row = conn.execute(sql, params).fetchone()
     assert row is not None
@@ -139,7 +139,7 @@ def explain(dsn: str, kinds: list[str]) -> dict[str, Any]:
 def claim_latency(dsn: str, kinds: list[str], claims: int) -> list[float]:
     """`claims` real claims, one at a time, through lease.claim_runs: microseconds each."""
     out = []
-    with control_conn(dsn) as conn:
+    with main_conn(dsn) as conn:
         for _ in range(claims):
             started = time.perf_counter()
             got = lease.claim_runs(conn, kinds, worker="bench", lease=120.0)

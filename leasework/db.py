@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .errors import ConfigError, LeaseworkError, SchemaMissing
-from .log import first_line, redact_dsn
+from .log import event, first_line, redact_dsn
 
 NOTIFY_CHANNEL = "leasework"
 _MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -201,6 +201,24 @@ HANG_GUARD: dict[str, Any] = {
     "keepalives_interval": 1,
     "keepalives_count": 1,
 }
+
+
+def connect_listener(
+    dsn: str | None, *, application_name: str, instead: str, **libpq: Any
+) -> psycopg.Connection[Any] | None:
+    """A direct connection to `dsn` (`listen_dsn`) for LISTEN, which a pooler in transaction
+    mode cannot keep, or None when it goes through a pooler too: then it is closed at once and
+    `listen_dsn_pooled` logged, saying what is done `instead`. Raises as `connect` does."""
+    conn = connect(
+        dsn, application_name=application_name, connect_timeout=HANG_CONNECT_TIMEOUT, **libpq
+    )
+    if is_pooled(conn):
+        conn.close()
+        event(
+            "listen_dsn_pooled", level=30, error=f"listen_dsn goes through a pooler too: {instead}"
+        )
+        return None
+    return conn
 
 
 # A pool connection idle this long is closed (a burst of handlers' connections does not stay).

@@ -18,11 +18,11 @@ from psycopg.types.json import Jsonb
 
 from .app import App
 from .errors import ConfigError, LeaseworkError, UnknownKind
+from .leases import lease
+from .leases.lease import Claim
 from .operations import STATUSES
 from .queries import load
 from .tasks import RunTaskOptions, accept_options, check_label
-from .workers import lease
-from .workers.lease import Claim
 from .workers.worker import Worker, new_worker_id
 
 Q = load("leasework", "testing.sql")
@@ -106,8 +106,8 @@ class Runner:
         self.worker.close()
 
     @property
-    def _control(self) -> Conn:
-        return self.worker.conns.control()
+    def _main(self) -> Conn:
+        return self.worker.conns.main()
 
     def _kinds(self, kinds: Iterable[str] | None) -> list[str]:
         served = self.app.kinds(stage="runs") + self.app.kinds(stage="async")
@@ -134,7 +134,7 @@ class Runner:
 
     def result(self, run_id: int) -> RunResult:
         """A run as it stands now."""
-        row = self._control.execute(Q["run_row"], {"id": run_id}).fetchone()
+        row = self._main.execute(Q["run_row"], {"id": run_id}).fetchone()
         if row is None:
             raise LeaseworkError(f"run {run_id} is gone")
         rid, kind, status, payload, result, error, attempts, queued_at, key, tenant, _ = row
@@ -159,18 +159,18 @@ class Runner:
         come back as outcomes (a retry: status `queued`, `due_at` set), never as exceptions."""
         accept_options("run_task", options, RunTaskOptions)
         (kind,) = self._kinds([kind])
-        done = self.app.enqueue_run(self._control, kind, payload, priority=FIRST, **options)
+        done = self.app.enqueue_run(self._main, kind, payload, priority=FIRST, **options)
         if done.existing:
             key = options.get("key")
             raise LeaseworkError(
                 f"key {key!r} already has an active run ({done.run_id}): run_task runs a new one"
             )
         claims = lease.claim_runs(
-            self._control, [kind], worker=self.worker.id, lease=self.worker.config.lease
+            self._main, [kind], worker=self.worker.id, lease=self.worker.config.lease
         )
         if not claims or claims[0].id != done.run_id:
             for claim in claims:
-                lease.release(self._control, claim, "not the run run_task enqueued")
+                lease.release(self._main, claim, "not the run run_task enqueued")
             raise LeaseworkError(
                 f"run {done.run_id} of kind {kind!r} could not be claimed (its kind paused, its "
                 "tenant's limiter busy, or another run of the kind claimed first)"
@@ -195,23 +195,23 @@ class Runner:
         ran = Drained()
         while chosen:
             claims = lease.claim_runs(
-                self._control, chosen, worker=self.worker.id, lease=self.worker.config.lease
+                self._main, chosen, worker=self.worker.id, lease=self.worker.config.lease
             )
             if claims:
                 if len(ran) >= max_runs:
-                    lease.release(self._control, claims[0], "drain stopped at max_runs")
+                    lease.release(self._main, claims[0], "drain stopped at max_runs")
                     raise LeaseworkError(
                         f"drain ran {max_runs} attempts and runs are still due (a task that "
                         "enqueues itself?): pass a larger max_runs="
                     )
                 ran.append(self._execute(claims[0]))
                 continue
-            ended, promoted = lease.expire_and_promote(self._control, 100)
+            ended, promoted = lease.expire_and_promote(self._main, 100)
             if ended or promoted:
                 continue
             if (
                 jump_delays
-                and self._control.execute(Q["make_next_due"], {"kinds": chosen}).fetchall()
+                and self._main.execute(Q["make_next_due"], {"kinds": chosen}).fetchall()
             ):
                 continue
             break

@@ -28,11 +28,12 @@ from psycopg.rows import dict_row
 
 from .. import log
 from ..errors import Aborted, LeaseLost, LeaseworkError
+from ..leases import lease
+from ..leases.lease import Claim
 from ..queries import load
 from ..tasks import Task
-from ..workers import idle, lease
+from ..workers import idle
 from ..workers.context import Context
-from ..workers.lease import Claim
 from ..workers.stage import Site
 from . import chunking, extract
 from .chunking import Chunk

@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 
 from ..config import Config
+from ..leases import lease
 from ..tasks import DEFAULT_CONCURRENCY, Registry
-from ..workers import idle, lease
+from ..workers import idle
 from ..workers.stage import Site
 
 
@@ -56,7 +57,7 @@ class AsyncRunsStage:
                 # One statement for every free slot; never more of a kind than its own cap.
                 limit = min(free, *room.values())
                 claims = lease.claim_runs(
-                    site.conns.control(),
+                    site.conns.main(),
                     sorted(room),
                     worker=site.worker_id,
                     lease=site.config.lease,
@@ -69,7 +70,7 @@ class AsyncRunsStage:
                 if not claims and not ax.in_flight():
                     # Dry and idle: when is a run of its kinds next due (a delayed or retried
                     # run, a lease running out)? An idle worker sleeps until then (`next_due`).
-                    due = lease.next_due(site.conns.control(), kinds)
+                    due = lease.next_due(site.conns.main(), kinds)
                     self._due = due, time.monotonic()
         if not ax.serving:
             # Polled outside the worker's loop (a test, a benchmark's poll()): the runs end here.

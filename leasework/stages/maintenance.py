@@ -20,8 +20,9 @@ from psycopg.types.json import Jsonb
 
 from .. import log
 from ..config import DAY, RETENTION, Config, Range, doc, section
+from ..leases import lease
 from ..queries import load
-from ..workers import idle, lease
+from ..workers import idle
 from ..workers.stage import Site
 
 Q = load("leasework.stages", "maintenance.sql")

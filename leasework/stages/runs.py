@@ -12,9 +12,10 @@ from typing import Any
 
 from .. import log
 from ..config import Range, doc, section
+from ..leases import lease
+from ..leases.lease import Claim
 from ..tasks import Registry
-from ..workers import idle, lease
-from ..workers.lease import Claim
+from ..workers import idle
 from ..workers.stage import Site
 
 
@@ -61,8 +62,8 @@ class RunsStage:
         # claim on its own, the one riding on a seal, and a batch's (whose kind is one of these).
         kinds = site.claimable(self.app.kinds(stage=self.name))
         self._due = None
-        # Claim and settle on the control connection: idle between runs, it spares a pool
-        # check-out per claim and keeps the claim's generic plan (worker.control_conn).
+        # Claim and settle on the main connection: idle between runs, it spares a pool
+        # check-out per claim and keeps the claim's generic plan (Connections.main).
         handled = 0
         # A one-at-a-time success whose seal rides on the next claim (finish_and_claim: one
         # round trip and one commit per job instead of two). Sealed on its own when there is no
@@ -79,7 +80,7 @@ class RunsStage:
                     # This stage's share of a poll. Another stage due ends the step; while every
                     # other stage rests, the chain goes on: ending the step here would cost a seal
                     # and a claim of their own (two commits) where the next claim carries the seal.
-                    site.conns.drain_notifies()
+                    site.conns.wake.drain_notifies()
                     if site.yield_after_limit(self.name):
                         break
                     turns = 0
@@ -93,7 +94,7 @@ class RunsStage:
                         site.executor.seal_success(*pending)
                         pending = None
                     claims = lease.claim_runs(
-                        site.conns.control(),
+                        site.conns.main(),
                         kinds,
                         worker=site.worker_id,
                         lease=site.config.lease,
@@ -118,7 +119,7 @@ class RunsStage:
                 # so that which run comes first still follows priority across every kind.
                 if whole == 1:
                     claims += lease.claim_runs(
-                        site.conns.control(),
+                        site.conns.main(),
                         [first.kind],
                         worker=site.worker_id,
                         lease=site.config.lease,
@@ -140,7 +141,7 @@ class RunsStage:
         if not drained and now - self._settled_at < site.config.poll_interval:
             return handled
         self._settled_at = now
-        conn = site.conns.control()
+        conn = site.conns.main()
         busy: list[int] = []
         if not drained:
             ended, promoted = lease.expire_and_promote(conn, self.settle_limit, busy)

@@ -267,7 +267,7 @@ def _run(
     )
     if wake_fd is not None:
         os.set_blocking(wake_fd, False)
-        worker.conns.relay_fd = wake_fd  # behind a pooler, wake-ups come from the parent
+        worker.conns.wake.relay_fd = wake_fd  # behind a pooler, wake-ups come from the parent
     _install_signals(worker)
     # The parent blocked every signal around fork(); anything that arrived since is delivered
     # now, to the handlers above.

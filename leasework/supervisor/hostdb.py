@@ -19,8 +19,9 @@ import psycopg
 
 from .. import db, log
 from ..config import Config
+from ..leases import lease
 from ..queries import load
-from ..workers import lease, presence
+from ..workers import presence
 from ..workers.backoff import retry_delay
 from . import policy
 

@@ -28,8 +28,8 @@ import psycopg
 from .. import log
 from ..db import DatabaseUnavailable
 from ..errors import is_transient
+from ..leases.lease import RunRef
 from ..workers import presence
-from ..workers.lease import RunRef
 from ..workers.worker import Application
 from . import policy, wakeup
 from .child import child_main
@@ -66,14 +66,18 @@ class Slot:
     """A place for one child. `failures` is the slot's crash streak (restart backoff); `pool`
     the pool (config `pools`) whose kinds its child claims, None: every kind."""
 
-    child: Child | None = None
+    child: Forked | None = None
     failures: int = 0
     spawn_at: float = 0.0
     pool: str | None = None
 
 
 @dataclass(eq=False)
-class Child:
+class Forked:
+    """A forked child as its parent knows it: its pid, its beat pipe and last beat, its workers
+    row as last written, and whether and why it is being stopped (child.py is the child's own
+    side)."""
+
     pid: int
     worker_id: str
     fd: int
@@ -144,7 +148,7 @@ class Supervisor:
         self.hostdb = HostDB(config)
         self.relay = Relay(config)
         self.slots: list[Slot] = []
-        self.children: dict[int, Child] = {}
+        self.children: dict[int, Forked] = {}
         self.generation = 0
         self.host = socket.gethostname()
         self.pid = os.getpid()
@@ -320,7 +324,7 @@ class Supervisor:
                     break
         return bool(ready)
 
-    def _read(self, child: Child, now: float) -> None:
+    def _read(self, child: Forked, now: float) -> None:
         while True:
             try:
                 data = os.read(child.fd, 65536)
@@ -417,7 +421,7 @@ class Supervisor:
         if wake_r >= 0:
             os.close(wake_r)
             os.set_blocking(wake_w, False)
-        child = Child(
+        child = Forked(
             pid=pid,
             worker_id=f"{self.host}-{pid}-{suffix}",
             fd=read_fd,
@@ -447,7 +451,7 @@ class Supervisor:
                 continue  # not ours (e.g. an orphan reparented to us as PID 1)
             self._exited(child, policy.exit_meaning(os.waitstatus_to_exitcode(status)), now)
 
-    def _exited(self, child: Child, meaning: ExitMeaning, now: float) -> None:
+    def _exited(self, child: Forked, meaning: ExitMeaning, now: float) -> None:
         self._read(child, now)  # a boot error may still be in the pipe
         os.close(child.fd)
         if child.wake_fd >= 0:
@@ -500,11 +504,11 @@ class Supervisor:
         for child in self.children.values():
             self._kill(child, signum)
 
-    def _kill(self, child: Child, signum: int) -> None:
+    def _kill(self, child: Forked, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, signum)
 
-    def _retire(self, child: Child, why: str) -> None:
+    def _retire(self, child: Forked, why: str) -> None:
         """Stop a child gracefully without replacing it (its slot is gone or reassigned)."""
         child.slot = None
         self._kill(child, signal.SIGTERM)

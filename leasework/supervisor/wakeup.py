@@ -28,14 +28,14 @@ RETRY_AFTER = 5.0
 # another payload, or none, still polls every stage it would have.
 MAX_PAYLOAD = 512
 # What wakes every child after the relay (re)opened: a payload naming no stage, so each child
-# polls every stage (workers/connections.py, `stray`).
+# polls every stage (workers/wakeup.py, `stray`).
 WAKE_ALL = b"\n"
 
 
 class Relay:
     def __init__(self, config: Config, *, behind_pooler: bool = False) -> None:
         """Wanted when the children's `dsn` goes through a pooler and `listen_dsn` is set (direct,
-        each child LISTENs on its own control connection)."""
+        each child LISTENs on its own main connection)."""
         self.config = config
         self.enabled = bool(config.listen_dsn) and behind_pooler
         self._conn: psycopg.Connection[Any] | None = None
@@ -59,10 +59,10 @@ class Relay:
             return False
         self.close()
         try:
-            conn = db.connect(
+            conn = db.connect_listener(
                 self.config.listen_dsn,
                 application_name="leasework:supervisor:listen",
-                connect_timeout=db.HANG_CONNECT_TIMEOUT,
+                instead="the children poll instead",
                 **db.HANG_GUARD,
             )
         except (db.DatabaseUnavailable, psycopg.Error) as exc:
@@ -72,14 +72,8 @@ class Relay:
             log.event("listen_failed", level=40, error=log.first_line(exc))
             self._refused = True
             return False
-        if db.is_pooled(conn):
-            conn.close()
+        if conn is None:
             self._refused = True
-            log.event(
-                "listen_dsn_pooled",
-                level=30,
-                error="listen_dsn goes through a pooler too: the children poll instead",
-            )
             return False
         try:
             conn.execute(f"LISTEN {db.NOTIFY_CHANNEL}")

@@ -1,1 +1,2 @@
-"""The worker child: the poll loop over stages, the lease, the abort signal and the context."""
+"""The worker child: the poll loop over stages, the abort signal and the context; its leases are
+claimed and sealed through leasework.leases."""

@@ -23,10 +23,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from .. import log
 from ..errors import Aborted, LeaseLost, is_transient
-from . import lease
+from ..leases import lease
+from ..leases.lease import Claim
 from .context import RunFacts
 from .keeper import Held
-from .lease import Claim
 
 AConn = psycopg.AsyncConnection[Any]
 

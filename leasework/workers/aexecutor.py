@@ -22,11 +22,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from .. import db, log
 from ..errors import Aborted, ResultError
-from . import lease
+from ..leases import lease
+from ..leases.lease import Claim
 from .acontext import AsyncContext
 from .executor import Done, Executor, log_claimed
 from .keeper import Held
-from .lease import Claim
 from .outcome import Outcome
 
 AsyncHandler = Callable[[AsyncContext, Any], Coroutine[Any, Any, Any]]

@@ -21,10 +21,10 @@ from psycopg.pq import TransactionStatus
 
 from .. import log
 from ..errors import Aborted, LeaseLost, is_transient
-from . import lease
+from ..leases import lease
+from ..leases.lease import Claim
 from .connections import Connections
 from .keeper import AbortSignal, Held, Keeper
-from .lease import Claim
 
 Conn = psycopg.Connection[Any]
 
@@ -209,14 +209,14 @@ class Context(RunFacts):
         now = self._clock()
         with self._shielded():
             try:
-                conn = tx if tx is not None else self._runner.conns.control()
+                conn = tx if tx is not None else self._runner.conns.main()
                 ok = lease.checkpoint(conn, self.claim, processed, total)
             except psycopg.Error as exc:
                 if tx is not None or not is_transient(exc):
                     raise
                 # Progress is not lost (the next checkpoint writes it); the keeper decides when
                 # the lease is gone.
-                self._runner.conns.drop_control()
+                self._runner.conns.drop_main()
                 log.event(
                     "checkpoint_failed", level=30, run_id=self.claim.id, error=log.first_line(exc)
                 )
@@ -231,7 +231,7 @@ class Context(RunFacts):
             raise Aborted("lost")
         if tx is None:  # renewed and committed; inside a transaction only once it commits
             self.held.renewed = max(self.held.renewed, now)
-            self._runner.conns.drain_notifies()  # read with the checkpoint's answer
+            self._runner.conns.wake.drain_notifies()  # read with the checkpoint's answer
         self._processed = processed
         if total is not None:
             self._total = total
@@ -257,7 +257,7 @@ class Context(RunFacts):
             try:
                 with self._shielded():
                     tx = block.__enter__()
-                    # The control connection's bounds on waits are leasework's, not the handler's.
+                    # The main connection's bounds on waits are leasework's, not the handler's.
                     waits = self._runner.conns.handler_waits
                     if not lease.fence(conn, self.claim, waits):
                         self._lost("fence matched no row")
@@ -291,7 +291,7 @@ class Context(RunFacts):
 
     @contextmanager
     def _pooled(self, *, transaction: bool = False) -> Iterator[Conn]:
-        """A connection of the worker's pool (for a transaction, the control connection when it
+        """A connection of the worker's pool (for a transaction, the main connection when it
         is free: Connections.borrow), taken and given back where no interruption can land
         half-way (the pool would lose track of it)."""
         conns = self._runner.conns

@@ -17,12 +17,12 @@ import psycopg
 from .. import log
 from ..config import Config
 from ..errors import LeaseLost, ResultError, gave_up_on_lock, is_transient
-from . import lease
+from ..leases import lease
+from ..leases.lease import Claim
 from .backoff import retry_delay
 from .connections import Connections
 from .context import Context, describe_error
 from .keeper import AbortSignal, Held, Keeper
-from .lease import Claim
 from .outcome import Outcome, Sealed, decide
 
 Conn = psycopg.Connection[Any]
@@ -222,7 +222,7 @@ class Executor:
             self.seal_successes(done)
             for claim in claims[executed:]:
                 with suppress(psycopg.Error):
-                    lease.release(self.conns.control(), claim, "batch stopped before this run")
+                    lease.release(self.conns.main(), claim, "batch stopped before this run")
                 self.keeper.drop(claim.id)
         return executed
 
@@ -274,7 +274,7 @@ class Executor:
         claim, result = done
         try:
             sealed, nxt = lease.finish_and_claim(
-                self.conns.control(),
+                self.conns.main(),
                 claim,
                 kinds,
                 worker=self.worker_id,
@@ -421,13 +421,13 @@ class Executor:
         log.event("lease_lost", run_id=claim.id, owner=str(claim.owner), action=action)
 
     def _write(self, claim: Claim, what: str, write: Callable[[Conn], Any]) -> Any:
-        """Write an outcome on the control connection, retrying transient errors a few times, and
+        """Write an outcome on the main connection, retrying transient errors a few times, and
         return what `write` returned (None or False: the run was no longer ours), or NOT_WRITTEN
         (falsy, logged) when it never landed: the lease then lapses and another worker redoes the
         run (at least once)."""
         for attempt in range(3):
             try:
-                return write(self.conns.control())
+                return write(self.conns.main())
             except psycopg.Error as exc:
                 if gave_up_on_lock(exc):
                     # Another session holds the row past lock_timeout (an operator's SELECT ...
@@ -450,6 +450,6 @@ class Executor:
                         error=log.first_line(exc),
                     )
                     return NOT_WRITTEN
-                self.conns.drop_control()
+                self.conns.drop_main()
                 time.sleep(0.2 * (attempt + 1))
         return NOT_WRITTEN

@@ -24,9 +24,9 @@ import psycopg
 from .. import db, log
 from ..config import Config
 from ..errors import LeaseworkError, is_transient
-from . import lease
+from ..leases import lease
+from ..leases.lease import Claim
 from .deadman import Deadman
-from .lease import Claim
 
 Conn = psycopg.Connection[Any]
 

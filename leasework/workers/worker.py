@@ -234,9 +234,9 @@ class Worker:
         passed, so a busy queue does not pay every idle stage's queries per batch."""
         done = 0
         now = time.monotonic()
-        if self.conns.listen():  # before any statement: what they miss is heard
+        if self.conns.wake.listen():  # before any statement: what they miss is heard
             skip_idle = False  # LISTENing only now (a reconnect): what it missed is anyone's
-        wakes = self.conns.can_wake
+        wakes = self.conns.wake.can_wake
         for stage in self.stages:
             if self.stopping:
                 break
@@ -276,7 +276,7 @@ class Worker:
                     due, cfg.poll_interval, cfg.idle_poll_max, wakes=wakes, exact=exact
                 )
                 self._idle_until[stage.name] = time.monotonic() + rest
-        self.conns.drain_notifies()
+        self.conns.wake.drain_notifies()
         self.beat(None)
         return done
 
@@ -295,7 +295,7 @@ class Worker:
         """Is a stage other than `name` due: not resting, or asked for by a NOTIFY?"""
         now, rest = time.monotonic(), self._idle_until
         due = any(s.name != name and now >= rest.get(s.name, 0.0) for s in self.stages)
-        return due or any(self.stage_for(p) not in (None, name) for p in self.conns.woken)
+        return due or any(self.stage_for(p) not in (None, name) for p in self.conns.wake.woken)
 
     def run(self, *, once: bool = False) -> None:
         """Poll until stopped. Does not sleep after a poll that found work; an idle sleep wakes
@@ -321,12 +321,12 @@ class Worker:
                 skip_idle = found > 0
                 if found == 0 and self.running:
                     wait = self.idle_timeout(time.monotonic())
-                    woken = self.conns.idle_wait(wait, stop=lambda: not self.running)
+                    woken = self.conns.wake.idle_wait(wait, stop=lambda: not self.running)
                     # Then only the stages whose rest is over or that a NOTIFY named; every
                     # stage after one naming none (the supervisor's fast release).
-                    skip_idle = not self.conns.stray
+                    skip_idle = not self.conns.wake.stray
                 else:
-                    woken = self.conns.take_woken()
+                    woken = self.conns.wake.take_woken()
                 skip_idle = self._wake(woken) or skip_idle
         finally:
             self.running = False
@@ -353,11 +353,11 @@ class Worker:
                 # stage that found work (as run()'s loop, it polls again without waiting). The
                 # runs just started take their first step meanwhile.
                 await asyncio.sleep(0)
-                woken = self.conns.take_woken()
+                woken = self.conns.wake.take_woken()
             else:
                 ax.changed.clear()
                 wait = self.idle_timeout(time.monotonic())
-                woken = await self.conns.idle_wait_async(wait, ax.changed)
+                woken = await self.conns.wake.idle_wait_async(wait, ax.changed)
                 if ax.changed.is_set():  # a run ended: its stage seals it (and claims anew)
                     for stage in self.stages:
                         if getattr(stage, "asynchronous", False):

@@ -23,7 +23,7 @@ from tests.faults.schedules import COMMON, SCHEDULES, Step, _check_schedule
 @example(seed=1, schedule=[("pg_pause", 0.0, 1.5), ("kill9", 0.0, 0.0), ("blackhole", 0.1, 2.0)])
 # Runs enqueued right after a Postgres restart, before the idle workers LISTENed again: their
 # NOTIFYs reached nobody and the workers slept idle_poll_max (found by this test; fixed in
-# workers/connections.py: a worker that LISTENs anew asks every stage first).
+# workers/wakeup.py: a worker that LISTENs anew asks every stage first).
 @example(
     seed=4294967294,
     schedule=[

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from leasework import App, operations
+from leasework.leases import lease
 from leasework.text import UNSAFE
-from leasework.workers import lease
 
 from ..conftest import expire_lease, get_run, shift_clock, truncate_all, wait_for
 

@@ -17,7 +17,8 @@ import psycopg
 from leasework import App, Context
 from leasework.config import Config
 from leasework.dashboard import Dashboard
-from leasework.workers import lease, presence
+from leasework.leases import lease
+from leasework.workers import presence
 from leasework.workers.worker import Worker
 
 from ..conftest import expire_lease, make_due, wait_for

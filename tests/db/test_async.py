@@ -21,8 +21,8 @@ from psycopg import sql
 
 from leasework import Aborted, App, Config, ConfigError, LeaseLost, Retry
 from leasework.config import parse_pools
+from leasework.leases import lease
 from leasework.testing import run_task
-from leasework.workers import lease
 from leasework.workers.acontext import AsyncContext
 from leasework.workers.worker import Worker
 

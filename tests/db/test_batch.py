@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from leasework import App, ConfigError, Context
-from leasework.workers import lease
+from leasework.leases import lease
 from leasework.workers.worker import Worker
 
 from ..conftest import expire_lease, get_run
@@ -228,7 +228,7 @@ def test_the_renewal_keeps_a_waiting_run_from_reclaim(conn: Conn, make_worker: M
 
 
 def test_finish_many_stores_each_result_as_the_handler_returned_it(conn: Conn) -> None:
-    # The batch's arrays reach the server as text (lease._array_text): quotes, backslashes,
+    # The batch's arrays reach the server as text (wire.array_text): quotes, backslashes,
     # braces, commas, NULL-looking strings and no result at all must come through unchanged.
     app = App()
     app.task("k")(lambda ctx, p: None)

@@ -19,7 +19,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from leasework import App
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ..conftest import get_run
 

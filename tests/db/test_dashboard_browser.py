@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework.workers import lease
+from leasework.leases import lease
 from leasework.workers.worker import Worker
 
 from ..conftest import fast_config

@@ -9,7 +9,7 @@ import pytest
 from leasework.documents import LocalStore, files
 from leasework.documents.files import INGEST_KIND
 from leasework.documents.ingest import Q as INGEST_Q
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ..conftest import expire_lease, get_run
 from .ingest_helpers import (

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from leasework import Aborted, App, Config, Context
+from leasework.leases import lease
 from leasework.workers import keeper as keeper_mod
-from leasework.workers import lease
 from leasework.workers.keeper import Keeper
 from leasework.workers.worker import Worker
 

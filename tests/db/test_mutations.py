@@ -25,8 +25,8 @@ import psycopg
 import pytest
 
 from leasework.documents import ingest
+from leasework.leases import lease
 from leasework.queries import compact, parse
-from leasework.workers import lease
 
 from ..conftest import truncate_all
 from .checks import (
@@ -52,7 +52,7 @@ Check = Callable[[Conn], None]
 # Where each query lives: the package and .sql file it is loaded from, and the module's
 # {name: statement} that the code runs it from (what a mutation replaces).
 SOURCES: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "lease": ("leasework.workers", "lease.sql", lease.Q),
+    "lease": ("leasework.leases", "lease.sql", lease.Q),
     "ingest": ("leasework.documents", "ingest.sql", ingest.Q),
 }
 

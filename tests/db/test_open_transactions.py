@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from leasework import App
-from leasework.workers import lease
+from leasework.leases import lease
 from leasework.workers.worker import Worker
 
 from ..conftest import get_run, wait_for

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from leasework import App, ConfigError, Context, operations
+from leasework.leases import lease
 from leasework.operations import Filters
-from leasework.workers import lease
 from leasework.workers.worker import Worker
 
 from ..conftest import expire_lease, get_run, shift_clock

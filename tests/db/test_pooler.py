@@ -159,25 +159,25 @@ def test_no_listen_behind_the_pooler_but_over_listen_dsn(
 
     polling = worker(fast_config(pooled))
     try:
-        assert polling.conns.idle_wait(0.05) == set()
+        assert polling.conns.wake.idle_wait(0.05) == set()
         assert _listeners(conn) == 0
     finally:
         polling.close()
 
     refused = worker(fast_config(pooled, listen_dsn=pooled))  # a pooled listen_dsn is refused
     try:
-        assert refused.conns.idle_wait(0.05) == set()
+        assert refused.conns.wake.idle_wait(0.05) == set()
         assert _listeners(conn) == 0
     finally:
         refused.close()
 
     listening = worker(fast_config(pooled, listen_dsn=dsn))
     try:
-        assert listening.conns.idle_wait(0.05) == set()  # LISTEN is issued on its first wait
+        assert listening.conns.wake.idle_wait(0.05) == set()  # LISTEN is issued on its first wait
         assert _listeners(conn) == 1
         with db.connect(pooled) as c:
             app.enqueue(c, "job", {})
-        assert wait_for(lambda: listening.conns.idle_wait(0.5), timeout=10) == {"job"}
+        assert wait_for(lambda: listening.conns.wake.idle_wait(0.5), timeout=10) == {"job"}
     finally:
         listening.close()
 
@@ -239,16 +239,16 @@ def test_wake_ups_relayed_by_the_parent_end_an_idle_wait(dsn: str, wide_bouncer:
     r, w = os.pipe()
     os.set_blocking(r, False)
     with Worker(app.with_config(cfg), cfg, keeper_thread=False) as worker:
-        worker.conns.relay_fd = r
+        worker.conns.wake.relay_fd = r
         wakeup.send(w, b"job\nupload\n")
-        assert worker.conns.idle_wait(30) == {"job"}  # a payload no stage serves is dropped
+        assert worker.conns.wake.idle_wait(30) == {"job"}  # a payload no stage serves is dropped
         wakeup.send(w, wakeup.WAKE_ALL)  # a fast release, the relay reconnected: no kind
-        assert worker.conns.idle_wait(30) == set()
-        assert worker.conns.stray  # so the worker asks every stage
-        assert worker.conns._listener is None  # no connection of its own for LISTEN
+        assert worker.conns.wake.idle_wait(30) == set()
+        assert worker.conns.wake.stray  # so the worker asks every stage
+        assert worker.conns.wake._listener is None  # no connection of its own for LISTEN
         os.close(w)
-        assert worker.conns.idle_wait(0.01) == set()
-        assert worker.conns.relay_fd is None  # the parent is gone: it polls
+        assert worker.conns.wake.idle_wait(0.01) == set()
+        assert worker.conns.wake.relay_fd is None  # the parent is gone: it polls
 
 
 def test_behind_the_pooler_without_listen_an_idle_worker_still_polls_every_poll_interval(
@@ -266,7 +266,7 @@ def test_behind_the_pooler_without_listen_an_idle_worker_still_polls_every_poll_
     thread = threading.Thread(target=polling.run, daemon=True)
     try:
         assert polling.poll() == 0
-        assert not polling.conns.can_wake
+        assert not polling.conns.wake.can_wake
         assert polling.idle_timeout(time.monotonic()) <= 0.2
         thread.start()
         with db.connect(pooled) as c:
@@ -283,7 +283,7 @@ def test_behind_the_pooler_without_listen_an_idle_worker_still_polls_every_poll_
     listening.open()
     try:
         assert listening.poll() == 0
-        assert listening.conns.can_wake
+        assert listening.conns.wake.can_wake
         assert listening.idle_timeout(time.monotonic()) > 30
     finally:
         listening.close()

@@ -15,7 +15,7 @@ import pytest
 
 from leasework import App, Context, status
 from leasework.config import Config, Pool
-from leasework.workers import lease
+from leasework.leases import lease
 from leasework.workers.worker import Worker
 
 from ..conftest import expire_lease, fast_config, get_run

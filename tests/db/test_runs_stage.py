@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 
 from leasework import App
+from leasework.leases import lease
 from leasework.stages.runs import RunsStage
-from leasework.workers import lease
 from leasework.workers.worker import Worker
 
 from ..conftest import expire_lease, get_run

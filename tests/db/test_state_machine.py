@@ -22,8 +22,8 @@ from hypothesis.stateful import (
 )
 from psycopg.rows import dict_row
 
-from leasework.workers import lease
-from leasework.workers.lease import Claim
+from leasework.leases import lease
+from leasework.leases.lease import Claim
 
 from ..conftest import shift_clock
 from .checks import KINDS, LEASE, make_app

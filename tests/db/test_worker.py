@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from leasework import Aborted, App, Context, LeaseLost, Partial, Retry
-from leasework.workers import lease
+from leasework.leases import lease
 from leasework.workers.stage import Site
 from leasework.workers.worker import Worker
 
@@ -568,10 +568,10 @@ def running_worker(make_worker: MakeWorker) -> Iterator[Callable[[App], Worker]]
 
 
 def _listening_pid(worker: Worker) -> int | None:
-    control = worker.conns._control
-    if not worker.conns._listening or control is None or control.closed:
+    main = worker.conns._main
+    if not worker.conns.wake._listening or main is None or main.closed:
         return None
-    return control.info.backend_pid
+    return main.info.backend_pid
 
 
 def test_notify_wakes_an_idle_worker(conn: Conn, running_worker: Callable[[App], Worker]) -> None:
@@ -602,23 +602,23 @@ def test_listen_is_re_established_after_a_reconnect(
 def test_an_idle_worker_waits_out_a_database_it_cannot_reach(
     conn: Conn, dsn: str, make_worker: MakeWorker
 ) -> None:
-    """Between polls a worker waits for a NOTIFY on its control connection. When that connection
+    """Between polls a worker waits for a NOTIFY on its main connection. When that connection
     broke and the server cannot be reached (Postgres restarting), the wait must fail like a
     poll does (logged, then tried again), not crash the worker: a supervised child exited 1 on
     every Postgres restart that found it idle (tests/chaos/test_noncooperative.py)."""
     app = App()
     app.task("job")(lambda ctx, payload: None)
     worker = make_worker(app)
-    assert worker.conns.idle_wait(0.01) == set()  # listening
+    assert worker.conns.wake.idle_wait(0.01) == set()  # listening
     reachable = worker.conns.config
     with socket.socket() as closed:  # a port nobody listens on
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     worker.conns.config = reachable.replace(dsn=f"postgresql://postgres@127.0.0.1:{port}/postgres")
-    worker.conns.drop_control()
-    assert worker.conns.idle_wait(0.01) == set()
+    worker.conns.drop_main()
+    assert worker.conns.wake.idle_wait(0.01) == set()
     worker.conns.config = reachable
-    assert worker.conns.idle_wait(0.01) == set()
+    assert worker.conns.wake.idle_wait(0.01) == set()
     assert _listening_pid(worker) is not None
 
 
@@ -630,22 +630,23 @@ def test_notifies_received_while_busy_wake_an_idle_worker_once(
     app = App()
     app.task("job")(lambda ctx, payload: None)
     worker = make_worker(app)
-    assert worker.conns.idle_wait(0.01) == set()  # listening now
+    assert worker.conns.wake.idle_wait(0.01) == set()  # listening now
     with psycopg.connect(dsn, autocommit=True) as other:
         for i in range(500):
             other.execute("SELECT pg_notify('leasework', 'job')")  # one transaction each
             other.execute("SELECT pg_notify('leasework', %s)", (f"no-such-kind-{i}",))
             if i % 50 == 0:
-                worker.poll()  # busy: the control connection reads them between statements
+                worker.poll()  # busy: the main connection reads them between statements
     worker.poll()
 
     # psycopg's own queue (private, but it is where the memory would go) is emptied by each
     # poll, not left to grow while the worker stays busy.
-    assert worker.conns._control is not None and not worker.conns._control._notifies_backlog
-    assert worker.conns.idle_wait(5.0) == {"job"}  # at once, all of them as one wake-up (and only
-    # kinds it serves: 500 distinct payloads from anyone on the channel take no room)
+    assert worker.conns._main is not None and not worker.conns._main._notifies_backlog
+    # At once, all of them as one wake-up (and only kinds it serves: 500 distinct payloads from
+    # anyone on the channel take no room).
+    assert worker.conns.wake.idle_wait(5.0) == {"job"}
     assert (
-        worker.conns.idle_wait(0.2) == set()
+        worker.conns.wake.idle_wait(0.2) == set()
     )  # and nothing left over: this one waited, then timed out
 
 
@@ -658,24 +659,24 @@ def test_notifies_received_during_a_long_job_are_drained_by_its_control_queries(
 
     @app.task("long")
     def long(ctx: Context, payload: Any) -> None:
-        control = holder[0].conns._control
-        assert control is not None
+        main = holder[0].conns._main
+        assert main is not None
         with psycopg.connect(dsn, autocommit=True) as other:
             for _ in range(200):
                 other.execute("SELECT pg_notify('leasework', 'long')")
 
-        # A checkpoint runs on the control connection and reads the NOTIFYs that came meanwhile;
+        # A checkpoint runs on the main connection and reads the NOTIFYs that came meanwhile;
         # the worker moves them out of psycopg's queue at once, into one wake-up entry.
         def moved() -> bool:
             ctx.checkpoint(1)
-            return "long" in holder[0].conns.woken and not control._notifies_backlog
+            return "long" in holder[0].conns.wake.woken and not main._notifies_backlog
 
         drained.append(wait_for(moved, timeout=5))
 
     run_id = app.enqueue(conn, "long")
     worker = make_worker(app, control_interval=0.05)
     holder.append(worker)
-    assert worker.conns.idle_wait(0.01) == set()  # listening
+    assert worker.conns.wake.idle_wait(0.01) == set()  # listening
     worker.poll()
     assert drained == [True]
     assert get_run(conn, run_id)["status"] == "succeeded"

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from leasework import App, Context
-from leasework.workers import lease
+from leasework.leases import lease
 from leasework.workers.worker import Worker
 
 from ..conftest import get_run, wait_for
@@ -219,7 +219,7 @@ def test_stages_tell_when_they_are_next_due(conn: Conn, make_worker: MakeWorker)
 
 
 def _runs_a_silent_run_after_losing_its_connection(conn: Conn, s: Sleeper) -> None:
-    """Asleep, the worker loses its control connection while a run arrives without a NOTIFY
+    """Asleep, the worker loses its main connection while a run arrives without a NOTIFY
     (as one sent while nobody listened): the poll after its new LISTEN must run it."""
     s.asleep()
     row = conn.execute("INSERT INTO leasework.runs (kind) VALUES ('job') RETURNING id").fetchone()

@@ -1,5 +1,5 @@
 """What a host costs Postgres in connections (README, "Sizing"), counted in pg_stat_activity on
-a real supervisor: an idle child holds one (its control connection, lent to a handler's
+a real supervisor: an idle child holds one (its main connection, lent to a handler's
 `ctx.transaction()` too), a child that has renewed a lease its keeper's too; the supervisor one. And the same supervisor
 through a PgBouncer in transaction mode: its children detect it, run and finish every run, and
 leave no LISTEN behind."""
@@ -24,7 +24,8 @@ Start = Callable[..., Supervised]
 
 
 def sessions(conn: Conn) -> dict[str, int]:
-    """Sessions on the test database by role: control, keeper, pool, supervisor."""
+    """Sessions on the test database by role (application_name): control (a child's main
+    connection), keeper, pool, supervisor."""
     rows = conn.execute(
         "SELECT application_name FROM pg_stat_activity"
         " WHERE datname = current_database() AND application_name LIKE 'leasework:%%'"
@@ -43,7 +44,7 @@ def test_an_idle_child_holds_one_connection_and_one_running_a_handler_two(
 ) -> None:
     sup = supervise(processes=3)
     sup.wait_children(3)
-    # Idle: every stage has stepped, on the control connection; no keeper has had a lease to
+    # Idle: every stage has stepped, on the main connection; no keeper has had a lease to
     # renew yet (it connects for its first), no handler has asked for a pool connection.
     idle = {"control": 3, "supervisor": 1}
     last: list[dict[str, int]] = []
@@ -65,7 +66,7 @@ def test_an_idle_child_holds_one_connection_and_one_running_a_handler_two(
     (app_dir / f"hold-{run_id}").unlink()
     wait_for(lambda: get_run(pconn, run_id)["status"] == "succeeded", timeout=20)
     # The child that ran it added its keeper's connection; its handler's ctx.transaction() ran
-    # on the control connection, lent while the handler ran: no pool connection.
+    # on the main connection, lent while the handler ran: no pool connection.
     seen = sessions(pconn)
     assert seen == {"control": 3, "keeper": 1, "supervisor": 1}, seen
 

@@ -15,7 +15,7 @@ from leasework import App
 from leasework.cli import register_sections
 from leasework.config import load
 from leasework.errors import ConfigError, PayloadError, ResultError
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ..conftest import fast_config
 

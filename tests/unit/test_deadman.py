@@ -13,9 +13,9 @@ import uuid
 import pytest
 
 from leasework import Config
+from leasework.leases.lease import Claim
 from leasework.workers.deadman import Deadman
 from leasework.workers.keeper import DEADMAN_SLACK, Keeper
-from leasework.workers.lease import Claim
 
 pytestmark = pytest.mark.skipif(not Deadman().available, reason="no POSIX timers here")
 

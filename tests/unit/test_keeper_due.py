@@ -8,8 +8,8 @@ from __future__ import annotations
 import uuid
 
 from leasework import Config
+from leasework.leases.lease import Claim
 from leasework.workers.keeper import Keeper
-from leasework.workers.lease import Claim
 
 
 class Clock:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from leasework.leases import lease
 from leasework.queries import compact
-from leasework.workers import lease
 
 # psycopg caches the parsing of a statement of at most this many bytes (MAX_CACHED_STATEMENT_LENGTH
 # in its private module psycopg/_queries.py, 4096 in psycopg 3.3; read there, not

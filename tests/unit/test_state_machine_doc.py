@@ -174,21 +174,21 @@ def test_everything_the_document_names_still_exists() -> None:
 def test_the_scan_finds_the_known_writers() -> None:
     """Guards the parser itself: a scan that found nothing would pass the first test."""
     assert {
-        ("claim_runs", "workers/lease.sql"),
-        ("expire_and_promote", "workers/lease.sql"),
-        ("finish_run", "workers/lease.sql"),
-        ("finish_and_claim", "workers/lease.sql"),
-        ("finish_runs", "workers/lease.sql"),
-        ("requeue_run", "workers/lease.sql"),
-        ("release_run", "workers/lease.sql"),
+        ("claim_runs", "leases/lease.sql"),
+        ("expire_and_promote", "leases/lease.sql"),
+        ("finish_run", "leases/lease.sql"),
+        ("finish_and_claim", "leases/lease.sql"),
+        ("finish_runs", "leases/lease.sql"),
+        ("requeue_run", "leases/lease.sql"),
+        ("release_run", "leases/lease.sql"),
         ("schema", "schema.sql"),  # leasework.enqueue(), which enqueue_run calls
         ("prune_runs", "stages/maintenance.sql"),
         ("_copy_many", "client.py"),
     } <= status_writers()
-    lease_only = {k for k in status_writers() if k[1] == "workers/lease.sql"}
-    assert ("renew_lease", "workers/lease.sql") not in lease_only
-    assert ("expire_worker_leases", "workers/lease.sql") not in lease_only
-    assert ("checkpoint_run", "workers/lease.sql") not in lease_only
+    lease_only = {k for k in status_writers() if k[1] == "leases/lease.sql"}
+    assert ("renew_lease", "leases/lease.sql") not in lease_only
+    assert ("expire_worker_leases", "leases/lease.sql") not in lease_only
+    assert ("checkpoint_run", "leases/lease.sql") not in lease_only
 
 
 @pytest.mark.parametrize(

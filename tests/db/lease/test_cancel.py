@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from leasework import ConfigError
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ...conftest import get_run
 from ..checks import (

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ...conftest import get_run
 from ..checks import (

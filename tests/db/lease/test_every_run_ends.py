@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ...conftest import expire_lease, get_run, shift_clock
 from ..checks import (

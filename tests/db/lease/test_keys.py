@@ -11,7 +11,7 @@ import pytest
 
 from leasework import Enqueued
 from leasework.errors import ConfigError
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ...conftest import get_run
 from ..checks import (

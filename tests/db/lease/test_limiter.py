@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ...conftest import expire_lease
 from ..checks import (

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ...conftest import expire_lease, get_run, shift_clock
 from ..checks import (
@@ -120,7 +120,7 @@ def test_fence_blocks_reclaim_until_the_fenced_transaction_ends(conn: Conn, othe
     assert claim is not None
     with other.transaction():
         assert lease.fence(other, claim)
-        # The reserved control connection can still renew while the fence is held.
+        # Another connection (the keeper's) can still renew while the fence is held.
         assert lease.renew(conn, claim) is not None
         expire_lease(conn, run_id)
         assert claim_one(conn, "w2") is None, "a fenced run was reclaimed"

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from leasework import App
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ...conftest import get_run, wait_for
 from ..checks import KINDS, LEASE, make_app

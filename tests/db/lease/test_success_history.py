@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from leasework import App, operations
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ...conftest import expire_lease
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from leasework import operations
 from leasework.errors import ConfigError
-from leasework.workers import lease
+from leasework.leases import lease
 
 from ..checks import KINDS, LEASE, claim_one, make_app
 

@@ -45,7 +45,7 @@
 -- Each branch is AS MATERIALIZED so the LIMIT and the row locks are evaluated exactly once: inlined
 -- into the UPDATE, the planner may re-run the subquery per joined row and claim more than the limit.
 -- The UPDATE finds its rows by `id = ANY(ARRAY(...))`, an index look-up whatever the row estimate,
--- so the generic plan (workers force it on their control connection: planning this statement
+-- so the generic plan (workers force it on their main connection: planning this statement
 -- costs more than running it) never turns into a hash join over the whole table.
 --
 -- Paused kinds (leasework.paused_kinds, `leasework pause`) are taken out of %(kinds)s once per
@@ -570,7 +570,7 @@ RETURNING lease_expires_at
 -- Opens a fenced transaction: the run must still be ours with a live lease. FOR KEY SHARE is
 -- enough to fence: every claim and settle locks with FOR UPDATE ... SKIP LOCKED, which skips this
 -- row until we commit, so nobody can take the run while our effects are uncommitted. It does not
--- conflict with the plain UPDATEs of renewal or cancel, so the reserved control connection can
+-- conflict with the plain UPDATEs of renewal or cancel, so another connection (the keeper's) can
 -- still renew while a handler holds a transaction open.
 -- That lock is also why the transaction may not sit idle longer than a lease
 -- (idle_in_transaction_session_timeout, local to it): a worker cut off with it open (a partition,
@@ -578,7 +578,7 @@ RETURNING lease_expires_at
 -- until the server noticed the dead peer, by TCP keepalive, hours later. A handler idle that long
 -- has stopped renewing and is killed by the watchdog anyway. tests/chaos/test_faults.py.
 -- plan_cache_mode and enable_seqscan back to the defaults for the handler's own statements, also
--- local: the transaction may run on the control connection, which plans leasework's generically
+-- local: the transaction may run on the main connection, which plans leasework's generically
 -- and without sequential scans (workers/connections.py). So are
 -- lock_timeout and statement_timeout (%(lock_timeout)s, %(statement_timeout)s: the session's own
 -- from before db.bound_waits, or NULL to leave them), set once the row is locked: the fence

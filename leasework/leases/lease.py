@@ -2,7 +2,8 @@
 
 The only module that writes lease columns. Every statement after the claim is scoped by the
 claim's owner token, so a stale worker's write matches nothing; a lost lease is a normal return
-value (False / None), never an exception. Never runs job code.
+value (False / None), never an exception. The one-at-a-time hot statement goes through libpq
+(wire.py). Never runs job code.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
 import psycopg
-from psycopg import abc, errors, pq
-from psycopg.adapt import Transformer
 
 from ..encoding import check_json
 from ..errors import PayloadError, ResultError
 from ..queries import load
+from . import wire
 
-Q = load("leasework.workers", "lease.sql")
+Q = load("leasework.leases", "lease.sql")
 # finish_and_claim embeds finish_run and claim_runs as they are (lease.sql), with the parameters
 # that never vary there written in: a success (no error) and one run claimed, the claim skipping
 # the run it seals. Four parameters fewer to adapt on every job of one-at-a-time mode.
@@ -59,24 +59,14 @@ QUICK_NAME = b"leasework_finish_and_claim_queued"
 LEAN_NAME = b"leasework_finish_and_claim_lean"
 QUICK_ONE_NAME = b"leasework_finish_and_claim_queued_one"
 LEAN_ONE_NAME = b"leasework_finish_and_claim_lean_one"
-
-
-def _numbered(text: bytes, names: Sequence[str]) -> bytes:
-    for i, name in enumerate(names, 1):
-        text = text.replace(b"%%(%s)s" % name.encode(), b"$%d" % i)
-    if b"%(" in text:
-        raise ValueError(f"a parameter of the statement is not in {names}")
-    return text
-
-
-FINISH_AND_CLAIM_QUEUED_NUMBERED = _numbered(FINISH_AND_CLAIM_QUEUED, QUICK_PARAMS)
+FINISH_AND_CLAIM_QUEUED_NUMBERED = wire.numbered(FINISH_AND_CLAIM_QUEUED, QUICK_PARAMS)
 # claim_runs and finish_and_claim go through a psycopg RawCursor with their parameters numbered:
 # psycopg parses a statement's %(name)s placeholders on every execution past 4 KiB (its parse
 # cache), and the claim with its per-kind ranges and turns is longer than that; a raw query is
 # sent as it is. CLAIM_PARAMS and FINISH_AND_CLAIM_PARAMS are their parameters, in order.
 CLAIM_PARAMS = ("kinds", "worker", "lease", "limit", "finishing")
 FINISH_AND_CLAIM_PARAMS = ("id", "owner", "result", "kinds", "worker", "lease")
-FINISH_AND_CLAIM_NUMBERED = _numbered(FINISH_AND_CLAIM, FINISH_AND_CLAIM_PARAMS)
+FINISH_AND_CLAIM_NUMBERED = wire.numbered(FINISH_AND_CLAIM, FINISH_AND_CLAIM_PARAMS)
 _claims_numbered: dict[bytes, bytes] = {}
 
 
@@ -85,9 +75,9 @@ def claim_runs_numbered() -> bytes:
     text = Q["claim_runs"]
     numbered = _claims_numbered.get(text)
     if numbered is None:
-        numbered = _claims_numbered[text] = _numbered(text, CLAIM_PARAMS)
+        numbered = _claims_numbered[text] = wire.numbered(text, CLAIM_PARAMS)
     return numbered
-FINISH_AND_CLAIM_LEAN_NUMBERED = _numbered(FINISH_AND_CLAIM_LEAN, QUICK_PARAMS)
+FINISH_AND_CLAIM_LEAN_NUMBERED = wire.numbered(FINISH_AND_CLAIM_LEAN, QUICK_PARAMS)
 # Each form's text for the cursor, and its name and numbered text for libpq, by (`probed`, one
 # kind polled).
 _QUICK_FORMS = {
@@ -96,32 +86,18 @@ _QUICK_FORMS = {
     (True, True): (
         FINISH_AND_CLAIM_QUEUED_ONE,
         QUICK_ONE_NAME,
-        _numbered(FINISH_AND_CLAIM_QUEUED_ONE, QUICK_PARAMS),
+        wire.numbered(FINISH_AND_CLAIM_QUEUED_ONE, QUICK_PARAMS),
     ),
     (False, True): (
         FINISH_AND_CLAIM_LEAN_ONE,
         LEAN_ONE_NAME,
-        _numbered(FINISH_AND_CLAIM_LEAN_ONE, QUICK_PARAMS),
+        wire.numbered(FINISH_AND_CLAIM_LEAN_ONE, QUICK_PARAMS),
     ),
 }
 
 Conn = psycopg.Connection[Any]
-_IDLE = pq.TransactionStatus.IDLE
-_BAD = pq.ConnStatus.BAD
-_FATAL = pq.ExecStatus.FATAL_ERROR
-_TUPLES_OK = pq.ExecStatus.TUPLES_OK
-_COMMAND_OK = pq.ExecStatus.COMMAND_OK
-_SQLSTATE = pq.DiagnosticField.SQLSTATE
-_BINARY = pq.Format.BINARY
 # Chain.quick_rows' parameters (QUICK_PARAMS): text, but the owner in binary.
-_PARAM_FORMATS = [
-    pq.Format.TEXT,
-    _BINARY,
-    pq.Format.TEXT,
-    pq.Format.TEXT,
-    pq.Format.TEXT,
-    pq.Format.TEXT,
-]
+_PARAM_FORMATS = [wire.TEXT, wire.BINARY, wire.TEXT, wire.TEXT, wire.TEXT, wire.TEXT]
 AConn = psycopg.AsyncConnection[Any]
 ControlState = Literal["ok", "lost", "cancelled"]
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
@@ -261,14 +237,15 @@ class Chain:
     the dumper of each parameter and the loader of each of the 14 result columns again on
     every statement; a kept one finds them in its own cache.
 
-    On a direct connection the quick statement goes through libpq itself (`quick_rows`): a
-    protocol-level prepared statement of the Chain's own per form, its parameters sent as the
-    text they already are and its rows returned in binary (no timestamp to format on the server
-    or to parse here), the claimed row alone loaded by a kept Transformer, with the connection's
-    loaders. psycopg's cursor did the same work with a third of a job's client time around it
-    (its execution generators, the parameter mapping, the prepared-statement bookkeeping;
-    bench/README.md, issue 19, third pass). Behind a pooler (no prepared statement outlives a
-    transaction there) or inside the caller's transaction, the kept cursor runs it instead."""
+    On a direct connection the quick statement goes through libpq itself (`quick_rows`, with
+    wire.Prepared): a protocol-level prepared statement of the Chain's own per form, its
+    parameters sent as the text they already are and its rows returned in binary (no timestamp
+    to format on the server or to parse here), the claimed row alone loaded by a kept
+    Transformer, with the connection's loaders. psycopg's cursor did the same work with a third
+    of a job's client time around it (its execution generators, the parameter mapping, the
+    prepared-statement bookkeeping; bench/README.md, issue 19, third pass). Behind a pooler (no
+    prepared statement outlives a transaction there) or inside the caller's transaction, the
+    kept cursor runs it instead."""
 
     __slots__ = (
         "_cursor",
@@ -278,10 +255,8 @@ class Chain:
         "_kinds",
         "_kinds_text",
         "_one",
-        "_pgconn",
-        "_prepared",
         "_raw_cursor",
-        "_transformer",
+        "_wire",
         "lean_until",
         "probe_every",
         "recheck",
@@ -298,10 +273,8 @@ class Chain:
         self._kinds: list[str] | None = None
         self._one = False  # one kind polled: the quick statement's _one form
         self._kinds_text = ""
-        self._pgconn: pq.abc.PGconn | None = None  # the one _prepared are prepared on
-        self._prepared: set[bytes] = set()
-        self._transformer: abc.Transformer | None = None
-        self._encoding = "utf-8"
+        self._wire = wire.Prepared()  # the quick statement's forms, prepared on one connection
+        self._encoding = "utf-8"  # the client encoding the parameters below are sent in
         # The parameters that stay the same from job to job (kinds, worker, lease), and the bytes
         # quick_rows sends for them, made again when they change or the connection does.
         self._fixed: tuple[str, str, float] | None = None
@@ -330,7 +303,7 @@ class Chain:
         list dumper looks through a list's elements to choose the array's type on every call."""
         listed = kinds if isinstance(kinds, list) else list(kinds)
         if listed != self._kinds:
-            self._kinds, self._kinds_text = listed, _array_text(listed)
+            self._kinds, self._kinds_text = listed, wire.array_text(listed)
             self._one = len(listed) == 1
         return self._kinds_text
 
@@ -355,8 +328,7 @@ class Chain:
         result as JsonText or None, kinds as text, worker, lease). Returns (sealed, the claimed
         run's columns or None). Raises psycopg.Error as the cursor would."""
         text, name, numbered = _QUICK_FORMS[probed, self._one]
-        pgconn = conn.pgconn
-        if conn.prepare_threshold is None or pgconn.transaction_status != _IDLE:
+        if not wire.direct_and_idle(conn):
             # Behind a pooler (no prepared statement outlives a transaction there) or inside the
             # caller's transaction (which psycopg's cursor keeps track of): the cursor.
             cur = self.cursor(conn)
@@ -366,7 +338,8 @@ class Chain:
                 _check_combined_columns([d.name for d in cur.description or ()], quick=True)
             return _quick_outcome(rows)
         fixed = (params["kinds"], params["worker"], params["lease"])
-        if self._pgconn is not pgconn or fixed != self._fixed:
+        prepared = self._wire
+        if prepared.pgconn is not conn.pgconn or fixed != self._fixed:
             self._encoding = conn.info.encoding  # the text below goes in the client's encoding
             self._fixed = fixed
             self._fixed_values = (
@@ -382,27 +355,9 @@ class Chain:
             None if result is None else result.encode(self._encoding),
             *self._fixed_values,
         ]
-        with conn.lock:
-            if self._pgconn is not pgconn or name not in self._prepared:
-                self._prepare(conn, name, numbered)
-            res = pgconn.exec_prepared(name, values, _PARAM_FORMATS, _BINARY)
-            if res.status == _FATAL and res.error_field(_SQLSTATE) == b"26000":
-                # The server forgot it (DISCARD ALL, DEALLOCATE): prepared again, sent again.
-                self._prepared.clear()
-                self._prepare(conn, name, numbered)
-                res = pgconn.exec_prepared(name, values, _PARAM_FORMATS, _BINARY)
-            # NOTIFYs that came with the answer wait in libpq's queue: hand them to psycopg as
-            # its own reading of a result does, or conn.notifies() would not see them until
-            # the socket next had something new.
-            handler = pgconn.notify_handler
-            while (note := pgconn.notifies()) is not None:
-                if handler is not None:
-                    handler(note)
-        if res.status != _TUPLES_OK:
-            raise self._error(pgconn, res)
+        res = prepared.execute(conn, name, numbered, values, _PARAM_FORMATS)
         if not _combined_columns_checked[True]:
-            names = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
-            _check_combined_columns(names, quick=True)
+            _check_combined_columns(wire.column_names(res), quick=True)
         # Column 0 is `sealed`, a binary boolean (one byte, 1 for true): read as it is; only
         # the claimed run's row is loaded, the sealed one never read.
         sealed, claimed = False, None
@@ -410,35 +365,8 @@ class Chain:
             if res.get_value(i, 0) == b"\x01":
                 sealed = True
             else:
-                tx = self._transformer
-                assert tx is not None
-                tx.set_pgresult(res)
-                claimed = tx.load_row(i, tuple)[1:]
+                claimed = prepared.load_row(res, i)[1:]
         return sealed, claimed
-
-    def _error(self, pgconn: pq.abc.PGconn, res: pq.abc.PGresult) -> psycopg.Error:
-        """The exception psycopg's cursor would raise for `res`: the server's error as its
-        class, a lost connection as OperationalError."""
-        if pgconn.status == _BAD:
-            return psycopg.OperationalError(res.get_error_message(self._encoding))
-        return errors.error_from_result(res, encoding=self._encoding)
-
-    def _prepare(self, conn: Conn, name: bytes, numbered: bytes) -> None:
-        pgconn = conn.pgconn
-        if self._pgconn is not pgconn:
-            self._prepared.clear()
-        self._encoding = conn.info.encoding
-        res = pgconn.prepare(name, numbered)
-        if res.status != _COMMAND_OK and res.error_field(_SQLSTATE) == b"42P05":
-            # Prepared already on this session (a Chain made anew): made again from our text.
-            pgconn.exec_(b"DEALLOCATE " + name)
-            res = pgconn.prepare(name, numbered)
-        if res.status != _COMMAND_OK:
-            raise self._error(pgconn, res)
-        if self._pgconn is not pgconn:
-            self._transformer = Transformer(conn)
-        self._pgconn = pgconn
-        self._prepared.add(name)
 
 
 def _quick_outcome(rows: Sequence[tuple[Any, ...]]) -> tuple[bool, tuple[Any, ...] | None]:
@@ -657,20 +585,10 @@ def finish_many(conn: Conn, done: Sequence[tuple[Claim, Any]]) -> set[int]:
         "ids": "{" + ",".join([str(c.id) for c, _ in done]) + "}",
         # UUIDs as their 32 hex digits (which uuid input takes): cheaper than their str().
         "owners": "{" + ",".join([c.owner.hex for c, _ in done]) + "}",
-        "results": _array_text([encode_result(r) for _, r in done]),
+        "results": wire.array_text([encode_result(r) for _, r in done]),
     }
     rows = conn.execute(Q["finish_runs"], params, prepare=True).fetchall()
     return {r[0] for r in rows}
-
-
-def _array_text(values: Sequence[str | None]) -> str:
-    """The text of a one-dimensional array: each element double-quoted with its backslashes and
-    double quotes escaped, None as NULL (Postgres' array input syntax)."""
-    quoted = [
-        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        for v in values
-    ]
-    return "{" + ",".join(quoted) + "}"
 
 
 def requeue(

@@ -22,9 +22,17 @@ def coerce(name: str, value: Any, where: str, sections: Iterable[type] = ()) -> 
     return out
 
 
+def type_name(kind: Any) -> str:
+    """A field's type as written in its class: a section declared without `from __future__
+    import annotations` holds the types themselves (`int`, `float | None`), not their text."""
+    if isinstance(kind, str):
+        return kind
+    return kind.__name__ if isinstance(kind, type) else str(kind)
+
+
 def convert(name: str, value: Any, where: str, sections: Iterable[type] = ()) -> Any:
     """Convert one raw value (TOML value or env string) to the field's type, or refuse it."""
-    kind = field_of(name, sections).type
+    kind = type_name(field_of(name, sections).type)
     from_env = isinstance(value, str) and where.startswith("env")
     try:
         if kind in ("str | None", "str"):

@@ -314,6 +314,29 @@ def test_a_new_section_is_declared_by_its_family_and_refuses_a_taken_key(
             thing: int = 1
 
 
+def test_a_section_without_postponed_annotations_is_read_like_any_other() -> None:
+    """A section written as the example stage is, in a module without `from __future__ import
+    annotations`: its fields hold the types themselves, and a file or the environment sets them
+    all the same."""
+    namespace: dict[str, Any] = {}
+    source = (
+        "from dataclasses import dataclass, field\n"
+        "from leasework.config import Range, doc, section\n"
+        "@section('Plain')\n"
+        "@dataclass(frozen=True)\n"
+        "class Plain:\n"
+        "    plain_limit: int = field(default=1, metadata=doc('x', range=Range(1, 10)))\n"
+        "    plain_wait: float | None = field(default=None, metadata=doc('y'))\n"
+    )
+    exec(compile(source, "plain", "exec", dont_inherit=True), namespace)  # not this module's flags
+    plain = namespace["Plain"]
+    assert plain.__dataclass_fields__["plain_limit"].type is int
+    env = {"LEASEWORK_PLAIN_LIMIT": "3", "LEASEWORK_PLAIN_WAIT": "2.5"}
+    assert load(env=env, sections=[plain]).section(plain) == plain(3, 2.5)
+    with pytest.raises(ConfigError, match=r"plain_limit must be 1 to 10, got 11"):
+        load(env={"LEASEWORK_PLAIN_LIMIT": "11"}, sections=[plain])
+
+
 def test_a_table_named_like_a_section_is_refused_with_the_flat_keys_hint(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown table \[runs\]: the keys are flat.*`runs_limit = \.\.\.`"):
         load(write(tmp_path, "[runs]\nruns_limit = 5\n"), env={})

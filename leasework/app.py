@@ -13,12 +13,12 @@ import psycopg
 
 from . import operations
 from .client import Client, KindDefaults
-from .config import Config
+from .config import FIELDS, Config, catalogue, did_you_mean, section_fields, short
 from .errors import ConfigError, LeaseworkError, UnknownKind
 from .handles import TaskHandle, check_handler, is_async, prepare_handler
 from .queries import load
 from .stages.async_runs import AsyncRunsStage
-from .stages.maintenance import MaintenanceStage, Pruner
+from .stages.maintenance import MaintenanceSettings, MaintenanceStage, Pruner
 from .stages.runs import RunsSettings, RunsStage
 from .stages.schedule import ScheduleSettings, ScheduleStage
 from .tasks import (
@@ -46,6 +46,10 @@ Conn = psycopg.Connection[Any]
 __all__ = ["DEFAULT_TIMEOUT", "App", "Client", "Enqueued", "Family", "Task", "TaskHandle"]
 
 
+# The sections of the engine's own stages, which every app polls.
+STAGE_SECTIONS: tuple[type, ...] = (RunsSettings, ScheduleSettings, MaintenanceSettings)
+
+
 class Family:
     """A job family plugged into an app with `app.use(family)`: its kinds, its stages, what the
     schedule stage enqueues for it and what the maintenance stage prunes for it. Subclass it and
@@ -53,6 +57,9 @@ class Family:
     leasework.syncs.Syncs and leasework.documents.Documents; ARCHITECTURE.md has a small one."""
 
     name: str = "family"
+    # The config sections it reads (frozen dataclasses marked `@section`): their keys are known
+    # wherever an app that uses the family reads its config.
+    config_sections: tuple[type, ...] = ()
     _app: App | None = None  # set by App.use
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -140,6 +147,7 @@ class App(Client):
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, ScheduleSpec] = {}
         self.families: dict[str, Family] = {}
+        self._sections: list[type] = []  # declared with App.section
 
     # -- registration -------------------------------------------------------------------------
 
@@ -239,6 +247,21 @@ class App(Client):
         check_handler(task.kind, task.fn)
         self.tasks[task.kind] = task
 
+    def section(self, cls: type[T]) -> type[T]:
+        """Declare a config section this app reads beyond its families' (a frozen dataclass
+        marked `@section`), so that its keys are known where the app's config is read; returns
+        it. The engine's stages' and each used family's (`Family.config_sections`) need none."""
+        catalogue([cls])  # refuses what is no section
+        if cls not in self._sections:
+            self._sections.append(cls)
+        return cls
+
+    def sections(self) -> tuple[type, ...]:
+        """The config sections this app reads, in the reference's order: its stages' (runs,
+        schedule, maintenance), its families' and its own declarations (App.section)."""
+        families = [c for f in self.families.values() for c in f.config_sections]
+        return catalogue([*STAGE_SECTIONS, *families, *self._sections])
+
     def use(self, family: Fam) -> Fam:
         """Plug a job family in (its kinds, stages, schedule and maintenance); returns it, for
         its own API: `syncs = app.use(Syncs())`."""
@@ -277,6 +300,7 @@ class App(Client):
         other = App(config)
         other.tasks = {k: t for k, t in self.tasks.items() if t.family is None}
         other.schedules = dict(self.schedules)
+        other._sections = list(self._sections)
         for family in self.families.values():
             other.use(copy.copy(family))
         return other
@@ -290,6 +314,12 @@ class App(Client):
         """The stages a worker of this app polls, in order: schedule, runs, async (when a task
         is `async def`), each family's, maintenance."""
         config = config or self.config
+        unknown = config.unknown(self.sections())
+        if unknown:  # a key of a section neither the config nor this app knows: a misspelling
+            keys = [*FIELDS, *section_fields((*config.sections, *self.sections()))]
+            raise ConfigError(
+                f"unknown setting {short(unknown[0])}{did_you_mean(unknown[0], keys)}"
+            )
         families = list(self.families.values())
         stages: list[Stage] = [
             ScheduleStage(

@@ -21,6 +21,7 @@ from . import config as configmod
 from . import db, log
 from .app import App, Family
 from .config import Config
+from .dashboard.settings import DashboardSettings
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .operations import STATUSES
 from .status import instant_text, number_text, seconds_text, terminal_safe, tolerant
@@ -395,25 +396,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def register_sections(app: str | None = None) -> None:
-    """Import what declares settings before a config is read: the built-in families, and the
-    module of the app if one is named (its own families' sections). An app that cannot be
-    imported is left for `load_app` to report."""
-    importlib.import_module("leasework.syncs")
-    importlib.import_module("leasework.documents")
-    importlib.import_module("leasework.dashboard.settings")
-    module = (app or "").partition(":")[0]
-    if module:
+def config_sections(app: str | None = None) -> list[type]:
+    """The sections a config is read with, before any key is checked: the built-in app's (the
+    engine's stages', the syncs and documents families': a file may set their keys whether or
+    not the app uses them, as one file serves several apps), the dashboard's, and those the app
+    named declares (its families', `App.section`). An app that cannot be imported or built is
+    left for `load_app` to report."""
+    found = [*builtin_app().sections(), DashboardSettings]
+    module_name, _, attr = (app or "").partition(":")
+    if module_name:
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
         with suppress(Exception):  # reported by load_app with its own message
-            importlib.import_module(module)
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            if callable(obj) and not isinstance(obj, App):
+                obj = obj()  # a factory: the app it builds says what it reads
+            if isinstance(obj, App):
+                found.extend(obj.sections())
+    return found
 
 
 def _config(args: argparse.Namespace, **overrides: Any) -> Config:
     return configmod.load(
         getattr(args, "config", None),
-        prepare=register_sections,
+        prepare=config_sections,
         overrides={
             "dsn": getattr(args, "dsn", None),
             "app": getattr(args, "app", None),
@@ -1156,9 +1164,9 @@ def cmd_dashboard(args: argparse.Namespace, cfg: Config) -> int:
 
 def cmd_config(args: argparse.Namespace, cfg: Config) -> int:
     if args.reference:
-        sys.stdout.write(configmod.reference())
+        sys.stdout.write(configmod.reference(cfg.sections))
         return EXIT_OK
-    for name in configmod.all_keys():
+    for name in configmod.all_keys(cfg.sections):
         value = configmod.value(cfg, name)
         text = "unset" if value is None else configmod.toml_value(value)
         if name in ("dsn", "listen_dsn") and value:

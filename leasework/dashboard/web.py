@@ -29,14 +29,14 @@ from urllib.parse import parse_qs, quote, urlencode
 import psycopg
 
 from .. import __version__, db, log, operations, status
-from .. import documents as _documents  # noqa: F401 - its settings section, for load_config
-from .. import syncs as _syncs  # noqa: F401 - its settings section, for load_config
 from ..app import App
 from ..config import Config
 from ..config import load as load_config
+from ..documents import Documents
 from ..errors import ConfigError, LeaseworkError, NotFound, SchemaMissing
 from ..queries import load
 from ..stages.schedule import list_schedules
+from ..syncs import Syncs
 from . import csrf, metrics, pages
 from .settings import DashboardSettings
 
@@ -605,6 +605,14 @@ def authorized(given: str, token: str) -> bool:
     return hmac.compare_digest(secret.encode(), token.encode())
 
 
+def config_sections() -> tuple[type, ...]:
+    """The sections a config read for the dashboard knows, as `leasework dashboard` reads it: the
+    engine's stages', the built-in families' (a file written for the workers may set their
+    keys) and the dashboard's own."""
+    families = (*Syncs.config_sections, *Documents.config_sections)
+    return (*App().sections(), *families, DashboardSettings)
+
+
 def wsgi_app(
     dsn: str | None = None,
     *,
@@ -625,7 +633,7 @@ def wsgi_app(
     if config is None and app is not None:
         config = app.config
     if config is None:
-        config = load_config(None, overrides={"dsn": dsn})
+        config = load_config(None, overrides={"dsn": dsn}, sections=config_sections())
     elif dsn is not None:
         db.check_dsn(dsn)
         config = dataclasses.replace(config, dsn=dsn)

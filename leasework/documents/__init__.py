@@ -41,6 +41,7 @@ class Documents(Family):
     """The family: installed on one app with `app.use(Documents())`."""
 
     name = "documents"
+    config_sections = (DocumentSettings, IngestSettings, ExpandSettings)
 
     def __init__(self) -> None:
         self._embedder: Embedder | None = None

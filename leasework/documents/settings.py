@@ -1,6 +1,7 @@
 """The documents family's settings: the family's own (the file store, the embedder, what its
-pruners keep), the `ingest` stage's and the `expand` stage's. Registered sections of the config
-(keys stay flat: `ingest_limit`, LEASEWORK_INGEST_LIMIT); read with `config.section(...)`."""
+pruners keep), the `ingest` stage's and the `expand` stage's. Sections of the config, named by
+`Documents.config_sections` (keys stay flat: `ingest_limit`, LEASEWORK_INGEST_LIMIT); read with
+`config.section(...)`."""
 
 from __future__ import annotations
 

@@ -37,6 +37,7 @@ class Syncs(Family):
     """The family: installed on one app with `app.use(Syncs())`."""
 
     name = "syncs"
+    config_sections = (SyncSettings,)
 
     def __init__(self) -> None:
         self.connectors: dict[str, Connector] = builtin_connectors()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from leasework import App
-from leasework.cli import register_sections
+from leasework.cli import config_sections
 from leasework.config import load
 from leasework.errors import ConfigError, PayloadError, ResultError
 from leasework.leases import lease
@@ -119,8 +119,8 @@ def test_config_file_values_out_of_range_name_key_and_file(
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle) as err:
         # As the CLI reads it: the families' sections (embedding_dim is the documents') are
-        # registered first, not left to whichever test imported them before this one.
-        load(path, env={}, prepare=register_sections)
+        # known, declared by the built-in app, not left to whichever test imported them first.
+        load(path, env={}, prepare=config_sections)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 

@@ -204,11 +204,14 @@ def test_pooler_takes_auto_on_or_off_from_the_environment() -> None:
 def test_a_sections_keys_are_flat_in_file_and_env_and_read_through_the_section(
     tmp_path: Path,
 ) -> None:
-    from leasework.documents import IngestSettings
+    from leasework import App
+    from leasework.documents import Documents, IngestSettings
     from leasework.stages.maintenance import MaintenanceSettings
 
+    app = App()
+    app.use(Documents())  # the family declares its sections; the app's stages declare theirs
     path = write(tmp_path, "ingest_limit = 3\nretention_failed = 100\n")
-    cfg = load(path, env={"LEASEWORK_INGEST_BATCH": "50"})
+    cfg = load(path, env={"LEASEWORK_INGEST_BATCH": "50"}, sections=app.sections())
     assert cfg.section(IngestSettings).ingest_limit == 3
     assert cfg.section(IngestSettings).ingest_batch == 50
     assert cfg.section(MaintenanceSettings).retention_failed == 100.0
@@ -219,58 +222,72 @@ def test_a_sections_keys_are_flat_in_file_and_env_and_read_through_the_section(
 
 
 def test_a_sections_values_are_checked_like_the_engines(tmp_path: Path) -> None:
-    import leasework.documents  # noqa: F401 - registers its sections
+    from leasework.documents import Documents
 
+    known = Documents.config_sections
     with pytest.raises(ConfigError, match=r"ingest_limit must be 1 to 100, got 0"):
-        load(write(tmp_path, "ingest_limit = 0\n"), env={})
+        load(write(tmp_path, "ingest_limit = 0\n"), env={}, sections=known)
     with pytest.raises(ConfigError, match=r"file_store must be a directory path"):
-        load(env={"LEASEWORK_FILE_STORE": ""}, overrides={"file_store": ""})
+        load(env={"LEASEWORK_FILE_STORE": ""}, overrides={"file_store": ""}, sections=known)
     with pytest.raises(ConfigError, match=r"unknown key 'ingest_limt'; did you mean `ingest_limit`"):
-        load(write(tmp_path, "ingest_limt = 2\n"), env={})
+        load(write(tmp_path, "ingest_limt = 2\n"), env={}, sections=known)
 
 
 def test_make_and_replace_route_keys_to_their_sections() -> None:
+    from leasework import App
     from leasework.stages.runs import RunsSettings
 
-    cfg = Config.make(lease=30, runs_limit=4)
+    cfg = Config.make(lease=30, runs_limit=4, sections=[RunsSettings])
     assert (cfg.lease, cfg.section(RunsSettings).runs_limit) == (30, 4)
     other = cfg.replace(runs_limit=5)
     assert other.section(RunsSettings).runs_limit == 5
     assert cfg.section(RunsSettings).runs_limit == 4  # frozen: the first is unchanged
     with pytest.raises(ConfigError, match=r"unknown setting 'runs_limt'; did you mean `runs_limit`"):
         cfg.replace(runs_limt=5)
+    # Made in code without its sections, a config keeps a section's keys for the section that
+    # reads them; the app refuses one that none of its sections has when it assembles its stages.
+    loose = Config.make(runs_limit=4)
+    assert loose.section(RunsSettings).runs_limit == 4
+    assert [s.name for s in App(loose).stages()] == ["schedule", "runs", "maintenance"]
+    with pytest.raises(ConfigError, match=r"unknown setting 'runs_limt'; did you mean `runs_limit`"):
+        App(loose.replace(runs_limt=5)).stages()
 
 
-def test_a_new_section_is_registered_by_its_decorator_and_refuses_a_taken_key(
+def test_a_new_section_is_declared_by_its_family_and_refuses_a_taken_key(
     tmp_path: Path,
 ) -> None:
     from dataclasses import dataclass, field
 
-    from leasework.config import Range, doc, forget, section
+    from leasework import App
+    from leasework.app import Family
+    from leasework.config import Range, catalogue, doc, section
 
-    def declare() -> Any:
-        @section("A test family", order=900)
-        @dataclass(frozen=True)
-        class BumpSettings:
-            bump_limit: int = field(default=100, metadata=doc("bumped per poll", range=Range(1, 10)))
+    @section("A test family", order=900)
+    @dataclass(frozen=True)
+    class BumpSettings:
+        bump_limit: int = field(default=100, metadata=doc("bumped per poll", range=Range(1, 10)))
 
-        return BumpSettings
+    class Bumps(Family):
+        name = "bumps"
+        config_sections = (BumpSettings,)
 
-    # A user's family declares its section when its module is imported: `prepare` (the CLI
-    # imports the app there) runs before any key is checked.
-    declared: list[Any] = []
+    app = App()
+    app.use(Bumps())
+    assert BumpSettings in app.sections()
+    # The CLI's `prepare` returns what the named app declares, before any key is checked.
+    named: list[Any] = []
     cfg = load(
         write(tmp_path, "bump_limit = 7\n"),
         env={},
         overrides={"app": "someapp:app"},
-        prepare=lambda app: declared.append(declare()),
+        prepare=lambda spec: named.append(spec) or app.sections(),
     )
-    try:
-        assert cfg.section(declared[0]).bump_limit == 7
-        with pytest.raises(ConfigError, match=r"bump_limit must be 1 to 10, got 11"):
-            load(env={"LEASEWORK_BUMP_LIMIT": "11"})
-    finally:
-        forget(declared[0])
+    assert named == ["someapp:app"]
+    assert cfg.section(BumpSettings).bump_limit == 7
+    with pytest.raises(ConfigError, match=r"bump_limit must be 1 to 10, got 11"):
+        load(env={"LEASEWORK_BUMP_LIMIT": "11"}, sections=app.sections())
+    # Declared by no app or family the loader is told of, its key is unknown: nothing is
+    # registered by defining (or importing) the class.
     with pytest.raises(ConfigError, match=r"unknown key 'bump_limit'"):
         load(write(tmp_path, "bump_limit = 7\n"), env={})
 
@@ -281,12 +298,43 @@ def test_a_new_section_is_registered_by_its_decorator_and_refuses_a_taken_key(
         class Clash:
             lease: float = 1.0
 
+    @section("A second")
+    @dataclass(frozen=True)
+    class Twice:
+        bump_limit: int = 1
+
+    with pytest.raises(TypeError, match=r"setting 'bump_limit' is already .*BumpSettings's"):
+        catalogue([BumpSettings, Twice])
+
     with pytest.raises(TypeError, match=r"frozen dataclass"):
 
         @section("Mutable")
         @dataclass
         class Mutable:
             thing: int = 1
+
+
+def test_a_section_without_postponed_annotations_is_read_like_any_other() -> None:
+    """A section written as the example stage is, in a module without `from __future__ import
+    annotations`: its fields hold the types themselves, and a file or the environment sets them
+    all the same."""
+    namespace: dict[str, Any] = {}
+    source = (
+        "from dataclasses import dataclass, field\n"
+        "from leasework.config import Range, doc, section\n"
+        "@section('Plain')\n"
+        "@dataclass(frozen=True)\n"
+        "class Plain:\n"
+        "    plain_limit: int = field(default=1, metadata=doc('x', range=Range(1, 10)))\n"
+        "    plain_wait: float | None = field(default=None, metadata=doc('y'))\n"
+    )
+    exec(compile(source, "plain", "exec", dont_inherit=True), namespace)  # not this module's flags
+    plain = namespace["Plain"]
+    assert plain.__dataclass_fields__["plain_limit"].type is int
+    env = {"LEASEWORK_PLAIN_LIMIT": "3", "LEASEWORK_PLAIN_WAIT": "2.5"}
+    assert load(env=env, sections=[plain]).section(plain) == plain(3, 2.5)
+    with pytest.raises(ConfigError, match=r"plain_limit must be 1 to 10, got 11"):
+        load(env={"LEASEWORK_PLAIN_LIMIT": "11"}, sections=[plain])
 
 
 def test_a_table_named_like_a_section_is_refused_with_the_flat_keys_hint(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The README's configuration reference is the one generated from leasework/config.py, and the
+"""The README's configuration reference is the one generated from leasework/config/, and the
 README keeps its two commands."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from leasework import config
-from leasework.cli import register_sections
+from leasework.cli import config_sections
 
-register_sections()  # the built-in families' sections, as the CLI reads them
+SECTIONS = config_sections()  # the built-in families' sections, as the CLI reads them
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
@@ -20,17 +20,17 @@ def test_configuration_reference_is_current() -> None:
     text = README.read_text(encoding="utf-8")
     assert START in text and END in text, "README lost its config-reference markers"
     section = text[text.index(START) + len(START) : text.index(END)]
-    assert section == config.reference(), (
+    assert section == config.reference(SECTIONS), (
         "README's configuration reference is stale: replace the lines between the "
         "config-reference markers with the output of `leasework config --reference`"
     )
 
 
 def test_every_setting_is_in_the_reference() -> None:
-    reference = config.reference()
-    for name in config.all_keys():
+    reference = config.reference(SECTIONS)
+    for name in config.all_keys(SECTIONS):
         assert f"| `{name}` |" in reference
-        assert config._field(name).metadata.get("doc"), f"setting {name} has no doc(...) text"
+        assert config.field_of(name, SECTIONS).metadata.get("doc"), f"setting {name} has no doc(...) text"
 
 
 def test_readme_keeps_the_two_commands() -> None:
@@ -44,7 +44,7 @@ def test_config_command_prints_the_reference_and_hides_the_password(
     from leasework.cli import main
 
     assert main(["config", "--reference"]) == 0
-    assert capsys.readouterr().out == config.reference()
+    assert capsys.readouterr().out == config.reference(SECTIONS)
     assert main(["config", "--dsn", "postgresql://app:s3cret@db/app"]) == 0
     out = capsys.readouterr().out
     assert 'dsn = "postgresql://app:***@db/app"' in out and "s3cret" not in out

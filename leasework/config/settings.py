@@ -131,7 +131,7 @@ class Config:
     pool_size: int = field(
         default=4,
         metadata=doc(
-            "connections per worker process at most besides its lease keeper's: the control "
+            "connections per worker process at most besides its lease keeper's: the main "
             "connection (claims, outcomes, stages) and up to pool_size - 1 opened for handlers "
             "when they ask",
             range=Range(2, 100),

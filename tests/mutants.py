@@ -55,9 +55,9 @@ MUTANTS = [
     ),
     Mutant(
         name="keeper-renews-at-the-config-lease",
-        path="workers/keeper.py",
-        remove="renew_every = cfg.renew_every * lease_seconds / cfg.lease",
-        replace="renew_every = cfg.renew_every",
+        path="config/timing.py",
+        remove="scaled = renew * lease_seconds / lease",
+        replace="scaled = renew",
         tests=("tests/db/test_keeper.py::test_a_run_with_a_shorter_lease_never_lapses",),
         says="lease lapsed",
         why="a run with a lease shorter than the config's is renewed at the config lease's pace",

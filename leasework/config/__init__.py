@@ -8,7 +8,8 @@ refused at start-up with the key's name and where it came from.
 One module per job: `fields` (a setting's doc and range), `settings` (the engine's `Config`),
 `sections` (the settings stages and families declare), `convert` (one raw value as its type),
 `pools` (the pools grammar), `loader` (file, environment, flags), `reference` (the Markdown
-reference). Every name is importable from `leasework.config` as well.
+reference), `timing` (a lease's timings, from the settings). Every name is importable from
+`leasework.config` as well.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .pools import parse_pools
 from .reference import reference, toml_string, toml_value
 from .sections import all_keys, catalogue, field_of, forget, section, title
 from .settings import EVERY_OTHER, FIELDS, POOL_KEYS, Config, Pool, S, section_fields
+from .timing import LeaseTiming, lease_timing
 
 __all__ = [
     "CONFIG_MAX_BYTES",
@@ -42,6 +44,7 @@ __all__ = [
     "RETENTION",
     "SECONDS",
     "Config",
+    "LeaseTiming",
     "Pool",
     "Range",
     "S",
@@ -56,6 +59,7 @@ __all__ = [
     "field_of",
     "forget",
     "is_section",
+    "lease_timing",
     "load",
     "misspelt",
     "parse_pools",

@@ -18,6 +18,7 @@ from .convert import check_range, coerce
 from .fields import ENV_PREFIX, did_you_mean, short
 from .sections import all_keys, catalogue
 from .settings import FIELDS, Config, section_fields
+from .timing import lease_timing
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _LOG_FORMATS = ("auto", "json", "text")
@@ -40,21 +41,22 @@ def validate(cfg: Config) -> Config:
         check = getattr(settings, "check", None)
         if check is not None:
             check()
-    if cfg.renew_every >= cfg.lease / 2:
+    timing = lease_timing(cfg)
+    if timing.renew >= cfg.lease / 2:
         raise bad(
             "renew_interval",
-            f"must be shorter than half the lease ({cfg.lease / 2:g} s), got {cfg.renew_every:g}",
+            f"must be shorter than half the lease ({cfg.lease / 2:g} s), got {timing.renew:g}",
         )
-    if cfg.control_every >= cfg.renew_every:
+    if timing.control >= timing.renew:
         raise bad(
             "control_interval",
-            f"must be shorter than renew_interval ({cfg.renew_every:g} s), got {cfg.control_every:g}",
+            f"must be shorter than renew_interval ({timing.renew:g} s), got {timing.control:g}",
         )
-    if not 0 <= cfg.kill_margin < cfg.lease - cfg.renew_every:
+    if not 0 <= timing.margin < cfg.lease - timing.renew:
         raise bad(
             "watchdog_margin",
-            f"must be >= 0 and below lease - renew_interval ({cfg.lease - cfg.renew_every:g} s), "
-            f"or healthy children would be killed; got {cfg.kill_margin:g}",
+            f"must be >= 0 and below lease - renew_interval ({cfg.lease - timing.renew:g} s), "
+            f"or healthy children would be killed; got {timing.margin:g}",
         )
     if cfg.hang_timeout != 0 and cfg.hang_timeout <= 2 * cfg.poll_interval:
         raise bad(

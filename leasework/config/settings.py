@@ -321,23 +321,6 @@ class Config:
             f"config.section({owner.__name__}).{name}"
         )
 
-    # The timings derived from the lease unless set: renew at a third, control every 2 s at most,
-    # the watchdog's margin a sixth (the seed's 40 s, 2 s and 20 s for a 120 s lease).
-
-    @property
-    def renew_every(self) -> float:
-        return self.lease / 3 if self.renew_interval is None else self.renew_interval
-
-    @property
-    def control_every(self) -> float:
-        if self.control_interval is not None:
-            return self.control_interval
-        return min(2.0, self.lease / 6, self.renew_every / 2)
-
-    @property
-    def kill_margin(self) -> float:
-        return self.lease / 6 if self.watchdog_margin is None else self.watchdog_margin
-
     @property
     def children(self) -> int:
         """How many children the supervisor forks: the pools' processes, else `processes`."""

@@ -87,11 +87,11 @@ class RunsStage:
                 turns += 1
                 claims: list[Claim] | None = None
                 if pending is not None:
-                    claims = site.executor.seal_and_claim(pending, kinds)
+                    claims = site.executor.completer.seal_and_claim(pending, kinds)
                     pending = None
                 if claims is None:
                     if pending is not None:
-                        site.executor.seal_success(*pending)
+                        site.executor.completer.seal_success(*pending)
                         pending = None
                     claims = lease.claim_runs(
                         site.conns.main(),
@@ -128,7 +128,7 @@ class RunsStage:
                 handled += site.executor.run_batch(claims, handler)
         finally:
             if pending is not None:
-                site.executor.seal_success(*pending)
+                site.executor.completer.seal_success(*pending)
         # Settle after claiming, so that a worker woken by a NOTIFY spends its first round trip
         # on the claim (pickup latency); when the queue ran dry, and otherwise at most once per
         # poll_interval (the period an idle worker polls at: expired leases with no attempt left

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from .. import log
+from ..config import lease_timing
 from ..db import DatabaseUnavailable
 from ..errors import is_transient
 from ..leases.lease import RunRef
@@ -532,8 +533,7 @@ class Supervisor:
                 now,
                 liveness,
                 enabled=cfg.watchdog,
-                config_lease=cfg.lease,
-                margin=cfg.kill_margin,
+                timing=None if liveness.lease is None else lease_timing(cfg, liveness.lease),
                 hang_timeout=cfg.hang_timeout,
                 abort_grace=cfg.abort_grace,
             )
@@ -571,7 +571,7 @@ class Supervisor:
         """Every control interval, ask the database whether a run a child holds was cancelled:
         the child's keeper sees it too, but a child stuck in a C call holding the GIL cannot,
         and must then be killed after abort_grace."""
-        if now - self._cancels_at < self.config.control_every:
+        if now - self._cancels_at < lease_timing(self.config).control:
             return
         self._cancels_at = now
         holding = {

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
+from ..config import LeaseTiming
+
 
 class ChildExit(IntEnum):
     """The exit codes a child uses to tell the parent why it stopped."""
@@ -153,13 +155,13 @@ def watchdog(
     child: Liveness,
     *,
     enabled: bool,
-    config_lease: float,
-    margin: float,
+    timing: LeaseTiming | None,
     hang_timeout: float,
     abort_grace: float = float("inf"),
 ) -> Verdict | None:
-    """Whether a child must be killed. The margin is scaled to a run's own lease (a task with
-    a 10 s lease gets a proportionally smaller margin than the 120 s default). A worker that
+    """Whether a child must be killed. `timing`: the timings of its run's lease (lease_timing:
+    the margin is scaled to a run's own lease, a task with a 10 s lease gets a proportionally
+    smaller margin than the 120 s default), None when it holds none. A worker that
     keeps running after losing its lease is worse than one that crashes. A run that must stop
     (cancelled, timed out, lost, shut down) gets `abort_grace` to return, whether or not the
     watchdog is enabled: a cancel must end a handler that ignores it."""
@@ -168,10 +170,13 @@ def watchdog(
         return Verdict.ABORT
     if not enabled:
         return None
-    if child.run_id is not None and child.renewed is not None and child.lease is not None:
-        allowed = child.lease * (1.0 - margin / config_lease)
-        if now - child.renewed > allowed:
-            return Verdict.LEASE
+    if (
+        child.run_id is not None
+        and child.renewed is not None
+        and timing is not None
+        and now - child.renewed > timing.unrenewed_max
+    ):
+        return Verdict.LEASE
     if hang_timeout > 0 and now - child.last_beat > hang_timeout:
         return Verdict.HANG
     return None

@@ -1,9 +1,9 @@
 """Async handlers: several runs at once on one asyncio event loop in the worker's main thread, each
 under its own claim, lease, owner token and abort signal. The keeper (its own thread) holds every
 lease whatever the loop is doing; a run that must stop has its task cancelled (AsyncContext.deliver);
-what an attempt's end means is decided by outcome.decide and written by the executor, as for a
-sync run. Successes wait in `done` for the stage's next step, which seals them in one statement
-(finish_runs) before it claims the free slots in one more.
+its end is decided and written by the completer (workers/completer.py), as a sync run's is.
+Successes wait in `done` for the stage's next step, which seals them in one statement (finish_runs)
+before it claims the free slots in one more.
 
 The loop turns every TICK seconds; the keeper's thread notices a loop that has not turned for
 LAG_WARN (a synchronous call inside an async handler: every run of the worker waits behind it)
@@ -21,13 +21,12 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from .. import db, log
-from ..errors import Aborted, ResultError
-from ..leases import lease
+from ..errors import Aborted
 from ..leases.lease import Claim
 from .acontext import AsyncContext
-from .executor import Done, Executor, log_claimed
+from .completer import Done
+from .executor import Executor, log_claimed
 from .keeper import Held
-from .outcome import Outcome
 
 AsyncHandler = Callable[[AsyncContext, Any], Coroutine[Any, Any, Any]]
 
@@ -41,6 +40,7 @@ class AsyncExecutor:
         self.config = executor.config
         self.worker_id = executor.worker_id
         self.keeper = executor.keeper
+        self.completer = executor.completer
         self.loop: asyncio.AbstractEventLoop | None = None
         self.running: dict[int, AsyncContext] = {}  # run id -> its context (and task)
         self.done: list[Done] = []  # successes not sealed yet: their claims and encoded results
@@ -175,69 +175,60 @@ class AsyncExecutor:
         self.keeper.hold_many(claims, sent=min(c.sent for c in claims))
         started = 0
         for claim in claims:
-            held = self.keeper.get(claim.id)
-            if held is None or held.signal.reason == "lost":
+            held = self.keeper.holding(claim)  # its block is the task's (_run)
+            if held.signal.reason == "lost":
                 # Its answer came after its lease could have run out (Keeper.hold): another
                 # worker may hold it now. Never start it.
-                self.keeper.drop(claim.id)
-                log.event("claim_not_started", level=30, run_id=claim.id, owner=str(claim.owner))
+                with held:
+                    log.event(
+                        "claim_not_started", level=30, run_id=claim.id, owner=str(claim.owner)
+                    )
                 continue
-            self.keeper.begin(held)
             ctx = AsyncContext(claim, self, held)
             self.running[claim.id] = ctx
             log_claimed(claim, self.worker_id)
             ctx.task = loop.create_task(
-                self._run(ctx, handler_for(claim.kind)), name=f"leasework-run-{claim.id}"
+                self._run(ctx, held, handler_for(claim.kind)), name=f"leasework-run-{claim.id}"
             )
             started += 1
         self.executor.beat(None)  # the supervisor knows the runs before their handlers start
         return started
 
-    async def _run(self, ctx: AsyncContext, handler: AsyncHandler) -> None:
+    async def _run(self, ctx: AsyncContext, held: Held, handler: AsyncHandler) -> None:
         claim = ctx.claim
         returned: Any = None
         raised: BaseException | None = None
-        executor = self.executor
+        fatal: BaseException | None = None  # KeyboardInterrupt, SystemExit: give the run back
         # The handler's own `logging` records carry the run (log.RunFormatter); each task has a
         # copy of the context, so runs never see each other's.
         token = log.RUN.set({"run_id": claim.id, "kind": claim.kind, "attempt": claim.attempts})
         try:
-            try:
-                returned = await handler(ctx, claim.payload)
-            except asyncio.CancelledError:
-                if not ctx.signal.tripped:  # not ours: the loop is closing under the run
-                    ctx.signal.trip("shutdown")
-                raised = Aborted(ctx.signal.reason or "shutdown")
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-            except Exception as exc:
-                raised = exc
-            except BaseException as exc:  # KeyboardInterrupt, SystemExit: give the run back
-                self.keeper.drop(claim.id)
-                ctx.signal.trip("shutdown")
-                executor._write_outcome(ctx, executor._decide(ctx, None, exc))
-                raise
-            finally:
-                # A task closed unfinished by the garbage collector ends in another context.
-                with suppress(ValueError):
-                    log.RUN.reset(token)
-                # The outcome is written next; the keeper must not take it for a lost lease.
-                self.keeper.drop(claim.id)
-            outcome = executor._decide(ctx, returned, raised)
-            if outcome.action == "seal" and outcome.status == "succeeded":
+            with held:  # then no longer held: the keeper must not take the write for a lost lease
                 try:
-                    encoded = lease.encode_result(outcome.result, self.config.result_max_bytes)
-                except ResultError as exc:
-                    outcome = Outcome("requeue", label="failed", error=str(exc), result=ctx.result)
-                else:
-                    executor._durations[claim.id] = time.monotonic() - ctx.started
-                    self.done.append((claim, encoded))
-                    return
-            executor._write_outcome(ctx, outcome)
+                    returned = await handler(ctx, claim.payload)
+                except asyncio.CancelledError:
+                    if not ctx.signal.tripped:  # not ours: the loop is closing under the run
+                        ctx.signal.trip("shutdown")
+                    raised = Aborted(ctx.signal.reason or "shutdown")
+                    task = asyncio.current_task()
+                    if task is not None:
+                        task.uncancel()
+                except Exception as exc:
+                    raised = exc
+                except BaseException as exc:
+                    ctx.signal.trip("shutdown")
+                    raised = fatal = exc
+                finally:
+                    # A task closed unfinished by the garbage collector ends in another context.
+                    with suppress(ValueError):
+                        log.RUN.reset(token)
+            # Successes wait in `done` for the stage's next step, which seals them together.
+            self.completer.conclude(ctx, returned, raised, defer=self.done)
+            if fatal is not None:
+                raise fatal
         finally:
             self.running.pop(claim.id, None)
-            executor.jobs_done += 1
+            self.executor.jobs_done += 1
             self.changed.set()
 
     def interrupt(self, held: Held) -> bool:
@@ -267,7 +258,7 @@ class AsyncExecutor:
         if not self.done:
             return 0
         done, self.done = self.done, []
-        self.executor.seal_successes(done)
+        self.completer.seal_successes(done)
         return len(done)
 
     def run_pending(self) -> None:

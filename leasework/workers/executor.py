@@ -1,7 +1,7 @@
-"""The one place a claimed run is run and its outcome sealed: user tasks, syncs and ingest alike.
-The handler runs inline under the claim's lease (kept by the keeper, whatever the handler does);
-what its end means is decided by outcome.decide (pure) and written here, owner-scoped, through
-lease.py. A lost lease writes nothing."""
+"""The one place a claimed run is run: user tasks, syncs and ingest alike, one at a time or a
+batch's in turn. The handler runs inline under the claim's lease (kept by the keeper, whatever the
+handler does); its end is handed to the completer (workers/completer.py), which decides what it
+means and writes it."""
 
 from __future__ import annotations
 
@@ -9,45 +9,17 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from contextlib import suppress
-from typing import Any, Protocol
-
-import psycopg
+from typing import Any
 
 from .. import log
 from ..config import Config
-from ..errors import LeaseLost, ResultError, gave_up_on_lock, is_transient
-from ..leases import lease
 from ..leases.lease import Claim
-from .backoff import retry_delay
+from .completer import Completer, Done
 from .connections import Connections
-from .context import Context, describe_error
-from .keeper import AbortSignal, Held, Keeper
-from .outcome import Outcome, Sealed, decide
+from .context import Context
+from .keeper import Keeper
 
-Conn = psycopg.Connection[Any]
 Handler = Callable[[Context, Any], Any]
-Done = tuple[Claim, Any]  # a success not sealed yet: its claim and its encoded result
-
-
-class Attempt(Protocol):
-    """What deciding and writing an attempt's end needs of its context: a sync handler's
-    `Context` or an async one's `AsyncContext`."""
-
-    claim: Claim
-    signal: AbortSignal
-    result: Any
-    started: float
-
-
-class _NotWritten:
-    """An outcome write that never landed (a database error); falsy."""
-
-    def __bool__(self) -> bool:
-        return False
-
-
-NOT_WRITTEN: Any = _NotWritten()
 
 
 def log_claimed(claim: Claim, worker_id: str) -> None:
@@ -83,104 +55,56 @@ class Executor:
         self.conns = conns
         self.beat = beat
         self._stopping = stopping
-        self.rand = rand or random.Random()
+        self.completer = Completer(config, worker_id=worker_id, conns=conns, rand=rand)
         self.current: Context | None = None
         self.jobs_done = 0
-        self._durations: dict[int, float] = {}  # unsealed successes: run id -> seconds it took
         log.install_record_factory()  # the handlers' records carry their run, for any handler
-        # One-at-a-time mode's chain of seal-and-claims (lease.Chain): the quick statement while
-        # nothing only the whole claim takes is due, looked at again every poll_interval once
-        # something was; its own prepared statement, a kept cursor.
-        self._chain = lease.Chain(recheck=config.poll_interval)
 
-    # -- running ------------------------------------------------------------------------------
-
-    def run(
-        self,
-        claim: Claim,
-        handler: Handler,
-        *,
-        defer: list[Done] | None = None,
-        held: Held | None = None,
-    ) -> str | None:
-        """Run the handler under the claim's lease and write the outcome. Returns the run's new
-        status, or None when the lease was lost and nothing was written. With `defer`, a success
-        is appended there (its result encoded) for the caller to seal: with the batch's others
-        (`seal_successes`) or with the next claim (`seal_and_claim`); every other outcome is
-        written at once. A result that cannot be stored as jsonb fails the attempt. `held`: the
-        keeper's record of the claim, when the caller has it (a batch)."""
-        held = held or self.keeper.get(claim.id) or self.keeper.hold(claim, sent=claim.sent)
-        if held.signal.reason == "lost":
-            # The claim's answer came after its lease could have run out (Keeper.hold): another
-            # worker may hold the run now. Never start it.
-            self.keeper.drop(claim.id)
-            log.event("claim_not_started", level=30, run_id=claim.id, owner=str(claim.owner))
-            return None
-        self.keeper.begin(held)
-        ctx = Context(claim, self, held)
-        self.current = ctx
-        log_claimed(claim, self.worker_id)
+    def run(self, claim: Claim, handler: Handler, *, defer: list[Done] | None = None) -> str | None:
+        """Run the handler under the claim's lease and have its end written (Completer.conclude,
+        `defer` as there). Returns the run's new status, or None when the lease was lost and
+        nothing was written. A batch's run is held already (Keeper.hold_many)."""
         returned: Any = None
         raised: BaseException | None = None
+        fatal: BaseException | None = None  # KeyboardInterrupt, SystemExit: give the run back
         try:
-            self.beat(ctx)  # the supervisor knows the run before its handler starts
-            try:
-                # The handler's own `logging` records carry the run (log.RUN, stamped on each
-                # record by log.install_record_factory).
-                token = log.RUN.set(
-                    {"run_id": claim.id, "kind": claim.kind, "attempt": claim.attempts}
-                )
+            with self.keeper.holding(claim) as held:
+                if held.signal.reason == "lost":
+                    # The claim's answer came after its lease could have run out (Keeper.hold):
+                    # another worker may hold the run now. Never start it.
+                    log.event(
+                        "claim_not_started", level=30, run_id=claim.id, owner=str(claim.owner)
+                    )
+                    return None
+                ctx = Context(claim, self, held)
+                self.current = ctx
+                log_claimed(claim, self.worker_id)
                 try:
-                    ctx.interruptible = True
-                    returned = handler(ctx, claim.payload)
-                finally:
-                    ctx.interruptible = False
-                    log.RUN.reset(token)
-                    # The outcome is written next; the keeper must not take it for a lost lease.
-                    self.keeper.drop(claim.id)
-            except Exception as exc:
-                raised = exc
-            except BaseException as exc:  # KeyboardInterrupt, SystemExit: give the run back
-                ctx.signal.trip("shutdown")
-                self._write_outcome(ctx, self._decide(ctx, None, exc))
-                raise
-            # The common end needs none of decide()'s questions: returned, and nothing tripped,
-            # is a success (None: a success, `returned` its result).
-            outcome: Outcome | None = None
-            if raised is not None or ctx.signal.reason is not None:
-                outcome = self._decide(ctx, returned, raised)
-                if outcome.action == "seal" and outcome.status == "succeeded":
-                    returned = outcome.result
-                    outcome = None
-            if outcome is None:
-                try:
-                    encoded = lease.encode_result(returned, self.config.result_max_bytes)
-                except ResultError as exc:
-                    outcome = Outcome("requeue", label="failed", error=str(exc), result=ctx.result)
-                else:
-                    if defer is not None:
-                        defer.append((claim, encoded))
-                        self._durations[claim.id] = time.monotonic() - ctx.started
-                        return "succeeded"
-                    outcome = Outcome("seal", status="succeeded", result=encoded)
-            return self._write_outcome(ctx, outcome)
+                    self.beat(ctx)  # the supervisor knows the run before its handler starts
+                    # The handler's own `logging` records carry the run (log.RUN, stamped on each
+                    # record by log.install_record_factory).
+                    token = log.RUN.set(
+                        {"run_id": claim.id, "kind": claim.kind, "attempt": claim.attempts}
+                    )
+                    try:
+                        ctx.interruptible = True
+                        returned = handler(ctx, claim.payload)
+                    finally:
+                        ctx.interruptible = False
+                        log.RUN.reset(token)
+                except Exception as exc:
+                    raised = exc
+                except BaseException as exc:
+                    ctx.signal.trip("shutdown")
+                    raised = fatal = exc
+            # No longer held: the keeper must not take the outcome's write for a lost lease.
+            status = self.completer.conclude(ctx, returned, raised, defer=defer)
+            if fatal is not None:
+                raise fatal
+            return status
         finally:
             self.current = None
-            self.keeper.drop(claim.id)
             self.jobs_done += 1
-
-    def _decide(self, ctx: Attempt, returned: Any, raised: BaseException | None) -> Outcome:
-        if isinstance(raised, LeaseLost):
-            ctx.signal.trip("lost")
-        return decide(
-            returned,
-            raised,
-            ctx.signal.reason,
-            gathered=ctx.result,
-            last_attempt=ctx.claim.last_attempt,
-            timeout=ctx.claim.timeout_seconds,
-            describe=describe_error,
-        )
 
     def run_batch(self, claims: Sequence[Claim], handler: Handler) -> int:
         """Run a batch claimed in one statement (a kind with batch=N): one run at a time, each
@@ -193,7 +117,7 @@ class Executor:
         stops are released (the attempt not charged). Returns how many runs were taken in hand."""
         done: list[Done] = []
         executed = 0
-        renew_every = self.config.renew_every
+        completer = self.completer
         if claims:
             self.keeper.hold_many(claims, sent=min(c.sent for c in claims))
         written_at = time.monotonic()
@@ -203,253 +127,21 @@ class Executor:
                     break
                 executed = i + 1
                 now = time.monotonic()
-                if (
-                    done
-                    and now - written_at >= renew_every * claim.lease_seconds / self.config.lease
-                ):
-                    # Successes are not held by the keeper: write them before their leases age.
-                    self.seal_successes(done)
-                    done.clear()
-                    written_at = now
+                if done:
+                    renew = self.keeper.timing_of(claim.lease_seconds).renew
+                    written_at = completer.seal_aging(done, written_at, now, renew)
                 if self.keeper.due(now):  # renewals, control, shutdown before the next start
                     self.keeper.tend(now)
                 held = self.keeper.get(claim.id)
                 if held is not None and held.signal.tripped:
-                    self._unstarted(held)
+                    self.keeper.drop(claim.id)
+                    completer.unstarted(held)
                     continue
-                self.run(claim, handler, defer=done, held=held)
+                self.run(claim, handler, defer=done)
         finally:
-            self.seal_successes(done)
-            for claim in claims[executed:]:
-                with suppress(psycopg.Error):
-                    lease.release(self.conns.main(), claim, "batch stopped before this run")
+            completer.seal_successes(done)
+            unstarted = claims[executed:]
+            completer.give_back(unstarted, "batch stopped before this run")
+            for claim in unstarted:
                 self.keeper.drop(claim.id)
         return executed
-
-    def _unstarted(self, held: Held) -> None:
-        """A batch run whose signal tripped before it started: lost (skip it) or cancelled."""
-        claim = held.claim
-        self.keeper.drop(claim.id)
-        if held.signal.reason == "lost":
-            self._log_lost(claim, "batch run not started")
-        elif held.signal.reason == "cancelled":
-            self._write(
-                claim, "cancelled", lambda c: lease.finish(c, claim, "cancelled", error="cancelled")
-            )
-            log.event("run_cancelled", run_id=claim.id, kind=claim.kind, attempt=claim.attempts)
-
-    # -- sealing successes ----------------------------------------------------------------------
-
-    def seal_successes(self, done: Sequence[Done]) -> set[int]:
-        """Seal successes in one owner-scoped statement, retrying transient errors a few times;
-        a run whose lease was lost meanwhile is logged and nothing is written for it. If the
-        write never lands, the leases lapse and the runs are redone (at least once)."""
-        if not done:
-            return set()
-        ok = self._write(done[0][0], "succeeded", lambda c: lease.finish_many(c, done))
-        if ok is NOT_WRITTEN:
-            for claim, _ in done:
-                self._durations.pop(claim.id, None)
-            return set()
-        for claim, _ in done:
-            self._log_sealed(claim, claim.id in ok)
-        return set(ok)
-
-    def seal_success(self, claim: Claim, result: Any) -> str | None:
-        """Seal one success on its own (owner-scoped, transient errors retried)."""
-        ok = self._write(
-            claim, "succeeded", lambda c: lease.finish(c, claim, "succeeded", result=result)
-        )
-        if ok is NOT_WRITTEN:
-            self._durations.pop(claim.id, None)
-            return None
-        self._log_sealed(claim, ok)
-        return "succeeded" if ok else None
-
-    def seal_and_claim(self, done: Done, kinds: Sequence[str]) -> list[Claim] | None:
-        """Seal a success and claim the next run in one statement (one round trip, one
-        synchronous commit): one-at-a-time mode's steady state. Returns the claimed run (or an
-        empty list); None after a database error, when the success has been sealed on its own
-        instead and the caller claims on its own."""
-        claim, result = done
-        try:
-            sealed, nxt = lease.finish_and_claim(
-                self.conns.main(),
-                claim,
-                kinds,
-                worker=self.worker_id,
-                lease=self.config.lease,
-                result=result,
-                chain=self._chain,
-            )
-        except psycopg.Error as exc:
-            log.event(
-                "finish_and_claim_failed", level=30, run_id=claim.id, error=log.first_line(exc)
-            )
-            if gave_up_on_lock(exc):
-                # The seal met a lock held past lock_timeout (the claim skips locked rows): a
-                # seal on its own would wait as long again. Given up like _write does.
-                self._durations.pop(claim.id, None)
-            else:
-                self.seal_success(claim, result)
-            return None
-        self._log_sealed(claim, sealed)
-        return [] if nxt is None else [nxt]
-
-    def _log_sealed(self, claim: Claim, sealed: bool) -> None:
-        duration = self._durations.pop(claim.id, None)
-        if sealed:
-            # At info only when it took log_runs_slower_than or longer: quick successes, a line
-            # each at thousands a second, at debug (failures and retries are logged at warning
-            # and above whatever they took).
-            slow = duration is None or duration >= self.config.log_runs_slower_than
-            level = logging.INFO if slow else logging.DEBUG
-            if not log.enabled(level):
-                return
-            log.event(
-                "run_succeeded",
-                level=level,
-                run_id=claim.id,
-                kind=claim.kind,
-                attempt=claim.attempts,
-                duration=None if duration is None else round(duration, 3),
-            )
-        else:
-            self._log_lost(claim, "succeeded matched nothing")
-
-    # -- writing an outcome -------------------------------------------------------------------
-
-    def _write_outcome(self, ctx: Attempt, outcome: Outcome) -> str | None:
-        claim = ctx.claim
-        if outcome.action == "nothing":
-            self._log_lost(claim, "stopped, wrote nothing")
-            return None
-        if outcome.action == "requeue":
-            return self._requeue(ctx, outcome)
-        if outcome.action == "release":
-            why = outcome.error or "shutdown"
-            released = self._write(claim, "released", lambda c: lease.release(c, claim, why))
-            if not released:
-                if released is not NOT_WRITTEN:
-                    self._log_lost(claim, "released matched nothing")
-                return None
-            log.event(
-                "run_released" if released == "queued" else "run_" + released,
-                run_id=claim.id,
-                kind=claim.kind,
-                attempt=claim.attempts,
-                reason=why,
-            )
-            return released if isinstance(released, str) else None
-        status: Sealed = outcome.status or "succeeded"
-        kept = outcome.result if status == "succeeded" else self._storable(claim, outcome.result)
-        ok = self._write(
-            claim,
-            status,
-            lambda c: lease.finish(c, claim, status, result=kept, error=outcome.error),
-        )
-        if not ok:
-            if ok is not NOT_WRITTEN:
-                self._log_lost(claim, f"{status} matched nothing")
-            return None
-        log.event(
-            "run_" + status,
-            run_id=claim.id,
-            kind=claim.kind,
-            attempt=claim.attempts,
-            duration=round(time.monotonic() - ctx.started, 3),
-        )
-        return status
-
-    def _requeue(self, ctx: Attempt, outcome: Outcome) -> str | None:
-        """Requeue in place after the backoff (or `after`). The database decides what that
-        means: queued again, or `failed` (no attempt left), or `cancelled` (cancel requested
-        meanwhile); the log says what it returned."""
-        cfg = self.config
-        claim = ctx.claim
-        delay = retry_delay(
-            claim.attempts, outcome.after, cfg.backoff, cfg.backoff_jitter, self.rand
-        )
-        kept = self._storable(claim, outcome.result)
-        error, label = outcome.error or "", outcome.label or "failed"
-        done = self._write(
-            claim,
-            "requeued",
-            lambda c: lease.requeue_due(
-                c, claim, delay=delay, error=error, outcome=label, result=kept
-            ),
-        )
-        if not done:
-            if done is not NOT_WRITTEN:
-                self._log_lost(claim, "requeue matched nothing")
-            return None
-        status: str = done[0]
-        fields: dict[str, Any] = {"run_id": claim.id, "kind": claim.kind, "attempt": claim.attempts}
-        first = error.splitlines()[0] if error else None
-        if status == "queued":
-            log.event(
-                "run_retry",
-                level=30,
-                error=first,
-                outcome=label,
-                due_at=done[1].isoformat(),
-                **fields,
-            )
-        elif status == "failed":
-            log.event(
-                "run_failed",
-                level=40,
-                error=first,
-                outcome=label,
-                attempts=claim.attempts,
-                **fields,
-            )
-        else:
-            log.event("run_" + status, **fields)
-        return status
-
-    def _storable(self, claim: Claim, result: Any) -> Any:
-        """`result` encoded for jsonb, or None (keep what the run has) if it cannot be stored,
-        which is logged: an outcome is never lost to an unstorable result."""
-        try:
-            return lease.encode_result(result, self.config.result_max_bytes)
-        except ResultError as exc:
-            log.event("result_not_stored", level=30, run_id=claim.id, error=str(exc))
-            return None
-
-    def _log_lost(self, claim: Claim, action: str) -> None:
-        log.event("lease_lost", run_id=claim.id, owner=str(claim.owner), action=action)
-
-    def _write(self, claim: Claim, what: str, write: Callable[[Conn], Any]) -> Any:
-        """Write an outcome on the main connection, retrying transient errors a few times, and
-        return what `write` returned (None or False: the run was no longer ours), or NOT_WRITTEN
-        (falsy, logged) when it never landed: the lease then lapses and another worker redoes the
-        run (at least once)."""
-        for attempt in range(3):
-            try:
-                return write(self.conns.main())
-            except psycopg.Error as exc:
-                if gave_up_on_lock(exc):
-                    # Another session holds the row past lock_timeout (an operator's SELECT ...
-                    # FOR UPDATE): waiting longer would stall this worker on it, so the write is
-                    # given up and the run redone once its lease lapses and the row is free.
-                    log.event(
-                        "outcome_not_recorded",
-                        level=30,
-                        run_id=claim.id,
-                        outcome=what,
-                        error=log.first_line(exc),
-                    )
-                    return NOT_WRITTEN
-                if not is_transient(exc) or attempt == 2:
-                    log.event(
-                        "outcome_not_recorded",
-                        level=40,
-                        run_id=claim.id,
-                        outcome=what,
-                        error=log.first_line(exc),
-                    )
-                    return NOT_WRITTEN
-                self.conns.drop_main()
-                time.sleep(0.2 * (attempt + 1))
-        return NOT_WRITTEN

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from .. import db, log
-from ..config import Config
+from ..config import Config, LeaseTiming, lease_timing
 from ..errors import LeaseworkError, is_transient
 from ..leases import lease
 from ..leases.lease import Claim
@@ -59,11 +59,11 @@ class AbortSignal:
 @dataclass(eq=False)
 class Held:
     """A claimed run the keeper looks after, from its claim until its outcome is written.
-    Times are this process's monotonic clock."""
+    Times are this process's monotonic clock. As a context manager (Keeper.holding), the block's
+    end stops the keeper looking after it."""
 
     claim: Claim
-    renew_every: float
-    control_every: float
+    timing: LeaseTiming  # its lease's: how often it is renewed and its state read
     renewed: float  # when the last renewal that landed was sent (the claim counts as one)
     controlled: float  # when the run's state was last read
     signal: AbortSignal = field(default_factory=AbortSignal)
@@ -72,6 +72,14 @@ class Held:
     deadline: float | None = None  # when the attempt times out
     tripped_at: float | None = None  # when the signal tripped while executing
     interrupted: bool = False
+    keeper: Keeper | None = field(default=None, repr=False)
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.keeper is not None:
+            self.keeper.drop(self.claim.id)
 
 
 class Keeper:
@@ -103,7 +111,8 @@ class Keeper:
         # `due()` answers without walking every held run: a batch asks before each of its runs.
         self._next_check = float("inf")
         self._closing = False
-        self._timings_by_lease: dict[float, tuple[float, float]] = {}
+        self.timing = lease_timing(config)  # the worker's own; a run's is scaled to its lease
+        self._timings_by_lease: dict[float, LeaseTiming] = {}
 
     # -- what the worker tells it ---------------------------------------------------------------
 
@@ -116,36 +125,27 @@ class Keeper:
         on it: renewed if still ours, tripped `lost` if not (its caller must then not start it;
         another worker may have reclaimed it after its lease ran out)."""
         now = self._clock() if now is None else now
-        renew_every, control_every = self._timings(claim.lease_seconds)
+        timing = self.timing_of(claim.lease_seconds)
         since = now if sent is None else min(now, sent)
-        held = Held(
-            claim,
-            renew_every=renew_every,
-            control_every=control_every,
-            renewed=since,
-            controlled=since,
-        )
+        held = Held(claim, timing, renewed=since, controlled=since, keeper=self)
         with self._lock:
             self._held[claim.id] = held
-            if now - held.renewed >= held.renew_every:
+            if now - held.renewed >= held.timing.renew:
                 self._query([held])
             if arm:
                 self._arm(now)
-            due = min(held.controlled + held.control_every, held.renewed + held.renew_every)
+            due = min(held.controlled + held.timing.control, held.renewed + held.timing.renew)
             self._next_check = min(self._next_check, due)
             self._changed(due)
         return held
 
-    def _timings(self, lease_seconds: float) -> tuple[float, float]:
-        """How often a run with this lease is renewed and its state read: the worker's timings
-        scaled to the run's lease (kept per lease: asked once per run)."""
-        timings = self._timings_by_lease.get(lease_seconds)
-        if timings is None:
-            cfg = self.config
-            renew_every = cfg.renew_every * lease_seconds / cfg.lease
-            timings = (renew_every, min(cfg.control_every, renew_every / 2))
-            self._timings_by_lease[lease_seconds] = timings
-        return timings
+    def timing_of(self, lease_seconds: float) -> LeaseTiming:
+        """The timings of a run with this lease (lease_timing; kept per lease: asked per run)."""
+        timing = self._timings_by_lease.get(lease_seconds)
+        if timing is None:
+            timing = lease_timing(self.config, lease_seconds)
+            self._timings_by_lease[lease_seconds] = timing
+        return timing
 
     def hold_many(self, claims: Sequence[Claim], *, sent: float) -> None:
         """`hold` for every run of a batch, the dead man's switch armed once for all of them
@@ -161,6 +161,17 @@ class Keeper:
         stop_at = self._stop_at()
         return now >= self._next_check or (stop_at is not None and now >= stop_at)
 
+    def holding(self, claim: Claim) -> Held:
+        """A run's attempt, from the keeper's side: `with keeper.holding(claim) as held:` holds
+        the claim (unless held already: a batch's, Keeper.hold_many) and starts its attempt
+        (`begin`) unless it was found lost, when its caller must not start it; the block's end
+        stops looking after it (`drop`), before its outcome is written, which the keeper must not
+        take for a lost lease."""
+        held = self._held.get(claim.id) or self.hold(claim, sent=claim.sent)
+        if held.signal.reason != "lost":
+            self.begin(held)
+        return held
+
     def begin(self, held: Held, now: float | None = None) -> None:
         """Its handler starts now: the attempt's timeout runs from here."""
         now = self._clock() if now is None else now
@@ -175,7 +186,7 @@ class Keeper:
 
     def drop(self, run_id: int) -> None:
         """The run's outcome is written (or it was lost): stop looking after it."""
-        if run_id not in self._held:  # dropped already (the executor drops twice on its way out)
+        if run_id not in self._held:  # dropped already (a batch's run not started, a test)
             return
         with self._lock:
             self._held.pop(run_id, None)
@@ -206,8 +217,7 @@ class Keeper:
             if not held.executing:
                 continue
             count += 1
-            lease_s = held.claim.lease_seconds
-            at = held.renewed + lease_s * (1.0 - cfg.kill_margin / cfg.lease)
+            at = held.renewed + held.timing.unrenewed_max
             if held.tripped_at is not None:
                 at = min(at, held.tripped_at + cfg.abort_grace)
             elif held.signal.tripped:
@@ -252,7 +262,7 @@ class Keeper:
                     self._trip(held, "shutdown", now)
             alive = [h for h in runs if h.signal.reason != "lost"]
             if any(
-                now - h.controlled >= h.control_every or now - h.renewed >= h.renew_every
+                now - h.controlled >= h.timing.control or now - h.renewed >= h.timing.renew
                 for h in alive
             ):
                 self._query(alive)
@@ -273,7 +283,7 @@ class Keeper:
 
     def _query(self, runs: list[Held]) -> None:
         sent = self._clock()
-        due = [(h.claim, sent - h.renewed >= h.renew_every) for h in runs]
+        due = [(h.claim, sent - h.renewed >= h.timing.renew) for h in runs]
         try:
             # A lease that ran out is lost (tend_leases): even unclaimed, the limiter may have
             # let its tenant run another, so it is never renewed back to life.
@@ -300,7 +310,7 @@ class Keeper:
         """When the first renewal or control query of a held run falls due (under the lock)."""
         return min(
             (
-                min(h.controlled + h.control_every, h.renewed + h.renew_every)
+                min(h.controlled + h.timing.control, h.renewed + h.timing.renew)
                 for h in self._held.values()
                 if h.signal.reason != "lost"
             ),
@@ -350,9 +360,7 @@ class Keeper:
             # that has not started runs nothing: it is never started.
             if held.signal.reason == "lost" and not held.executing:
                 continue
-            lease_s = held.claim.lease_seconds
-            margin = cfg.kill_margin * lease_s / cfg.lease
-            times.append(held.renewed + lease_s - margin / 2)
+            times.append(held.renewed + held.timing.kill_after)
             if held.executing and held.tripped_at is not None:
                 times.append(held.tripped_at + cfg.abort_grace + DEADMAN_SLACK)
             if held.executing and held.deadline is not None:  # even if no tick can trip it
@@ -363,8 +371,8 @@ class Keeper:
         """Set the dead man's switch to kill_at, with two economies that spare one-at-a-time
         mode two timer syscalls per run (README, Performance):
         - a later deadline re-arms only when it is later by more than 5 % of the time left (at
-          most kill_margin/4): the switch may fire that much early, and only if no renewal
-          re-arms it first, which each does (a renewal moves it by renew_every);
+          most watchdog_margin/4): the switch may fire that much early, and only if no renewal
+          re-arms it first, which each does (a renewal moves it by renew_interval);
         - with `idle_later` (the last run was just dropped) an arming far off is left for the
           keeper's thread to disarm at its next wake, which comes long before it: the next run,
           claimed within milliseconds, re-arms it instead."""
@@ -376,13 +384,13 @@ class Keeper:
             if armed is None:
                 return
             if idle_later and self._thread is not None:
-                wake = min(self.config.heartbeat_interval, self.config.control_every)
+                wake = min(self.config.heartbeat_interval, self.timing.control)
                 if armed - now > 2 * wake + 1.0:
                     self._changed(now + wake)
                     return
             self.deadman.disarm()
         elif armed is None or at < armed or at - armed > min(
-            0.05 * (at - now), self.config.kill_margin / 4
+            0.05 * (at - now), self.timing.margin / 4
         ):
             self.deadman.arm(at, now)
 
@@ -398,17 +406,17 @@ class Keeper:
 
     def _next_wake(self, now: float) -> float:
         """Seconds until something is due: a control query, a renewal, a timeout, shutdown.
-        With nothing held, at most control_every: a run held meanwhile is due no sooner than
+        With nothing held, at most control_interval: a run held meanwhile is due no sooner than
         that after its claim (at the default lease), so `_changed` need not wake the thread for
         it. Otherwise one-at-a-time mode, where nothing is held while a seal and the next claim
         are in flight, woke the thread for every run (a thread switch per job)."""
-        times = [now + min(self.config.heartbeat_interval, self.config.control_every)]
+        times = [now + min(self.config.heartbeat_interval, self.timing.control)]
         stop_at = self._stop_at()
         for held in list(self._held.values()):
             if held.signal.reason == "lost":
                 continue
-            times.append(held.controlled + held.control_every)
-            times.append(held.renewed + held.renew_every)
+            times.append(held.controlled + held.timing.control)
+            times.append(held.renewed + held.timing.renew)
             if held.deadline is not None:
                 times.append(held.deadline)
             if stop_at is not None:

@@ -3,8 +3,7 @@ raised and why its run had to stop. No I/O; the executor writes what this decide
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ..errors import Aborted, LeaseLost, Partial, Retry
 
@@ -12,12 +11,13 @@ Action = Literal["seal", "requeue", "release", "nothing"]
 Sealed = Literal["succeeded", "partial", "cancelled"]
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     """seal: a terminal status (`succeeded`, `partial`, `cancelled`). requeue: back to queued
     after a backoff (`after` overrides it) unless the database ends the run (no attempt left,
     cancel requested); `label` is the attempt's outcome in the run's history. release: back to
-    queued, the attempt not charged (shutdown). nothing: the lease is lost, write nothing."""
+    queued, the attempt not charged (shutdown). nothing: the lease is lost, write nothing.
+    A tuple: every run's end, each success included, makes one (a frozen dataclass costs
+    several times as much to build)."""
 
     action: Action
     status: Sealed | None = None

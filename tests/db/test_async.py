@@ -341,8 +341,10 @@ def test_a_cancel_that_arrives_during_leaseworks_statement_is_delivered_after_it
 
     with gated_updates(conn, dsn, pool_name) as gate, serving(worker):
         wait_for(at_the_gate, timeout=30)
+        held = worker.keeper.get(run_id)  # kept: a cancel delivered at once ends the run
+        assert held is not None
         assert App().cancel(conn, run_id) == "running"
-        wait_for(lambda: (h := worker.keeper.get(run_id)) is not None and h.interrupted, 30)
+        wait_for(lambda: held.interrupted, 30)
         worker.keeper.tend()  # under the keeper's lock: its interrupt has been sent
         loop = worker.aexecutor.loop
         assert loop is not None

@@ -130,8 +130,9 @@ def test_config_gives_a_config_or_one_clear_error(tmp_path_factory, raw, env):
     except LeaseworkError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
-    assert cfg.renew_every < cfg.lease / 2
-    assert cfg.control_every < cfg.renew_every
+    timing = configmod.lease_timing(cfg)
+    assert timing.renew < cfg.lease / 2
+    assert timing.control < timing.renew
 
 
 def _toml_key(key: str) -> str:

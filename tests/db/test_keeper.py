@@ -296,7 +296,7 @@ def a_shorter_lease_never_lapses(conn: Conn, dsn: str) -> None:
             ).fetchone()
             assert row is not None and row[1], (
                 f"the run's 3 s lease lapsed {elapsed:g} s after its claim: renewed "
-                f"{renewals} times, every {held.renew_every:g} s"
+                f"{renewals} times, every {held.timing.renew:g} s"
             )
             before = held.renewed
             keeper.tend()

@@ -208,7 +208,7 @@ def test_stages_tell_when_they_are_next_due(conn: Conn, make_worker: MakeWorker)
     app.enqueue(conn, "later", delay=40.0)
     worker = make_worker(app, poll_interval=0.05, idle_poll_max=CAP)
     assert worker.poll() == 0
-    dues = {s.name: worker._next_due(s) for s in worker.stages}
+    dues = {s.name: worker.poller.next_due(s) for s in worker.stages}
     assert dues["schedule"] is None  # no periodic task: nothing, ever
     assert dues["runs"] is not None and 38 < dues["runs"] <= 40
     assert dues["maintenance"] is not None and dues["maintenance"] > CAP

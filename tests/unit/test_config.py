@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from leasework.config import Config, load
+from leasework.config import Config, lease_timing, load
 from leasework.errors import ConfigError
 
 
@@ -22,9 +22,10 @@ def test_defaults_are_the_seed_figures() -> None:
     cfg = load(env={})
     assert cfg.poll_interval == 2.0
     assert cfg.lease == 120.0
-    assert cfg.renew_every == 40.0  # a third of the lease
-    assert cfg.control_every == 2.0
-    assert cfg.kill_margin == 20.0
+    timing = lease_timing(cfg)
+    assert timing.renew == 40.0  # a third of the lease
+    assert timing.control == 2.0
+    assert timing.margin == 20.0
     assert (cfg.renew_interval, cfg.control_interval, cfg.watchdog_margin) == (None, None, None)
     assert cfg.heartbeat_interval == 15.0
     assert cfg.pool_size == 4

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from leasework import Config
+from leasework.config import lease_timing
 from leasework.leases.lease import Claim
 from leasework.workers.deadman import Deadman
 from leasework.workers.keeper import DEADMAN_SLACK, Keeper
@@ -111,12 +112,12 @@ def test_back_to_back_runs_rearm_the_switch_rarely_never_later_than_needed() -> 
             keeper.hold(claim(run_id))
             at = keeper.kill_at(clock.t)
             assert deadman.armed_at is not None and at is not None
-            assert at - min(0.05 * (at - clock.t), cfg.kill_margin / 4) <= deadman.armed_at <= at
+            assert at - min(0.05 * (at - clock.t), lease_timing(cfg).margin / 4) <= deadman.armed_at <= at
             keeper.drop(run_id)
             clock.t += 0.001
         # 2 s of runs, a re-arm each 0.05 x 55 s: a few settings, not 4,000; and a disarm and
         # re-arm for each tick of the thread that found the keeper idle between two runs.
-        ticks = (time.monotonic() - started) / min(cfg.heartbeat_interval, cfg.control_every)
+        ticks = (time.monotonic() - started) / min(cfg.heartbeat_interval, lease_timing(cfg).control)
         assert deadman.sets <= 2.0 / (0.05 * 55.0) + 2 + 2 * (ticks + 1), deadman.sets
     finally:
         keeper.close()

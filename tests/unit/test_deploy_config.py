@@ -30,8 +30,12 @@ def test_every_setting_is_documented_and_the_example_is_valid(tmp_path: Path) ->
         else:
             # An unset timing derived from the lease is shown with its derived value.
             derived = {
-                "renew_interval": "renew_every",
-                "control_interval": "control_every",
-                "watchdog_margin": "kill_margin",
-            }.get(key, key)
-            assert getattr(cfg, derived) == getattr(defaults, derived), key
+                "renew_interval": "renew",
+                "control_interval": "control",
+                "watchdog_margin": "margin",
+            }.get(key)
+            if derived is None:
+                assert getattr(cfg, key) == getattr(defaults, key), key
+            else:
+                got = getattr(config.lease_timing(cfg), derived)
+                assert got == getattr(config.lease_timing(defaults), derived), key

@@ -32,7 +32,7 @@ def test_due_only_when_a_held_run_is() -> None:
     clock = Clock()
     keeper = Keeper(Config(lease=60.0), name="t", clock=clock)
     first = keeper.hold(claim(1))
-    check = min(first.control_every, first.renew_every)
+    check = min(first.timing.control, first.timing.renew)
     assert not keeper.due(clock.t)
     clock.t += check
     assert keeper.due(clock.t)
@@ -42,7 +42,7 @@ def test_not_due_after_the_runs_it_was_due_for_are_dropped() -> None:
     clock = Clock()
     keeper = Keeper(Config(lease=60.0), name="t", clock=clock)
     held = keeper.hold(claim(1))
-    clock.t += min(held.control_every, held.renew_every) + 1
+    clock.t += min(held.timing.control, held.timing.renew) + 1
     assert keeper.due(clock.t)
     keeper.drop(1)  # its outcome written
 
@@ -55,7 +55,7 @@ def test_not_due_after_a_tend_that_found_nothing_due() -> None:
     clock = Clock()
     keeper = Keeper(Config(lease=60.0), name="t", clock=clock)
     old = keeper.hold(claim(1))
-    clock.t += min(old.control_every, old.renew_every) - 0.5
+    clock.t += min(old.timing.control, old.timing.renew) - 0.5
     keeper.hold(claim(2))  # held while run 1 still is: due() follows run 1 first
     clock.t += 1
     assert keeper.due(clock.t)

@@ -9,6 +9,7 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
+from leasework.config import Config, lease_timing
 from leasework.supervisor import policy
 from leasework.supervisor.liveness import Beat, LineBuffer, decode, encode_beat, encode_error
 from leasework.supervisor.policy import (
@@ -96,14 +97,11 @@ def test_crash_streak(previous: int, uptime: float, reset_after: float) -> None:
 
 
 def _verdict(now: float, child: Liveness, **kw: float | bool) -> Verdict | None:
-    args: dict[str, float | bool] = {
-        "enabled": True,
-        "config_lease": 120.0,
-        "margin": 20.0,
-        "hang_timeout": 120.0,
-    }
+    args: dict[str, float | bool] = {"enabled": True, "hang_timeout": 120.0}
     args.update(kw)
-    return watchdog(now, child, **args)  # type: ignore[arg-type]
+    cfg = Config.make(lease=120.0, watchdog_margin=20.0)
+    timing = None if child.lease is None else lease_timing(cfg, child.lease)
+    return watchdog(now, child, timing=timing, **args)  # type: ignore[arg-type]
 
 
 def test_watchdog_kills_a_holder_that_stopped_renewing() -> None:
@@ -139,8 +137,9 @@ def test_watchdog_never_kills_a_child_that_just_renewed_and_beat(
             now,
             child,
             enabled=True,
-            config_lease=config_lease,
-            margin=config_lease * margin_share,
+            timing=lease_timing(
+                Config.make(lease=config_lease, watchdog_margin=config_lease * margin_share), lease
+            ),
             hang_timeout=1.0,
         )
         is None
@@ -153,8 +152,7 @@ def test_an_idle_child_is_never_killed_for_its_lease(now: float, beat: float, le
         now,
         Liveness(last_beat=beat),
         enabled=True,
-        config_lease=lease,
-        margin=0.0,
+        timing=lease_timing(Config.make(lease=lease, watchdog_margin=0.0)),
         hang_timeout=0.0,
     )
     assert verdict is None
@@ -189,8 +187,7 @@ def test_an_abort_is_never_acted_on_before_its_grace(
             now,
             child,
             enabled=True,
-            config_lease=1e6,
-            margin=0.0,
+            timing=lease_timing(Config.make(lease=1e6, watchdog_margin=0.0), 1e6),
             hang_timeout=0.0,
             abort_grace=grace,
         )

@@ -330,22 +330,15 @@ class Completer:
             try:
                 return write(self.conns.main())
             except psycopg.Error as exc:
-                if gave_up_on_lock(exc):
-                    # Another session holds the row past lock_timeout (an operator's SELECT ...
-                    # FOR UPDATE): waiting longer would stall this worker on it, so the write is
-                    # given up and the run redone once its lease lapses and the row is free.
+                # Another session holding the row past lock_timeout (an operator's SELECT ...
+                # FOR UPDATE): waiting longer would stall this worker on it, so the write is
+                # given up (a warning) and the run redone once its lease lapses and the row is
+                # free. Any other error but a transient one, or the third: an error.
+                locked = gave_up_on_lock(exc)
+                if locked or not is_transient(exc) or attempt == 2:
                     log.event(
                         "outcome_not_recorded",
-                        level=30,
-                        run_id=claim.id,
-                        outcome=what,
-                        error=log.first_line(exc),
-                    )
-                    return NOT_WRITTEN
-                if not is_transient(exc) or attempt == 2:
-                    log.event(
-                        "outcome_not_recorded",
-                        level=40,
+                        level=30 if locked else 40,
                         run_id=claim.id,
                         outcome=what,
                         error=log.first_line(exc),

@@ -34,6 +34,12 @@ def _running(conn: Conn, run_id: int, attempt: int) -> dict[str, Any] | None:
     return None
 
 
+def _started(conn: Conn, run_id: int) -> dict[str, Any] | None:
+    """The run's first attempt, its handler past its first checkpoint."""
+    run = _running(conn, run_id, 1)
+    return run if run is not None and run["processed_units"] else None
+
+
 def _wait_status(conn: Conn, run_id: int, status: str) -> None:
     wait_for(lambda: get_run(conn, run_id)["status"] == status)
 
@@ -115,7 +121,10 @@ def test_sigstop_past_the_lease_then_sigcont_writes_nothing(
     sup = supervise(processes=2, watchdog=False, deadman=False, idle_poll_max=1.0)
     sup.wait_children(2)
     run_id = _hold(pconn, app_dir)
-    run = wait_for(lambda: _running(pconn, run_id, 1))
+    # Inside the handler (its first checkpoint written), not between the claim and the handler's
+    # start: a child stopped there finds its lease lost when it resumes and never starts the
+    # handler (claim_not_started), so no fence is ever asked (seen in CI).
+    run = wait_for(lambda: _started(pconn, run_id))
     paused = holder_pid(run["lease_worker"])
     os.kill(paused, signal.SIGSTOP)
     try:

@@ -403,6 +403,21 @@ def test_the_quick_statement_is_lean_until_probe_every_after_a_probe_found_nothi
     assert chain.probed(nxt.sent + 5.0)
 
 
+def test_a_queue_that_ran_dry_leaves_the_quick_statement_in_use(conn: Conn) -> None:
+    # Nothing left for the quick statement nor for claim_runs: nothing only the whole statement
+    # takes is queued, so the next job's seal is the quick one again, probed (what was enqueued
+    # since is unknown).
+    enqueue(conn, 1)
+    claim = claim_one(conn)
+    chain = lease.Chain()
+
+    assert lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain) == (
+        True,
+        None,
+    )
+    assert chain.quick(claim.sent) and chain.probed(claim.sent)
+
+
 def test_the_chain_sends_the_quick_statement_again_after_its_recheck() -> None:
     chain = lease.Chain(recheck=5.0)
     assert chain.quick(100.0)

@@ -223,10 +223,10 @@ class Chain:
     connection at a time; not thread-safe).
 
     Which statement to send. The whole finish_and_claim for `recheck` seconds after the quick
-    one claimed nothing (a kind polled paused, a tenanted run due, a lease expired, or simply no
-    queued run without a tenant); otherwise finish_and_claim_queued (one update for the seal and
-    the claim), probed: it claims nothing if anything else is due. After a probed one claimed a
-    run, its lean form (only a pause is asked: the probe was 8 % of a job's server work) for
+    one claimed nothing and claim_runs, sent then, claimed a run (a tenanted run due, a lease
+    expired, a run of a better priority or queued before the sealed one); otherwise
+    finish_and_claim_queued (one update for the seal and the claim), probed: it claims nothing
+    if anything else is due. After a probed one claimed a run, its lean form (only a pause is asked: the probe was 8 % of a job's server work) for
     `probe_every` seconds. So a plain queue pays the probe once per `probe_every`, a queue with
     tenants or a crashed worker's runs a statement that claims nothing at most once per
     `recheck`, and a worker kept busy by untenanted runs takes a tenanted run due or an expired
@@ -293,6 +293,10 @@ class Chain:
         due (a pause, a tenanted run, an expired lease), or nothing at all."""
         self.whole_until = now + self.recheck
         self.lean_until = float("-inf")
+
+    def ran_dry(self) -> None:
+        """Nor did claim_runs claim anything: the quick statement again from the next job."""
+        self.whole_until = float("-inf")
 
     def saw_nothing_else(self, now: float) -> None:
         """A probed finish_and_claim_queued claimed a run: nothing else was due."""
@@ -441,9 +445,15 @@ def finish_and_claim(
     # Nothing claimed: a kind polled is paused, something only claim_runs takes was due (the
     # probed form), or no queued run without a tenant was (either form). claim_runs claims now
     # (the worker would otherwise rest with a run due), and the whole statement is sent for
-    # `chain.recheck`.
+    # `chain.recheck` if it took one: the queue holds what only the whole claim takes. If it took
+    # none the queue ran dry, and the next run enqueued is the quick statement's again (the whole
+    # one reads the head of every index, which under a snapshot held elsewhere holds the dead
+    # entries of every run claimed since: a worker that drains its queue at every wake-up would
+    # send nothing else).
     chain.claimed_nothing(sent)
     claims = claim_runs(conn, kinds, worker=worker, lease=lease)
+    if not claims:
+        chain.ran_dry()
     return sealed, claims[0] if claims else None
 
 

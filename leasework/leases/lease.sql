@@ -378,8 +378,16 @@ SELECT (SELECT count(*) FROM finished) AS finished, c.*
 -- untenanted_queued branch (a unit test compares the texts), over %(kinds)s less the paused ones
 -- (asked per kind), at the priority of the run being sealed: the best due priority when it was
 -- claimed, so one bounded range per kind with no look-up of its own (due_priority, a PL/pgSQL
--- call, was a sixth of a job's server time). A run of a better priority enqueued since is seen by
--- the probed form's gate (below), so it waits at most lease.PROBE_EVERY in a worker kept busy;
+-- call, was a sixth of a job's server time). The range starts after the sealed run's (queued_at,
+-- id): what lies before it was claimed when the sealed run was (the claim takes the first free
+-- run), and under a snapshot held open elsewhere (a long transaction, a replica's query with
+-- hot_standby_feedback) those runs' index entries stay behind, dead but not removable, so a
+-- range from the start walked every run claimed since the snapshot was taken: 100,000 claimed
+-- made each claim 20 times dearer (bench/README.md, issue 29 (f)). A run of a better priority
+-- enqueued since, or one at the same priority that lands before the sealed run (one released,
+-- one whose enqueue committed late with an earlier queued_at, one a lock kept from that claim)
+-- is seen by the probed form's gate (below), so it waits at most lease.PROBE_EVERY in a worker
+-- kept busy;
 -- when nothing is left at that priority this claims nothing and the caller claims with
 -- claim_runs (as it does whenever this claims nothing: it cannot tell a gate shut from an empty
 -- queue, and need not). <quick_claim> is the fragment quick_claim below, or quick_claim_one for a
@@ -418,8 +426,8 @@ RETURNING r.id = %(id)s::bigint AS sealed,
 
 -- name: quick_claim
 -- finish_and_claim_queued's claim (its <quick_claim>), for a worker of several kinds: claim_runs'
--- untenanted_queued branch at the sealed run's priority, over the kinds polled less the paused
--- ones. A fragment of that statement, not a statement.
+-- untenanted_queued branch at the sealed run's priority, after the sealed run's (queued_at, id),
+-- over the kinds polled less the paused ones. A fragment of that statement, not a statement.
 SELECT c.id
   FROM unnest(%(kinds)s::text[]) AS k(kind), LATERAL (
     SELECT r.id, r.priority, r.queued_at
@@ -428,6 +436,8 @@ SELECT c.id
        AND r.status = 'queued' AND r.queued_at <= leasework.now()
        AND r.kind = k.kind AND r.priority = (
            SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
+       AND (r.queued_at, r.id) > ((SELECT s.queued_at FROM leasework.runs s
+                                    WHERE s.id = %(id)s::bigint), %(id)s::bigint)
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED) c
@@ -443,6 +453,8 @@ SELECT r.id
    AND r.status = 'queued' AND r.queued_at <= leasework.now()
    AND r.kind = (%(kinds)s::text[])[1] AND r.priority = (
        SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
+   AND (r.queued_at, r.id) > ((SELECT s.queued_at FROM leasework.runs s
+                                WHERE s.id = %(id)s::bigint), %(id)s::bigint)
    AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p
                     WHERE p.kind = (%(kinds)s::text[])[1])
  ORDER BY r.priority, r.queued_at, r.id
@@ -452,9 +464,10 @@ SELECT r.id
 -- name: due_elsewhere
 -- finish_and_claim_queued's gate, in its probed form: whether claim_runs could take a run that
 -- statement cannot: a run without a tenant due at a better priority than the run being sealed,
--- a tenanted run queued and due or a lease expired and reclaimable (claim_runs' other branches'
+-- a tenanted run queued and due, a lease expired and reclaimable (claim_runs' other branches'
 -- predicates without the limiter and the locks, so it errs towards yes; a unit test compares
--- them). A fragment of that statement, not a statement.
+-- them), or a run without a tenant due at the sealed run's priority before it (the quick claim's
+-- range starts after it). A fragment of that statement, not a statement.
 OR EXISTS (
     SELECT 1 FROM unnest(%(kinds)s::text[]) AS k(kind)
      WHERE leasework.due_priority(k.kind, NULL)
@@ -469,6 +482,17 @@ OR EXISTS (
        AND r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
        AND r.id IS DISTINCT FROM %(id)s::bigint
        AND r.kind = ANY(%(kinds)s::text[]))
+OR EXISTS (
+    SELECT 1 FROM unnest(%(kinds)s::text[]) AS k(kind), LATERAL (
+        SELECT 1 FROM leasework.runs r
+         WHERE r.tenant IS NULL
+           AND r.status = 'queued' AND r.queued_at <= leasework.now()
+           AND r.kind = k.kind AND r.priority = (
+               SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)
+           AND (r.queued_at, r.id) < ((SELECT s.queued_at FROM leasework.runs s
+                                        WHERE s.id = %(id)s::bigint), %(id)s::bigint)
+         LIMIT 1) b
+     WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind))
 
 -- name: finish_runs
 -- A batch's successes in one statement (tasks declared with batch=N): each row is matched by its

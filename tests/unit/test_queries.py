@@ -83,17 +83,18 @@ def test_the_quick_claim_is_claim_runs_own_text() -> None:
     # `live`, asked per kind rather than once).
     # It claims at the sealed run's priority where claim_runs asks due_priority (the probed
     # form's gate asks for a better one); the form for one kind reads `(kinds)[1]` for `k.kind`.
+    # Its range starts after the sealed run (AFTER: dead entries of the runs claimed before it
+    # are not walked), which the probed form's gate makes up for (BEFORE).
     whole = lease.Q["claim_runs"]
     branch = _between(whole, b"untenanted_queued AS MATERIALIZED (", b"SKIP LOCKED)")
+    branch = branch.replace(DUE, SEALED + b" AND " + AFTER)
     claim = lease.Q["quick_claim"]
-    assert claim[claim.index(b"LATERAL") :].startswith(
-        branch[branch.index(b"LATERAL") :].replace(DUE, SEALED)
-    )
+    assert claim[claim.index(b"LATERAL") :].startswith(branch[branch.index(b"LATERAL") :])
     assert b"FROM unnest(" + LIVE + b") AS k(kind)," in branch
     assert b"FROM unnest(" + KINDS + b") AS k(kind)," in claim
     one = lease.Q["quick_claim_one"]
     inner = branch[branch.index(b"LATERAL (") + len(b"LATERAL (") :]
-    expected = inner.replace(DUE, SEALED).replace(b"k.kind", b"(" + KINDS + b")[1]")
+    expected = inner.replace(b"k.kind", b"(" + KINDS + b")[1]")
     expected = expected.replace(b"SELECT r.id,r.priority,r.queued_at ", b"SELECT r.id ")
     paused = b" AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = (%s)[1])"
     assert one.replace(paused % KINDS, b"") == expected + b"SKIP LOCKED"
@@ -103,6 +104,8 @@ def test_the_quick_claim_is_claim_runs_own_text() -> None:
 
 DUE = b"leasework.due_priority(k.kind,NULL)"
 SEALED = b"(SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)"
+_KEY = b"((SELECT s.queued_at FROM leasework.runs s WHERE s.id = %(id)s::bigint),%(id)s::bigint)"
+AFTER, BEFORE = b"(r.queued_at,r.id) > " + _KEY, b"(r.queued_at,r.id) < " + _KEY
 
 
 def test_the_lean_quick_claim_is_the_probed_one_less_its_probe() -> None:
@@ -154,6 +157,14 @@ def test_the_quick_claims_probe_asks_what_claim_runs_other_branches_take() -> No
     assert b"leasework.due_priority(k.kind,NULL) < " + SEALED in better
     assert b"WHERE t.priority IS NOT NULL" in queued and b"WHERE t.priority IS NOT NULL" in whole
     assert b"unnest(%(kinds)s::text[]) AS k(kind)" in queued
+    # The run due before the sealed one at its priority, which the quick claim's range leaves
+    # out, on a kind not paused: claim_runs' untenanted branch with BEFORE for AFTER.
+    before = quick.split(b" OR EXISTS (")[4]
+    assert BEFORE in before and b"r.priority = " + SEALED in before
+    assert b"r.tenant IS NULL AND r.status = 'queued' AND r.queued_at <= leasework.now()" in before
+    assert b"WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)" in (
+        before
+    )
 
     probe = _where(expired, b"FROM leasework.runs r", kinds) | {kinds}
     for start, end in [

@@ -332,6 +332,35 @@ def test_the_lean_form_leaves_a_tenanted_run_due_to_the_next_probe(conn: Conn) -
     assert not chain.quick(claim.sent)
 
 
+def test_the_quick_claim_starts_after_the_sealed_run_and_its_probe_sees_what_lands_before(
+    conn: Conn,
+) -> None:
+    # The quick claim's range starts after the sealed run (what lies before it was claimed with
+    # it; under a snapshot held elsewhere its dead index entries would be walked again by every
+    # claim). A run that lands before the sealed one later (here: queued again with its old
+    # queued_at, as a release does) is passed over by the lean form, and the probed form's gate
+    # sees it, so the whole claim takes it: it waits at most lease.PROBE_EVERY.
+    first, second, third, fourth = enqueue(conn, 4)
+    assert claim_one(conn).id == first
+    claim = claim_one(conn)
+    assert claim.id == second
+    conn.execute(  # the first run back in the queue, as the supervisor's release leaves it
+        "UPDATE leasework.runs SET status = 'queued', lease_owner = NULL, lease_worker = NULL,"
+        " lease_expires_at = NULL, started_at = NULL WHERE id = %s",
+        (first,),
+    )
+    chain = lean_chain()
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == third
+    chain.lean_until = float("-inf")  # the window is over
+    sealed, nxt = lease.finish_and_claim(conn, nxt, ["k"], worker="w1", lease=30.0, chain=chain)
+    assert sealed and nxt is not None and nxt.id == first
+    assert get_run(conn, fourth)["status"] == "queued"
+    assert not chain.quick(claim.sent)
+
+
 @pytest.mark.parametrize("what", ["tenanted", "expired"])
 def test_a_lean_form_that_claims_nothing_claims_with_claim_runs_at_once(
     conn: Conn, what: str
@@ -372,6 +401,21 @@ def test_the_quick_statement_is_lean_until_probe_every_after_a_probe_found_nothi
     assert sealed and nxt is not None and nxt.id == second
     assert not chain.probed(nxt.sent) and not chain.probed(nxt.sent + 4.9)
     assert chain.probed(nxt.sent + 5.0)
+
+
+def test_a_queue_that_ran_dry_leaves_the_quick_statement_in_use(conn: Conn) -> None:
+    # Nothing left for the quick statement nor for claim_runs: nothing only the whole statement
+    # takes is queued, so the next job's seal is the quick one again, probed (what was enqueued
+    # since is unknown).
+    enqueue(conn, 1)
+    claim = claim_one(conn)
+    chain = lease.Chain()
+
+    assert lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain) == (
+        True,
+        None,
+    )
+    assert chain.quick(claim.sent) and chain.probed(claim.sent)
 
 
 def test_the_chain_sends_the_quick_statement_again_after_its_recheck() -> None:

@@ -600,7 +600,7 @@ RETURNING lease_expires_at
 -- (idle_in_transaction_session_timeout, local to it): a worker cut off with it open (a partition,
 -- a process killed while its socket is black-holed) would otherwise keep the run from reclaim
 -- until the server noticed the dead peer, by TCP keepalive, hours later. A handler idle that long
--- has stopped renewing and is killed by the watchdog anyway. tests/chaos/test_faults.py.
+-- has stopped renewing and is killed by the watchdog anyway. tests/faults/scenarios.py.
 -- plan_cache_mode and enable_seqscan back to the defaults for the handler's own statements, also
 -- local: the transaction may run on the main connection, which plans leasework's generically
 -- and without sequential scans (workers/connections.py). So are

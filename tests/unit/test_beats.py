@@ -90,3 +90,47 @@ def test_changes_wait_for_the_gap_a_new_run_goes_at_once_and_the_last_arrives_un
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_run_per_change_does_not_wake_the_flusher_per_run() -> None:
+    """A busy child alternates a new run (sent at once) and its finish (held for the gap): the
+    flusher, already waiting for the gap's end, is not woken for each finish. A notify per run
+    made the flusher take the GIL and the lock per job: four or five futex calls a job, a third of
+    a one-at-a-time child's CPU."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    try:
+        sender = BeatSender(w, os.getppid(), 0)
+        notified = 0
+        notify = sender._due.notify
+
+        def counted(n: int = 1) -> None:
+            nonlocal notified
+            notified += 1
+            notify(n)
+
+        sender._due.notify = counted  # type: ignore[method-assign]
+        worker = StandIn()
+        runs = 1000
+        started = time.monotonic()
+        for run_id in range(1, runs + 1):
+            worker.claim(run_id)
+            sender(worker, None)  # type: ignore[arg-type]
+            worker.held, worker.jobs_done = None, run_id
+            sender(worker, None)  # type: ignore[arg-type]
+            beats(r)  # the pipe never fills
+        elapsed = time.monotonic() - started
+        # At most a wake-up per gap (the flusher found nothing pending at a gap's end and waits
+        # without a deadline until the next finish), not one per run.
+        assert notified <= 2 * (elapsed / CHANGE_GAP) + 2, (notified, elapsed)
+        heard: list[Beat] = []
+
+        def last_finish_heard() -> bool:
+            heard.extend(beats(r))
+            return bool(heard) and heard[-1].run_id is None and heard[-1].jobs == runs
+
+        wait_for(last_finish_heard, timeout=10)
+    finally:
+        os.close(r)
+        os.close(w)

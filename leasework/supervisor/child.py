@@ -81,10 +81,11 @@ class BeatSender:
         self._due = threading.Condition(self._lock)  # a change waits for the flusher
         self._pending: Worker | None = None
         self._flusher: threading.Thread | None = None
-        # The flusher waits with a deadline (it wakes by itself) or without one (it must be
-        # notified): only then does a pending change notify it. A notify per change cost a thread
-        # switch and GIL hand-offs per run (four or five futex calls a job), more than the beat.
-        self._flusher_timed = False
+        # Whether the flusher waits without a deadline: only then does a pending change notify
+        # it. Otherwise it is starting, or waits for the gap's end and wakes by itself, and looks
+        # at what is pending then. A notify per change cost a thread switch and GIL hand-offs per
+        # run (four or five futex calls a job), more than the beat.
+        self._flusher_idle = False
 
     def __call__(self, worker: Worker, ctx: Context | None) -> None:
         with self._lock:
@@ -159,7 +160,7 @@ class BeatSender:
                 target=self._flush_loop, name="leasework-beat", daemon=True
             )
             self._flusher.start()
-        if not self._flusher_timed:
+        if self._flusher_idle:
             self._due.notify()
 
     def _flush_loop(self) -> None:
@@ -167,12 +168,12 @@ class BeatSender:
             while not self.orphaned:
                 worker = self._pending
                 if worker is None:
-                    self._flusher_timed = False
+                    self._flusher_idle = True
                     self._due.wait()
+                    self._flusher_idle = False
                     continue
                 wait = self._sent_at + CHANGE_GAP - time.monotonic()
                 if wait > 0:
-                    self._flusher_timed = True
                     self._due.wait(wait)
                     continue
                 self._pending = None  # sent now, or no longer a change

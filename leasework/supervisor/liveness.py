@@ -59,6 +59,11 @@ def encode_beat(beat: Beat) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
+# How a boot error's line starts (encode_error), and a beat's never does: the parent decodes
+# only the last beat of what it reads, and an error line wherever it stands.
+ERROR_PREFIX = b'{"error":'
+
+
 def encode_error(message: str) -> bytes:
     first = (message.strip().splitlines() or [""])[0][:_MAX_ERROR]
     return json.dumps({"error": first}, separators=(",", ":")).encode() + b"\n"
@@ -88,6 +93,24 @@ def decode(line: bytes) -> Beat | str | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def latest(lines: list[bytes]) -> tuple[Beat | None, str | None]:
+    """The last beat among `lines` and the last boot error. A beat is the child's whole state,
+    so only the last one counts: the lines are decoded from the end until a beat is found (a busy
+    child sends one per run, and decoding each cost the parent more than the child's write), and
+    before it only an error's (ERROR_PREFIX)."""
+    beat: Beat | None = None
+    error: str | None = None
+    for line in reversed(lines):
+        if beat is not None and not line.startswith(ERROR_PREFIX):
+            continue
+        msg = decode(line)
+        if isinstance(msg, Beat):
+            beat = beat or msg
+        elif isinstance(msg, str):
+            error = error or msg
+    return beat, error
 
 
 class LineBuffer:

@@ -35,7 +35,7 @@ from ..workers.worker import Application
 from . import policy, wakeup
 from .child import child_main
 from .hostdb import HostDB, Killed, Row
-from .liveness import Beat, LineBuffer, decode
+from .liveness import Beat, LineBuffer, latest
 from .policy import Candidate, ExitMeaning, Liveness, Verdict
 from .wakeup import Relay
 
@@ -335,16 +335,15 @@ class Supervisor:
                 return
             if not data:
                 return
-            for line in child.buffer.feed(data):
-                msg = decode(line)
-                if isinstance(msg, Beat):
-                    child.beat = msg
-                    child.last_beat = now
-                    if not child.booted:
-                        child.booted = True
-                        log.event("child_booted", pid=child.pid, worker=child.worker_id)
-                elif isinstance(msg, str):
-                    child.error = msg
+            beat, error = latest(child.buffer.feed(data))
+            if error is not None:
+                child.error = error
+            if beat is not None:
+                child.beat = beat
+                child.last_beat = now
+                if not child.booted:
+                    child.booted = True
+                    log.event("child_booted", pid=child.pid, worker=child.worker_id)
 
     # -- boot ---------------------------------------------------------------------------------
 

@@ -41,6 +41,19 @@ class StandIn:
         )
 
 
+def close(sender: BeatSender | None, r: int, w: int) -> None:
+    """Stop the sender's flusher before its pipe's descriptors close: a flusher still running
+    could otherwise write into the next test's pipe, made on the same descriptor numbers."""
+    if sender is not None:
+        with sender._lock:
+            sender.orphaned = True
+            sender._due.notify()
+        if sender._flusher is not None:
+            sender._flusher.join(10)
+    os.close(r)
+    os.close(w)
+
+
 def beats(fd: int) -> list[Beat]:
     out: list[Beat] = []
     try:
@@ -58,6 +71,7 @@ def test_changes_wait_for_the_gap_a_new_run_goes_at_once_and_the_last_arrives_un
     r, w = os.pipe()
     os.set_blocking(r, False)
     os.set_blocking(w, False)
+    sender = None
     try:
         sender = BeatSender(w, os.getppid(), 0)
         worker = StandIn()
@@ -88,8 +102,7 @@ def test_changes_wait_for_the_gap_a_new_run_goes_at_once_and_the_last_arrives_un
 
         wait_for(last_change_heard, timeout=10)
     finally:
-        os.close(r)
-        os.close(w)
+        close(sender, r, w)
 
 
 def test_a_run_per_change_does_not_wake_the_flusher_per_run() -> None:
@@ -100,6 +113,7 @@ def test_a_run_per_change_does_not_wake_the_flusher_per_run() -> None:
     r, w = os.pipe()
     os.set_blocking(r, False)
     os.set_blocking(w, False)
+    sender = None
     try:
         sender = BeatSender(w, os.getppid(), 0)
         notified = 0
@@ -132,5 +146,4 @@ def test_a_run_per_change_does_not_wake_the_flusher_per_run() -> None:
 
         wait_for(last_finish_heard, timeout=10)
     finally:
-        os.close(r)
-        os.close(w)
+        close(sender, r, w)

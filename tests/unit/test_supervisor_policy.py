@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from leasework.config import Config, lease_timing
 from leasework.supervisor import policy
-from leasework.supervisor.liveness import Beat, LineBuffer, decode, encode_beat, encode_error
+from leasework.supervisor.liveness import (
+    Beat,
+    LineBuffer,
+    decode,
+    encode_beat,
+    encode_error,
+    latest,
+)
 from leasework.supervisor.policy import (
     Candidate,
     ChildExit,
@@ -250,6 +257,20 @@ def test_beats_round_trip_through_the_pipe_encoding(
     buf = LineBuffer()
     lines = buf.feed(data[:5]) + buf.feed(data[5:] + encode_error("boom\nsecond line"))
     assert [decode(line) for line in lines] == [beat, "boom"]
+
+
+def test_the_parent_takes_the_last_beat_read_and_an_error_wherever_it_stands() -> None:
+    """A pass reads many beats of a busy child; only the last is its state, and a boot error
+    among them is not lost (liveness.latest)."""
+    beats = [Beat(float(t), t, float(t), 30.0, t) for t in range(1, 6)]
+    lines = [encode_beat(b).rstrip(b"\n") for b in beats]
+    error = encode_error("cannot import app").rstrip(b"\n")
+    assert latest(lines) == (beats[-1], None)
+    assert latest([lines[0], error, *lines[1:]]) == (beats[-1], "cannot import app")
+    assert latest([*lines, error]) == (beats[-1], "cannot import app")
+    assert latest([*lines, b"not json", b"[1]"]) == (beats[-1], None)
+    assert latest([error, b"garbage"]) == (None, "cannot import app")
+    assert latest([]) == (None, None)
 
 
 def test_garbage_on_the_pipe_is_ignored() -> None:

@@ -2,8 +2,11 @@
 executed from its claim on: id, owner, lease, last renewal, timeout, abort reason; jobs done), or
 one line carrying a boot error.
 
-Standard library only. The child never blocks on the pipe (a full pipe drops a beat); lines are
-far below PIPE_BUF, so each write is atomic. Never touches the database.
+The parent decodes with the standard library; the child encodes with orjson (leasework's JSON
+library, loaded by its worker anyway): a busy child sends a beat per run, and the standard
+encoder cost it 3.6 µs a beat against orjson's 0.2. The child never blocks on the pipe (a full
+pipe drops a beat); lines are far below PIPE_BUF, so each write is atomic. Never touches the
+database.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 # A beat at most this often unless something changed (a new run, a renewal): ctx.check() may be
 # called in a tight loop and the parent only needs a fresh reading per watchdog tick.
@@ -56,7 +61,7 @@ def encode_beat(beat: Beat) -> bytes:
         value = getattr(beat, name)
         if value is not None:
             doc[name] = value
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+    return orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE)
 
 
 # How a boot error's line starts (encode_error), and a beat's never does: the parent decodes

@@ -131,13 +131,21 @@ WITH live AS MATERIALIZED (
             SELECT * FROM tenanted_expired WHERE NOT leasework.limiter_conflict(id)) c
      ORDER BY c.tenant, c.priority, c.queued_at, c.id
 ), untenanted_queued AS MATERIALIZED (
+    -- Each kind's due priority is asked once, before the range is read (OFFSET 0 keeps the call
+    -- out of the range's index condition): a row updated by a claim that committed after this
+    -- statement's snapshot is re-checked (EvalPlanQual) when this statement goes to lock it, and a
+    -- call in the condition ran again per such row, each walking the kind's index from its head,
+    -- past every entry a snapshot still held back. Two workers draining a batch kind made it
+    -- quadratic: one claim of 100 ran for 60 s (its own snapshot holding the entries back) while
+    -- the other worker drained on alone.
     SELECT c.id, NULL::text AS tenant, c.priority, c.queued_at
-      FROM unnest((SELECT k FROM live)::text[]) AS k(kind), LATERAL (
+      FROM (SELECT k.kind, leasework.due_priority(k.kind, NULL) AS due
+              FROM unnest((SELECT k FROM live)::text[]) AS k(kind) OFFSET 0) k, LATERAL (
         SELECT r.id, r.priority, r.queued_at
           FROM leasework.runs r
          WHERE r.tenant IS NULL
            AND r.status = 'queued' AND r.queued_at <= leasework.now()
-           AND r.kind = k.kind AND r.priority = leasework.due_priority(k.kind, NULL)
+           AND r.kind = k.kind AND r.priority = k.due
          ORDER BY r.priority, r.queued_at, r.id
          LIMIT %(limit)s
            FOR UPDATE OF r SKIP LOCKED) c

@@ -87,10 +87,15 @@ def test_the_quick_claim_is_claim_runs_own_text() -> None:
     # are not walked), which the probed form's gate makes up for (BEFORE).
     whole = lease.Q["claim_runs"]
     branch = _between(whole, b"untenanted_queued AS MATERIALIZED (", b"SKIP LOCKED)")
-    branch = branch.replace(DUE, SEALED + b" AND " + AFTER)
+    branch = branch.replace(DUE, b"= " + SEALED + b" AND " + AFTER + b" ")
     claim = lease.Q["quick_claim"]
     assert claim[claim.index(b"LATERAL") :].startswith(branch[branch.index(b"LATERAL") :])
-    assert b"FROM unnest(" + LIVE + b") AS k(kind)," in branch
+    # claim_runs asks each kind's due priority once, before the range (the quick claim has the
+    # sealed run's instead): never in the range's condition, which a locked row re-checks.
+    assert b"(SELECT k.kind,leasework.due_priority(k.kind,NULL) AS due FROM unnest(" + LIVE + (
+        b") AS k(kind) OFFSET 0) k,"
+    ) in branch
+    assert b"due_priority" not in branch[branch.index(b"LATERAL") :]
     assert b"FROM unnest(" + KINDS + b") AS k(kind)," in claim
     one = lease.Q["quick_claim_one"]
     inner = branch[branch.index(b"LATERAL (") + len(b"LATERAL (") :]
@@ -102,7 +107,7 @@ def test_the_quick_claim_is_claim_runs_own_text() -> None:
         assert one.replace(b"%(limit)s", b"1") in form
 
 
-DUE = b"leasework.due_priority(k.kind,NULL)"
+DUE = b"= k.due "
 SEALED = b"(SELECT s.priority FROM leasework.runs s WHERE s.id = %(id)s::bigint)"
 _KEY = b"((SELECT s.queued_at FROM leasework.runs s WHERE s.id = %(id)s::bigint),%(id)s::bigint)"
 AFTER, BEFORE = b"(r.queued_at,r.id) > " + _KEY, b"(r.queued_at,r.id) < " + _KEY

@@ -374,3 +374,31 @@ def test_show_and_the_run_page_show_snoozes(conn: Conn, make_worker: MakeWorker)
     # and is shown all the same.
     assert history.count("<tr>") == 3 and 's-running">running' in history
     assert "snoozes" in page.split('id="run"')[1].split("</section>")[0]
+
+
+ODD_SNOOZES = [
+    '[{"outcome": "snoozed", "due_at": {"a": 1}, "error": 5, "owner": 7}]',
+    '[{"outcome": "snoozed", "due_at": "\\u001b[2J 2030-01-01", "error": "\\u001b]8;;x"}]',
+    '[{"outcome": "snoozed", "due_at": 1e400, "owner": null}, {"owner": ["x"]}, "x", 7]',
+    '{"outcome": "snoozed", "due_at": "soon"}',
+]
+
+
+@pytest.mark.parametrize("history", ODD_SNOOZES)
+def test_the_readers_survive_snoozed_entries_of_any_shape(conn: Conn, history: str) -> None:
+    """The history is jsonb the worker role can write: a snoozed entry of any shape is shown,
+    its control characters escaped, and neither reader fails."""
+    app = App()
+    app.task("job")(lambda ctx, payload: None)
+    run_id = app.enqueue(conn, "job")
+    assert lease.claim_runs(conn, ["job"], worker="w", lease=30.0)
+    conn.execute(
+        "UPDATE leasework.runs SET history = %s::jsonb, snoozes = 2147483647 WHERE id = %s",
+        (history, run_id),
+    )
+    run = get_run(conn, run_id)
+    now = lease.db_now(conn)
+    text = render_run(run, now)
+    assert "\x1b" not in text and "snoozes:   2147483647" in text
+    page = pages.run_page(run, now=now)
+    assert "\x1b" not in page and 's-running">running' in page

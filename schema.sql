@@ -148,6 +148,10 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     -- outcome, error}, built by leasework.history_entry() (below). A success is recorded by the
     -- row itself; leasework.run_history() (below) gives the history with it.
     history             jsonb NOT NULL DEFAULT '[]'::jsonb,
+    -- How many times a handler snoozed this run (Snooze: requeued, the attempt not charged;
+    -- snooze_run in leasework/leases/lease.sql); NULL: never, so a run that never snoozes stores
+    -- nothing for it. An operator's retry clears it (a fresh budget). (Migration 0021.)
+    snoozes             leasework.attempt_count,
     -- The status and the columns that go with it, one rule (leasework.run_state_valid, above).
     CONSTRAINT runs_state_valid CHECK (
         leasework.run_state_valid(status, lease_owner, lease_expires_at, finished_at))
@@ -208,16 +212,17 @@ $$;
 
 -- The history a claim writes (claim_runs): a reclaimed run (`r` still running, its lease expired)
 -- gets the entry of the attempt that died holding it, unless the supervisor's fast release
--- recorded it already; a queued run's is kept. A function so that claim_runs, with
--- finish_and_claim around it, stays within psycopg's parse cache (tests/unit/test_queries.py);
--- LANGUAGE sql and STABLE, so the planner inlines it.
+-- recorded it already: the last entry is that attempt's when it has its owner (the token unique
+-- to the claim). Not by attempt number (migration 0021): a release or a snooze gives the attempt
+-- back, so the next attempt has the number of the entry before it, and its death went unrecorded.
+-- A queued run's is kept. A function so that claim_runs, with finish_and_claim around it, stays
+-- within psycopg's parse cache (tests/unit/test_queries.py); LANGUAGE sql and STABLE, so the
+-- planner inlines it.
 CREATE OR REPLACE FUNCTION leasework.claimed_history(r leasework.runs) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE
                WHEN r.status = 'running'
-                    AND coalesce(CASE WHEN jsonb_typeof(r.history -> -1 -> 'attempt') = 'number'
-                                      THEN (r.history -> -1 -> 'attempt')::numeric END,
-                                 0) < r.attempts
+                    AND (r.history -> -1 ->> 'owner') IS DISTINCT FROM r.lease_owner::text
                THEN r.history || jsonb_build_array(leasework.history_entry(
                    r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
                    'expired', 'lease expired'))
@@ -336,8 +341,8 @@ BEGIN
 END
 $$;
 
--- On insert only: the four statements that make an existing tenanted run queued again
--- (requeue_run, release_run, expire_and_promote's promotion, operations' retry_runs) call
+-- On insert only: the five statements that make an existing tenanted run queued again
+-- (requeue_run, release_run, snooze_run, expire_and_promote's promotion, operations' retry_runs) call
 -- tenant_queued_run themselves. A row trigger on UPDATE cost every claim and seal: a BEFORE one
 -- locks each row it updates first, whatever its WHEN says (a WAL record per job), an AFTER one
 -- fetches each old row again (bench/README.md, issue 29).

@@ -759,6 +759,11 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         ("group", run["group"] or "-"),
         ("priority", str(run["priority"])),
         ("attempts", f"{run['attempts']} of {run['max_attempts']}"),
+        *(
+            [("snoozes", f"{run['snoozes']} (not charged as attempts)")]
+            if run.get("snoozes")
+            else []
+        ),
         (
             "progress",
             "none reported"
@@ -815,9 +820,12 @@ def render_run(run: dict[str, Any], now: Any) -> str:
             continue
         first = str(h.get("error") or "").strip().splitlines()
         err = f"  {first[0][:100]}" if first else ""
+        # A snooze's entry says until when (its `due_at`): the run is queued, not failing.
+        due = h.get("due_at") if h.get("outcome") == "snoozed" else None
+        until = f"  until {str(due)[:19]}" if due else ""
         out.append(
             f"  #{h.get('attempt')} {h.get('outcome')!s:<10} {str(h.get('started_at') or '')[:19]} -> "
-            f"{str(h.get('ended_at') or '')[:19]}  {h.get('worker') or '-'}{err}"
+            f"{str(h.get('ended_at') or '')[:19]}  {h.get('worker') or '-'}{until}{err}"
         )
     # Every value from the database is shown with its control characters escaped (as `status`
     # does): an error text or a payload cannot move the cursor or forge a line.

@@ -85,16 +85,52 @@ class Retry(Exception):
 def _retry_after(after: object) -> float | None:
     if after is None:
         return None
+    return _seconds("Retry", after, ", or None for the backoff")
+
+
+def _seconds(what: str, after: object, otherwise: str) -> float:
+    """`after` as seconds from 0 to MAX_RETRY_AFTER, or one ValueError naming what is valid."""
     seconds = math.nan  # not a number: refused below, as nan and infinity are
     if isinstance(after, numbers.Real) and not isinstance(after, bool):
         with contextlib.suppress(OverflowError):  # an int too large for a float
             seconds = float(after)
     if not 0 <= seconds <= MAX_RETRY_AFTER:
         raise ValueError(
-            f"Retry(after={reprlib.repr(after)}): after must be a number of seconds from 0 to "
-            f"{MAX_RETRY_AFTER:.0f} (30 days), or None for the backoff"
+            f"{what}(after={reprlib.repr(after)}): after must be a number of seconds from 0 to "
+            f"{MAX_RETRY_AFTER:.0f} (30 days){otherwise}"
         )
     return seconds
+
+
+class Snooze(Exception):
+    """Raised by a handler to put its run back to sleep: queued again, due `after` seconds from
+    now (database time), the attempt NOT charged (attempts stay as they were, so max_attempts is
+    not used up) and no failure counted. `after` is a number of seconds from 0 to MAX_RETRY_AFTER
+    (30 days); anything else raises ValueError where the Snooze is made, so inside a handler it
+    is an ordinary failure, retried like any other. `reason`, if given, goes into the run's
+    history. A run snoozes at most `max_snoozes` times (a setting, default 100); the snooze past
+    that ends it `failed`."""
+
+    def __init__(self, after: float, reason: str | None = None) -> None:
+        seconds = _seconds("Snooze", after, "")
+        super().__init__(reason if reason is not None else f"snoozed for {seconds:g} s")
+        self.after = seconds
+        self.reason = None if reason is None else str(reason)
+
+
+class Fail(Exception):
+    """Raised by a handler to end its run `failed` now, whatever attempts are left: no retry.
+    `reason` is recorded as the run's error (and in its history). `result`, if not None, is kept
+    as the run's result (else what the handler stored in ctx.result is kept). Raised `from` an
+    exception (`raise Fail("record 42 was deleted") from exc`), that exception's type, message
+    and traceback tail follow the reason in the error. A cancel requested meanwhile still wins
+    (the run ends `cancelled`). Unlike `Partial(result, retryable=False)`, which reports work
+    partly done and ends the run `partial`, Fail says the run failed and no attempt can help."""
+
+    def __init__(self, reason: str = "failed", *, result: Any = None) -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+        self.result = result
 
 
 class Partial(Exception):

@@ -6,7 +6,7 @@
 SELECT id, kind, key, tenant, "group", exclusive, priority, status, payload, result, error,
        attempts, max_attempts, lease_seconds, timeout_seconds, queued_at, created_at, started_at,
        finished_at, lease_owner, lease_worker, lease_expires_at, cancel_requested_at,
-       processed_units, total_units,
+       processed_units, total_units, snoozes,
        leasework.run_history(r) AS history,
        EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = r.kind) AS kind_paused
   FROM leasework.runs r
@@ -79,13 +79,16 @@ SELECT leasework.add_to_counters(
 -- Back to `queued`, due now, with a fresh attempt budget: %(attempts)s more attempts, else the
 -- kind's own figure (%(budgets)s, {kind: n}), else %(default_attempts)s. Attempts already made
 -- and the history stay (attempt numbers keep counting); the result and processed_units stay, so
--- a checkpointed run resumes. Guarded: only failed, cancelled and partial runs change.
+-- a checkpointed run resumes. Its snoozes are cleared: a fresh snooze budget too (a run that
+-- ended `failed` for snoozing too often would otherwise fail again at its first snooze).
+-- Guarded: only failed, cancelled and partial runs change.
 UPDATE leasework.runs
    SET status = 'queued',
        queued_at = leasework.now(),
        finished_at = NULL,
        error = NULL,
        cancel_requested_at = NULL,
+       snoozes = NULL,
        max_attempts = attempts + coalesce(%(attempts)s::int,
                                           (%(budgets)s::jsonb ->> kind)::int,
                                           %(default_attempts)s::int)

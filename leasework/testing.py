@@ -37,8 +37,11 @@ __all__ = ["Drained", "RunResult", "Runner", "assert_enqueued", "drain", "enqueu
 @dataclasses.dataclass(frozen=True)
 class RunResult:
     """How one attempt left its run: `status` is the run's status afterwards (`succeeded`,
-    `partial`, `failed`, `cancelled`, or `queued` for a retry, then `due_at` says when), with
-    its `result` and `error` (the failure's type and message, or the retry's reason)."""
+    `partial`, `failed`, `cancelled`, or `queued` for a retry or a snooze, then `due_at` says
+    when), with its `result` and `error` (the failure's type and message, the retry's reason,
+    a Fail's `Fail: reason`; a snooze leaves the run's error as it was). `outcome` is how the
+    attempt ended, as the run's history records it: `succeeded`, `failed`, `retry`, `snoozed`,
+    `partial`, `timeout`, `cancelled`, `released`; `snoozes` how many times the run snoozed."""
 
     run_id: int
     kind: str
@@ -50,10 +53,17 @@ class RunResult:
     due_at: datetime | None = None
     key: str | None = None
     tenant: str | None = None
+    outcome: str | None = None
+    snoozes: int = 0
 
     @property
     def succeeded(self) -> bool:
         return self.status == "succeeded"
+
+    @property
+    def snoozed(self) -> bool:
+        """The attempt ended with a Snooze and the run is queued again (not charged)."""
+        return self.outcome == "snoozed" and self.status == "queued"
 
 
 class Drained(list[RunResult]):
@@ -137,7 +147,10 @@ class Runner:
         row = self._main.execute(Q["run_row"], {"id": run_id}).fetchone()
         if row is None:
             raise LeaseworkError(f"run {run_id} is gone")
-        rid, kind, status, payload, result, error, attempts, queued_at, key, tenant, _ = row
+        rid, kind, status, payload, result, error, attempts, queued_at, key, tenant = row[:10]
+        history, snoozes = row[10], row[11]
+        last = history[-1] if isinstance(history, list) and history else None
+        outcome = last.get("outcome") if isinstance(last, dict) else None
         return RunResult(
             rid,
             kind,
@@ -149,14 +162,17 @@ class Runner:
             due_at=queued_at if status == "queued" else None,
             key=key,
             tenant=tenant,
+            outcome=outcome if isinstance(outcome, str) else None,
+            snoozes=snoozes or 0,
         )
 
     def run_task(
         self, kind: str, payload: Any = None, **options: Unpack[RunTaskOptions]
     ) -> RunResult:
         """Enqueue a run of `kind` (committed at once), claim it and run its handler here with a
-        real Context; return how the attempt ended. `Retry`, `Partial`, `Aborted` and failures
-        come back as outcomes (a retry: status `queued`, `due_at` set), never as exceptions."""
+        real Context; return how the attempt ended. `Retry`, `Snooze`, `Fail`, `Partial`,
+        `Aborted` and failures come back as outcomes (a retry or a snooze: status `queued`,
+        `due_at` set, `outcome` `retry` or `snoozed`), never as exceptions."""
         accept_options("run_task", options, RunTaskOptions)
         (kind,) = self._kinds([kind])
         done = self.app.enqueue_run(self._main, kind, payload, priority=FIRST, **options)

@@ -3,7 +3,7 @@
 
 -- name: run_row
 SELECT id, kind, status, payload, result, error, attempts, queued_at, key, tenant,
-       leasework.run_history(runs) AS history
+       leasework.run_history(runs) AS history, snoozes
   FROM leasework.runs
  WHERE id = %(id)s
 

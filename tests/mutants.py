@@ -87,6 +87,16 @@ MUTANTS = [
         why="a cancel is delivered inside leasework's own statement (the pool connection given "
         "back half-way)",
     ),
+    Mutant(
+        name="snooze-charges-an-attempt",
+        path="workers/outcome.py",
+        remove='return Outcome("snooze", label="snoozed",',
+        replace='return Outcome("requeue", label="snoozed",',
+        tests=("tests/db/test_outcomes.py::test_a_snooze_requeues_without_charging_an_attempt",),
+        says="charged an attempt",
+        why="a handler's Snooze is written as a retry: it charges an attempt (max_attempts used "
+        "up by waiting)",
+    ),
 ]
 
 

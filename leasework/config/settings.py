@@ -154,6 +154,14 @@ class Config:
             "each delay is multiplied by uniform(1 - jitter, 1 + jitter)", range=Range(0, 0.99)
         ),
     )
+    max_snoozes: int = field(
+        default=100,
+        metadata=doc(
+            "times a run may snooze (a handler's Snooze: requeued without charging an attempt); "
+            "the snooze past that ends it `failed` (0: a snooze fails the run)",
+            range=Range(0, 1_000_000),
+        ),
+    )
     payload_max_bytes: int = field(
         default=1 << 20,
         metadata=doc("largest accepted payload, in bytes", range=Range(64, 64 << 20)),

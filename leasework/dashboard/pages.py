@@ -83,7 +83,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .s-succeeded, .s-alive, .s-active { background: #e3f4ea; color: var(--ok); }
 .s-failed, .s-gone, .s-expired, .s-crashed { background: #fbe7e4; color: var(--bad); }
 .s-partial, .s-cancelled, .s-released, .s-retry, .s-will-retry, .s-paused { background: #fbf1df; color: var(--warn); }
-.s-running { background: #e3ecfd; color: var(--run); }
+.s-running, .s-snoozed { background: #e3ecfd; color: var(--run); }
 progress { width: 12em; height: .9em; vertical-align: middle; }
 .progress { white-space: nowrap; }
 pre { background: #f3f4f7; border: 1px solid var(--line); border-radius: 4px; padding: .6em;
@@ -482,6 +482,11 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
         ("priority", esc(run.get("priority"))),
         ("exclusive", "yes" if run.get("exclusive") else "no"),
         ("attempts", esc(f"{run.get('attempts')} of {run.get('max_attempts')}")),
+        *(
+            [("snoozes", esc(f"{run.get('snoozes')} (not charged as attempts)"))]
+            if run.get("snoozes")
+            else []
+        ),
         (
             "progress",
             progress(run.get("processed_units"), run.get("total_units"))
@@ -618,11 +623,23 @@ def _duration(start: object, end: object) -> str:
         return ""
 
 
+def _history_note(h: Mapping[str, Any]) -> str:
+    """An entry's last cell: its error, or for a snooze (not a failure) until when, and why."""
+    if h.get("outcome") == "snoozed":
+        bits = [f"until {when(h.get('due_at'))} UTC"] if h.get("due_at") else []
+        if h.get("error"):
+            bits.append(first_line(h.get("error"), 300))
+        return f'<span class="muted">{esc(" · ".join(bits))}</span>' if bits else ""
+    if h.get("error"):
+        return f'<span class="error">{esc(first_line(h.get("error"), 300))}</span>'
+    return ""
+
+
 def _history_section(history: object, run: Mapping[str, Any], now: datetime | None) -> str:
     """Ended attempts from the run's history, then the attempt in progress, if any (a crashed
-    attempt stays `running` until it is reclaimed; its entry is already in the history). An
-    entry of another shape (the history is jsonb a worker-role write can set to anything) is
-    shown as its JSON."""
+    attempt stays `running` until it is reclaimed; its entry is already in the history: the one
+    with its owner). An entry of another shape (the history is jsonb a worker-role write can set
+    to anything) is shown as its JSON."""
     entries = history_entries(history)
     rows = [
         [
@@ -632,17 +649,23 @@ def _history_section(history: object, run: Mapping[str, Any], now: datetime | No
             esc(when(h.get("ended_at"))),
             esc(_duration(h.get("started_at"), h.get("ended_at"))),
             status_badge(h.get("outcome")),
-            f'<span class="error">{esc(first_line(h.get("error"), 300))}</span>'
-            if h.get("error")
-            else "",
+            _history_note(h),
         ]
         if isinstance(h, Mapping)
         else ["", "", "", "", "", "", esc(first_line(json.dumps(h, ensure_ascii=False), 300))]
         for h in entries
     ]
-    ended = [h.get("attempt") for h in entries if isinstance(h, Mapping)]
+    # The attempt in progress is recorded already when an entry has its owner (the claim's
+    # token). Not by attempt number: a snooze or a release gives its attempt back, so the next
+    # attempt has the number of the entry before it. A row without an owner: by number.
+    owner = run.get("lease_owner")
+    mapped = [h for h in entries if isinstance(h, Mapping)]
+    if owner is not None:
+        recorded = any(h.get("owner") == str(owner) for h in mapped)
+    else:
+        recorded = run.get("attempts") in [h.get("attempt") for h in mapped]
     started = run.get("started_at")
-    if run.get("status") == "running" and run.get("attempts") not in ended:
+    if run.get("status") == "running" and not recorded:
         took = (now - started).total_seconds() if isinstance(started, datetime) and now else None
         rows.append(
             [

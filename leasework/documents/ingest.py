@@ -27,7 +27,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .. import log
-from ..errors import Aborted, LeaseLost, LeaseworkError
+from ..errors import Aborted, Fail, LeaseLost, LeaseworkError, Snooze
 from ..leases import lease
 from ..leases.lease import Claim
 from ..queries import load
@@ -174,11 +174,15 @@ class Indexer:
             if exc.reason == "cancelled":
                 self._mark(ctx, file_id, "pending", "indexing cancelled")
             raise
-        except LeaseLost:
+        except (LeaseLost, Snooze):
+            # A snooze (an embedder's rate limit, say) requeues the run without charging the
+            # attempt, even on the last one: the file waits, it has not failed.
             raise
         except Exception as exc:
-            if ctx.claim.last_attempt and not ctx.signal.tripped:
-                self._mark(ctx, file_id, "failed", f"{type(exc).__name__}: {exc}")
+            # A Fail ends the run `failed` whatever attempts are left: so does the file.
+            if (ctx.claim.last_attempt or isinstance(exc, Fail)) and not ctx.signal.tripped:
+                why = f"Fail: {exc.reason}" if isinstance(exc, Fail) else f"{type(exc).__name__}: {exc}"
+                self._mark(ctx, file_id, "failed", why)
             raise
 
     def _mark(self, ctx: Context, file_id: int, status: str, error: str) -> None:

@@ -640,6 +640,52 @@ def requeue_due(
     return None if row is None else (str(row[0]), row[1])
 
 
+class Snoozed(NamedTuple):
+    """What snooze_run did: the run's new status (`queued`, or `failed`: its snoozes used up,
+    or `cancelled`: a cancel was requested meanwhile), when it is due, and its snoozes so far."""
+
+    status: str
+    due_at: datetime
+    snoozes: int
+
+
+def snooze(
+    conn: Conn,
+    claim: Owned,
+    *,
+    after: float,
+    max_snoozes: int,
+    reason: str | None = None,
+    result: Any = None,
+) -> Snoozed | None:
+    """Requeue the run due `after` seconds from now without charging the attempt, unless it has
+    snoozed `max_snoozes` times already (then it ends `failed`) or a cancel was requested (then
+    `cancelled`). None: it was no longer ours and nothing was written."""
+    row = conn.execute(
+        Q["snooze_run"],
+        _params(
+            claim,
+            after=max(0.0, after),
+            max_snoozes=max_snoozes,
+            reason=reason,
+            too_often=f"snoozed too often: more than max_snoozes = {max_snoozes} snoozes",
+            result=encode_result(result),
+        ),
+        prepare=True,
+    ).fetchone()
+    return None if row is None else Snoozed(str(row[0]), row[1], int(row[2]))
+
+
+def fail(conn: Conn, claim: Owned, *, error: str, result: Any = None) -> str | None:
+    """End the run `failed` now, whatever attempts are left (a handler's Fail), or `cancelled`
+    if a cancel was requested meanwhile. Returns the new status; None if it was no longer ours
+    and nothing was written."""
+    row = conn.execute(
+        Q["fail_run"], _params(claim, error=error, result=encode_result(result)), prepare=True
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
 def release(conn: Conn, claim: Owned, reason: str = "shutdown") -> str | None:
     """Give the run back without charging the attempt. Returns the new status or None if lost."""
     row = conn.execute(Q["release_run"], _params(claim, reason=reason), prepare=True).fetchone()

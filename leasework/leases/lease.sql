@@ -217,10 +217,10 @@ WITH expired AS MATERIALIZED (
            lease_owner = NULL,
            lease_expires_at = NULL,
            lease_worker = NULL,
-           -- The last entry's attempt counts only when it is a number (as in claim_runs).
+           -- Unless the last entry is this attempt's already (its owner: the supervisor's fast
+           -- release recorded it), as in claim_runs (leasework.claimed_history, schema.sql).
            history = CASE
-               WHEN coalesce(CASE WHEN jsonb_typeof(r.history -> -1 -> 'attempt') = 'number'
-                                  THEN (r.history -> -1 -> 'attempt')::numeric END, 0) < r.attempts
+               WHEN (r.history -> -1 ->> 'owner') IS DISTINCT FROM r.lease_owner::text
                THEN r.history || jsonb_build_array(leasework.history_entry(
                     r.attempts, r.lease_owner, r.lease_worker, r.started_at, r.lease_expires_at,
                     'expired', 'lease expired'))
@@ -554,6 +554,79 @@ UPDATE leasework.runs
         OR leasework.tenant_queued_run(tenant, priority))
 RETURNING status, queued_at,
           CASE WHEN status = 'queued' THEN pg_notify('leasework', kind) END IS NULL AS quiet
+
+-- name: snooze_run
+-- A handler's Snooze: back to `queued`, due after %(after)s seconds, WITHOUT charging the attempt
+-- (attempts - 1, as release_run) and without an error (the run's error stays as it was), the
+-- snooze counted in `snoozes` (NULL: none yet, so a run that never snoozes stores nothing).
+-- Owner-scoped like every write after the claim: a worker that lost its lease writes nothing.
+-- Re-checks the world as requeue_run does: a cancel requested meanwhile ends the run
+-- `cancelled`; a run that has snoozed %(max_snoozes)s times already ends `failed` instead (the
+-- attempt charged; its error, %(too_often)s, says so), so nothing snoozes for ever. The history
+-- entry's outcome is `snoozed` (`error`: the Snooze's reason, if any; `due_at`: when it is due
+-- again), or `failed` when the cap ended the run. Queued again, it NOTIFYs its kind at commit,
+-- as requeue_run does.
+UPDATE leasework.runs
+   SET status = CASE
+           WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+           WHEN coalesce(snoozes, 0) >= %(max_snoozes)s::integer THEN 'failed'
+           ELSE 'queued' END,
+       queued_at = CASE
+           WHEN cancel_requested_at IS NULL AND coalesce(snoozes, 0) < %(max_snoozes)s::integer
+           THEN leasework.now() + make_interval(secs => %(after)s)
+           ELSE queued_at END,
+       finished_at = CASE
+           WHEN cancel_requested_at IS NOT NULL OR coalesce(snoozes, 0) >= %(max_snoozes)s::integer
+           THEN leasework.now() END,
+       attempts = CASE
+           WHEN cancel_requested_at IS NULL AND coalesce(snoozes, 0) < %(max_snoozes)s::integer
+           THEN attempts - 1 ELSE attempts END,
+       snoozes = CASE
+           WHEN cancel_requested_at IS NULL AND coalesce(snoozes, 0) < %(max_snoozes)s::integer
+           THEN coalesce(snoozes, 0) + 1 ELSE snoozes END,
+       result = coalesce(%(result)s::jsonb, result),
+       error = CASE
+           WHEN cancel_requested_at IS NULL AND coalesce(snoozes, 0) >= %(max_snoozes)s::integer
+           THEN %(too_often)s::text ELSE error END,
+       lease_owner = NULL,
+       lease_expires_at = NULL,
+       lease_worker = NULL,
+       history = history || jsonb_build_array(CASE
+           WHEN cancel_requested_at IS NULL AND coalesce(snoozes, 0) >= %(max_snoozes)s::integer
+           THEN leasework.history_entry(
+               attempts, lease_owner, lease_worker, started_at, leasework.now(),
+               'failed', %(too_often)s::text)
+           ELSE leasework.history_entry(
+               attempts, lease_owner, lease_worker, started_at, leasework.now(),
+               'snoozed', %(reason)s::text)
+               || jsonb_build_object('due_at', leasework.now() + make_interval(secs => %(after)s))
+           END)
+ WHERE id = %(id)s AND lease_owner = %(owner)s
+   -- Queued again, its tenant has a queued run (leasework.tenant_queued_run, schema.sql).
+   AND (tenant IS NULL OR cancel_requested_at IS NOT NULL
+        OR coalesce(snoozes, 0) >= %(max_snoozes)s::integer
+        OR leasework.tenant_queued_run(tenant, priority))
+RETURNING status, queued_at, coalesce(snoozes, 0) AS snoozes,
+          CASE WHEN status = 'queued' THEN pg_notify('leasework', kind) END IS NULL AS quiet
+
+-- name: fail_run
+-- A handler's Fail: the run ends `failed` now, whatever attempts are left (no retry), with
+-- %(error)s as its error and in its history (outcome `failed`). A cancel requested meanwhile
+-- still wins (`cancelled`), as in requeue_run. Owner-scoped: a worker that lost its lease writes
+-- nothing.
+UPDATE leasework.runs
+   SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'failed' END,
+       finished_at = leasework.now(),
+       result = coalesce(%(result)s::jsonb, result),
+       error = %(error)s::text,
+       lease_owner = NULL,
+       lease_expires_at = NULL,
+       lease_worker = NULL,
+       history = history || jsonb_build_array(leasework.history_entry(
+           attempts, lease_owner, lease_worker, started_at, leasework.now(),
+           'failed', %(error)s::text))
+ WHERE id = %(id)s AND lease_owner = %(owner)s
+RETURNING status
 
 -- name: release_run
 -- Shutdown: back to `queued` at once, the attempt not charged, so another worker takes it now.

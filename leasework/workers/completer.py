@@ -227,6 +227,8 @@ class Completer:
             return None
         if outcome.action == "requeue":
             return self._requeue(attempt, outcome)
+        if outcome.action == "snooze":
+            return self._snooze(attempt, outcome)
         if outcome.action == "release":
             why = outcome.error or "shutdown"
             released = self._write(claim, "released", lambda c: lease.release(c, claim, why))
@@ -243,6 +245,8 @@ class Completer:
             )
             return released if isinstance(released, str) else None
         status: Sealed = outcome.status or "succeeded"
+        if status == "failed":
+            return self._fail(attempt, outcome)
         kept = outcome.result if status == "succeeded" else self._storable(claim, outcome.result)
         ok = self._write(
             claim,
@@ -308,6 +312,80 @@ class Completer:
         else:
             log.event("run_" + status, **fields)
         return status
+
+    def _snooze(self, attempt: Attempt, outcome: Outcome) -> str | None:
+        """Requeue after `after` seconds without charging the attempt (a handler's Snooze). The
+        database decides what that means: queued again, or `failed` (the run's snoozes used up:
+        max_snoozes), or `cancelled` (cancel requested meanwhile)."""
+        claim = attempt.claim
+        kept = self._storable(claim, outcome.result)
+        cap = self.config.max_snoozes
+        done = self._write(
+            claim,
+            "snoozed",
+            lambda c: lease.snooze(
+                c,
+                claim,
+                after=outcome.after or 0.0,
+                max_snoozes=cap,
+                reason=outcome.error,
+                result=kept,
+            ),
+        )
+        if not done:
+            if done is not NOT_WRITTEN:
+                self._log_lost(claim, "snooze matched nothing")
+            return None
+        status: str = done.status
+        fields: dict[str, Any] = {"run_id": claim.id, "kind": claim.kind, "attempt": claim.attempts}
+        if status == "queued":
+            log.event(
+                "run_snoozed",
+                due_at=done.due_at.isoformat(),
+                snoozes=done.snoozes,
+                reason=outcome.error,
+                **fields,
+            )
+        elif status == "failed":
+            log.event(
+                "run_failed",
+                level=40,
+                error=f"snoozed too often (max_snoozes = {cap})",
+                outcome="snoozed",
+                attempts=claim.attempts,
+                **fields,
+            )
+        else:
+            log.event("run_" + status, **fields)
+        return status
+
+    def _fail(self, attempt: Attempt, outcome: Outcome) -> str | None:
+        """End the run `failed` now, no retry (a handler's Fail); `cancelled` if a cancel was
+        requested meanwhile, as a retry's requeue would."""
+        claim = attempt.claim
+        kept = self._storable(claim, outcome.result)
+        error = outcome.error or "Fail"
+        status = self._write(
+            claim, "failed", lambda c: lease.fail(c, claim, error=error, result=kept)
+        )
+        if not status:
+            if status is not NOT_WRITTEN:
+                self._log_lost(claim, "failed matched nothing")
+            return None
+        fields: dict[str, Any] = {"run_id": claim.id, "kind": claim.kind, "attempt": claim.attempts}
+        if status == "failed":
+            log.event(
+                "run_failed",
+                level=40,
+                error=error.splitlines()[0] if error else None,
+                outcome="fail",
+                attempts=claim.attempts,
+                duration=round(time.monotonic() - attempt.started, 3),
+                **fields,
+            )
+        else:
+            log.event("run_" + status, **fields)
+        return str(status)
 
     def _storable(self, claim: Claim, result: Any) -> Any:
         """`result` encoded for jsonb, or None (keep what the run has) if it cannot be stored,

@@ -5,17 +5,26 @@ from __future__ import annotations
 
 from typing import Any, Literal, NamedTuple
 
-from ..errors import Aborted, LeaseLost, Partial, Retry
+from .. import log
+from ..errors import Aborted, Fail, LeaseLost, Partial, Retry, Snooze
 
-Action = Literal["seal", "requeue", "release", "nothing"]
-Sealed = Literal["succeeded", "partial", "cancelled"]
+# A Fail's or a Snooze's reason is cut to this many characters (passwords hidden) for the run's
+# error and history, as an exception's message is (context.describe_error).
+REASON_MAX = 1000
+
+Action = Literal["seal", "requeue", "snooze", "release", "nothing"]
+Sealed = Literal["succeeded", "partial", "failed", "cancelled"]
 
 
 class Outcome(NamedTuple):
-    """seal: a terminal status (`succeeded`, `partial`, `cancelled`). requeue: back to queued
-    after a backoff (`after` overrides it) unless the database ends the run (no attempt left,
-    cancel requested); `label` is the attempt's outcome in the run's history. release: back to
-    queued, the attempt not charged (shutdown). nothing: the lease is lost, write nothing.
+    """seal: a terminal status (`succeeded`, `partial`, `failed`: a handler's Fail, `cancelled`);
+    a seal `failed` still ends `cancelled` if a cancel was requested meanwhile. requeue: back to
+    queued after a backoff (`after` overrides it) unless the database ends the run (no attempt
+    left, cancel requested); `label` is the attempt's outcome in the run's history. snooze: back
+    to queued after `after` seconds, the attempt not charged, unless the database ends the run
+    (cancel requested: `cancelled`; the run's snoozes used up: `failed`). release: back to
+    queued at once, the attempt not charged (shutdown). nothing: the lease is lost, write
+    nothing.
     A tuple: every run's end, each success included, makes one (a frozen dataclass costs
     several times as much to build)."""
 
@@ -60,7 +69,7 @@ def decide(
     Results are returned unencoded."""
     if isinstance(raised, LeaseLost):
         return NOTHING
-    if isinstance(raised, Partial):
+    if isinstance(raised, Partial) or (isinstance(raised, Fail) and raised.result is not None):
         gathered = raised.result
     if reason is not None or isinstance(raised, Aborted):
         if raised is None and returned is not None:
@@ -74,11 +83,22 @@ def decide(
         return Outcome(
             "requeue", label="retry", error=f"Retry: {raised}", after=raised.after, result=gathered
         )
+    render = describe or (lambda e: f"{type(e).__name__}: {e}")
+    if isinstance(raised, Snooze):
+        # Not a failure: no attempt charged, the error left as it was (the reason goes into the
+        # history entry). What the handler gathered is kept, as on a retry.
+        why = None if raised.reason is None else log.clip(raised.reason, REASON_MAX)
+        return Outcome("snooze", label="snoozed", error=why, after=raised.after, result=gathered)
+    if isinstance(raised, Fail):
+        error = log.clip(f"Fail: {raised.reason}", REASON_MAX)
+        cause = raised.__cause__
+        if cause is not None:
+            error = f"{error}\ncaused by {render(cause)}"
+        return Outcome("seal", status="failed", label="failed", error=error, result=gathered)
     if isinstance(raised, Partial):
         if raised.retryable and not last_attempt:
             return Outcome("requeue", label="partial", error=f"Partial: {raised}", result=gathered)
         # Not retryable, or no attempt left to retry with: sealed as partial, its result kept
         # (a partial result is never thrown away as a failure).
         return Outcome("seal", status="partial", error=str(raised), result=gathered)
-    render = describe or (lambda e: f"{type(e).__name__}: {e}")
     return Outcome("requeue", label="failed", error=render(raised), result=gathered)

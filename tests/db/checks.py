@@ -62,6 +62,8 @@ def stale_owner_writes_nothing(conn: Conn, tenant: str | None = None) -> None:
     assert lease.finish(conn, old, "succeeded", result={"stale": True}) is False
     assert lease.finish_many(conn, [(old, {"stale": True})]) == set()
     assert lease.requeue(conn, old, delay=0, error="stale") is None
+    assert lease.snooze(conn, old, after=0, max_snoozes=100, reason="stale") is None
+    assert lease.fail(conn, old, error="Fail: stale") is None
     assert lease.release(conn, old) is None
     with conn.transaction():
         assert lease.fence(conn, old) is False
@@ -118,6 +120,36 @@ def last_attempt_is_never_reclaimed(conn: Conn, tenant: str | None = None) -> No
     assert row["attempts"] == 2 and row["lease_owner"] is None and row["finished_at"] is not None
     assert [h["outcome"] for h in row["history"]] == ["expired", "expired"]
     assert lease.finish(conn, second, "succeeded") is False
+
+
+def snooze_charges_no_attempt(conn: Conn, tenant: str | None = None) -> None:
+    """A run on its only attempt snoozes (Snooze: snooze_run) and is claimed again on that same
+    attempt once due, however often it snoozes: attempts stay as they were, so max_attempts is
+    not used up; the snoozes are counted. Without the snoozes it would have ended `failed`."""
+    app = make_app()
+    run_id = app.enqueue(conn, "job", tenant=tenant, max_attempts=1)
+    try:
+        for n in range(1, 4):
+            claim = claim_one(conn)
+            assert claim is not None and claim.id == run_id
+            assert claim.attempts == 1, f"snooze {n - 1} charged an attempt ({claim.attempts})"
+            done = lease.snooze(conn, claim, after=60, max_snoozes=100, reason=f"nap {n}")
+            assert done is not None and (done.status, done.snoozes) == ("queued", n), (
+                f"a snooze on the run's only attempt ended it {done}"
+            )
+            row = get_run(conn, run_id)
+            assert row["attempts"] == 0, f"snooze {n} charged an attempt ({row['attempts']})"
+            assert claim_one(conn) is None, "a snoozed run was claimed before it was due"
+            shift_clock(conn, 61 * n)
+        last = claim_one(conn)
+        assert last is not None and last.attempts == 1 and last.last_attempt
+        assert lease.finish(conn, last, "succeeded", result={"ok": 1})
+    finally:
+        shift_clock(conn, 0)
+    row = get_run(conn, run_id)
+    assert row["status"] == "succeeded" and row["attempts"] == 1 and row["snoozes"] == 3
+    assert [h["outcome"] for h in row["history"]] == ["snoozed"] * 3 + ["succeeded"]
+    assert [h["attempt"] for h in row["history"]] == [1, 1, 1, 1]
 
 
 def delayed_run_is_claimed_only_when_due(conn: Conn, tenant: str | None = None) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from leasework import Fail, Snooze
 from leasework.documents import LocalStore, files
 from leasework.documents.files import INGEST_KIND
 from leasework.documents.ingest import Q as INGEST_Q
 from leasework.leases import lease
 
-from ..conftest import expire_lease, get_run
+from ..conftest import expire_lease, get_run, make_due
 from .ingest_helpers import (
     Env,
     chunks_of,
@@ -271,6 +272,43 @@ def test_unsupported_type_fails_without_retry(conn, env):
     run = get_run(conn, run_id)
     assert run["status"] == "failed" and "unsupported type" in run["error"]
     assert run["attempts"] == 1 and file_row(conn, file_id)["status"] == "failed"
+
+
+def test_an_embedder_that_snoozes_on_the_last_attempt_leaves_the_file_waiting(conn, env):
+    """An embedding API's rate limit: the embedder raises Snooze. The run is requeued without
+    charging its (last) attempt, and the file is not marked failed: it has not failed."""
+    file_id, run_id = env.add(conn, "notes.txt", document(50))
+    conn.execute("UPDATE leasework.runs SET max_attempts = 1 WHERE id = %s", (run_id,))
+
+    def limited(call: int) -> None:
+        if call == 1:
+            raise Snooze(after=60, reason="429 from the embedding API")
+
+    env.embedder.hook = limited
+    worker = ingest_only(env.worker())
+    worker.poll()
+    run = get_run(conn, run_id)
+    assert (run["status"], run["attempts"], run["snoozes"]) == ("queued", 0, 1)
+    assert file_row(conn, file_id)["status"] != "failed"
+    make_due(conn, run_id)
+    worker.poll()
+    assert get_run(conn, run_id)["status"] == "succeeded"
+    assert file_row(conn, file_id)["status"] == "ready"
+
+
+def test_an_embedder_that_fails_fails_the_run_and_the_file_at_once(conn, env):
+    file_id, run_id = env.add(conn, "notes.txt", document(50))
+
+    def gone(call: int) -> None:
+        raise Fail("the embedding model was withdrawn")
+
+    env.embedder.hook = gone
+    ingest_only(env.worker()).poll()
+    run = get_run(conn, run_id)
+    assert (run["status"], run["attempts"]) == ("failed", 1)
+    assert run["error"] == "Fail: the embedding model was withdrawn"
+    f = file_row(conn, file_id)
+    assert f["status"] == "failed" and f["error"] == "Fail: the embedding model was withdrawn"
 
 
 def test_runs_stage_does_not_serve_ingest(conn, env):

@@ -30,6 +30,7 @@ from leasework.queries import compact, parse
 
 from ..conftest import truncate_all
 from .checks import (
+    TENANTS,
     cancel_beats_reclaim,
     claim_order_is_priority_then_queued_at,
     claim_takes_only_its_kinds,
@@ -39,6 +40,7 @@ from .checks import (
     last_attempt_is_never_reclaimed,
     paused_kind_is_never_claimed,
     promotion_skips_an_open_enqueue_of_its_tenants_key,
+    snooze_charges_no_attempt,
     sql_labels_refuse_every_unsafe_character,
     stale_owner_writes_nothing,
     waiting_run_waits_for_its_key,
@@ -423,6 +425,37 @@ def test_settle_and_expire_mutations_are_caught(
         check = partial(check, dsn=dsn)
     err = fails_with(monkeypatch, conn, mutation, check)
     assert says in str(err), err
+
+
+# -- a handler's Snooze and Fail -------------------------------------------------------------------
+
+SNOOZE_CHARGES_AN_ATTEMPT = Mutation(
+    "snooze_run", "THEN attempts - 1 ELSE attempts END", "THEN attempts ELSE attempts END"
+)
+SNOOZE_WITHOUT_OWNER = Mutation("snooze_run", " AND lease_owner = %(owner)s")
+FAIL_WITHOUT_OWNER = Mutation("fail_run", " AND lease_owner = %(owner)s")
+
+
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_a_snooze_that_charges_an_attempt_is_caught(
+    monkeypatch: pytest.MonkeyPatch, conn: Conn, tenant: str | None
+) -> None:
+    check = partial(snooze_charges_no_attempt, tenant=tenant)
+    err = fails_with(monkeypatch, conn, SNOOZE_CHARGES_AN_ATTEMPT, check)
+    assert "charged an attempt" in str(err), err
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        pytest.param(SNOOZE_WITHOUT_OWNER, id="snooze"),
+        pytest.param(FAIL_WITHOUT_OWNER, id="fail"),
+    ],
+)
+def test_a_snooze_or_fail_without_owner_predicate_is_caught(
+    monkeypatch: pytest.MonkeyPatch, conn: Conn, mutation: Mutation
+) -> None:
+    fails_with(monkeypatch, conn, mutation, stale_owner_writes_nothing)
 
 
 # -- the fence's idle timeout ----------------------------------------------------------------------

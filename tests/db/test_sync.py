@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework import Aborted, App, ConfigError, Retry
+from leasework import Aborted, App, ConfigError, Fail, Retry, Snooze
 from leasework.syncs.connectors import Connection, Table, TableError
 from leasework.workers.context import Context
 
@@ -205,6 +205,38 @@ def test_retry_after_wins_and_published_tables_are_kept(conn: Conn, make_worker:
     assert 89.0 <= delay <= 91.0, delay
     assert run["result"]["tables"]["accounts"]["upserted"] == 3  # kept across the retry
     assert len(live(conn, cid)) == 3
+
+
+def test_a_connector_snoozes_without_charging_an_attempt_and_keeps_its_tables(
+    conn: Conn, make_worker: Any
+) -> None:
+    def extract(ctx: Context, connection: Connection) -> Iterator[Table]:
+        yield Table("accounts", rows(2))
+        raise Snooze(after=3600, reason="the provider's sync window opens at 02:00")
+
+    app = stub_app(extract)
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
+    run_id = only_run(conn, cid)["id"]
+    make_worker(app).poll()
+    run = get_run(conn, run_id)
+    assert (run["status"], run["attempts"], run["snoozes"]) == ("queued", 0, 1)
+    assert run["history"][-1]["outcome"] == "snoozed" and run["error"] is None
+    assert run["result"]["tables"]["accounts"]["upserted"] == 2  # kept across the snooze
+    assert len(live(conn, cid)) == 2
+
+
+def test_a_connector_fails_the_sync_at_once(conn: Conn, make_worker: Any) -> None:
+    def extract(ctx: Context, connection: Connection) -> Iterator[Table]:
+        raise Fail("the account was closed upstream")
+        yield  # pragma: no cover
+
+    app = stub_app(extract)
+    cid = syncs(app).connect(conn, workspace="ws", provider="stub")
+    run_id = only_run(conn, cid)["id"]
+    make_worker(app).poll()
+    run = get_run(conn, run_id)
+    assert (run["status"], run["attempts"]) == ("failed", 1)
+    assert run["error"] == "Fail: the account was closed upstream"
 
 
 # -- 3. delete while a sync runs: the purge waits, is promoted, drains -------------------------

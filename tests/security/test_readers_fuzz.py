@@ -162,6 +162,11 @@ ODD_JSON = [
     '[{"attempt": "x", "outcome": 7, "started_at": "soon", "ended_at": {"a": 1}, "error": 5}]',
     '[{"attempt": 1e30, "outcome": "expired", "started_at": "infinity", "ended_at": "-infinity"}]',
     '[{"attempt": 1.5, "outcome": "crashed", "started_at": "99999-01-01", "worker": 3}]',
+    # a snooze's entry (its due_at read by show and the run page), and an owner of any type (the
+    # run page finds the attempt in progress by it)
+    '[{"outcome": "snoozed", "due_at": {"a": 1}, "error": 5, "owner": 7}]',
+    '[{"outcome": "snoozed", "due_at": "\\u001b[2J99999-01-01", "error": "\\u001b]8;;x"}]',
+    '[{"outcome": "snoozed", "due_at": 1e400, "owner": null}, {"owner": ["x"]}]',
     '{"tables": "x"}',
     '{"tables": [1, 2]}',
     '{"tables": {"a": 5, "b": {"status": "failed", "error": 7}, "c": {"upserted": "many"}}}',

@@ -25,6 +25,7 @@ from .dashboard.settings import DashboardSettings
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .operations import STATUSES
 from .status import instant_text, number_text, seconds_text, terminal_safe, tolerant
+from .tasks import EnqueueOptions
 from .text import json_visible
 
 F = TypeVar("F", bound=Family)
@@ -219,6 +220,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="attempts before it ends failed (default: the task's, else config max_attempts)",
+    )
+    p.add_argument(
+        "--unique-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --key: while the key's run enqueued less than this ago (finished or not, unless "
+        "it failed or was cancelled) exists, its id is returned (default: the task's)",
+    )
+    p.add_argument(
+        "--debounce",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --key: the key's pending run of this kind takes this payload and is due this "
+        "long from now; else a new one is (default: the task's)",
+    )
+    p.add_argument(
+        "--debounce-max",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --debounce: due at the latest this long after the pending run's first enqueue",
     )
 
     p = sub.add_parser("cancel", help="cancel a run: queued now, running at its next check")
@@ -576,6 +600,14 @@ def _parse_payload(text: str | None, flag: str = "--payload") -> Any:
 def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
     app = load_app(cfg.app, cfg)
     payload = _parse_payload(args.payload)
+    # Given only when set: a flag left out keeps the task's own window or debounce.
+    windows: EnqueueOptions = {}
+    if args.unique_for is not None:
+        windows["unique_for"] = args.unique_for
+    if args.debounce is not None:
+        windows["debounce"] = args.debounce
+    if args.debounce_max is not None:
+        windows["debounce_max"] = args.debounce_max
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         with conn.transaction():
@@ -590,14 +622,17 @@ def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
                 priority=args.priority,
                 delay=args.delay,
                 max_attempts=args.max_attempts,
+                **windows,
             )
     print(done.run_id)
-    if done.existing:
-        print(
-            f"leasework: key {args.key!r} already has an active run: returned run "
-            f"{done.run_id}, enqueued nothing",
-            file=sys.stderr,
-        )
+    said = {
+        "active": "already has an active run: returned run {id}, enqueued nothing",
+        "window": "has run {id} in its unique window: returned it, enqueued nothing",
+        "debounced": "has pending run {id}: it took this payload and its due time moved",
+    }
+    if done.how in said:
+        line = said[done.how].format(id=done.run_id)
+        print(f"leasework: key {args.key!r} {line}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -206,8 +206,7 @@ def _merged(client: Client, one: _One) -> Generator[Step, Any, Enqueued]:
         if row is not None and row[0] is not None:
             return _enqueued(row)
     raise LeaseworkError(
-        f"could not debounce key {p['key']!r}: its pending run kept changing ({MERGE_TRIES} "
-        "tries)"
+        f"could not debounce key {p['key']!r}: its pending run kept changing ({MERGE_TRIES} tries)"
     )
 
 
@@ -283,8 +282,12 @@ class Client:
         opts = check_options(options, reserved=reserved)
         windows = enqueue_windows(options, defaults.windows, kind)
         check_windows_fit(
-            windows, keyed=opts.key is not None, exclusive=opts.exclusive, delay=opts.delay,
+            windows,
+            keyed=opts.key is not None,
+            exclusive=opts.exclusive,
+            delay=opts.delay,
             kind=kind,
+            task=defaults.windows,
         )
         params = {
             "kind": kind,
@@ -339,6 +342,7 @@ class Client:
                 )
                 if keyless
                 else "",
+                task=defaults.windows,
             )
         common = {
             "kind": kind,

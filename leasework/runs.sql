@@ -38,7 +38,7 @@ SELECT status FROM leasework.runs WHERE id = %(id)s
 SELECT id, kind, key, tenant, "group", exclusive, priority, status, payload, result, error,
        attempts, max_attempts, queued_at, created_at, started_at, finished_at, lease_owner,
        lease_worker, lease_expires_at, cancel_requested_at, processed_units, total_units,
-       leasework.run_history(runs) AS history
+       unique_at, debounce_count, debounce_deadline, leasework.run_history(runs) AS history
   FROM leasework.runs
  WHERE id = %(id)s
 

@@ -231,6 +231,7 @@ def check_priority(priority: object) -> int:
 
 # -- unique windows and debounce (README "Flow control") -----------------------------------------
 
+
 def check_windows(given: Mapping[str, Any], *, task: str | None = None) -> Windows:
     """The values of `given` (some of WINDOW_OPTIONS) checked one by one and together, in the
     order leasework.window_problem (schema.sql) checks them; ConfigError names the bad one.
@@ -309,16 +310,22 @@ def check_windows_fit(
     delay: float,
     kind: str,
     give: str = "key=...",
+    task: Windows | None = None,
 ) -> None:
     """What an enqueue's windows need of its other options: a key (`keyed`; `give`: what to
-    pass), not exclusive, no delay with a debounce (leasework.window_problem's last rules)."""
+    pass), not exclusive, no delay with a debounce (leasework.window_problem's last rules).
+    `task`: the kind's own windows, named in the line when the option in force is the task's."""
     if not w.any:
         return
     name = w.named()
     if not keyed:
+        if task is not None and getattr(task, name) == getattr(w, name):
+            how = f"task {kind!r} has {name}={getattr(w, name):g}: enqueue it with {give}"
+            how += f", or {name}=None"
+        else:
+            how = f"enqueue {kind!r} with {give}"
         raise ConfigError(
-            f"{name} needs a key: it applies to the runs of one key in its tenant (enqueue "
-            f"{kind!r} with {give})"
+            f"{name} needs a key: it applies to the runs of one key in its tenant ({how})"
         )
     if exclusive:
         raise ConfigError(

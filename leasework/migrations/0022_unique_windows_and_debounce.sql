@@ -489,7 +489,8 @@ BEGIN
     RETURN QUERY
         SELECT r.id, r.payload, r.debounce_count
           FROM leasework.runs r
-         WHERE r.key = debounce_pending.key AND r.tenant IS NOT DISTINCT FROM debounce_pending.tenant
+         WHERE r.key = debounce_pending.key
+           AND r.tenant IS NOT DISTINCT FROM debounce_pending.tenant
            AND r.status = 'queued' AND r.kind = debounce_pending.kind
            AND r.debounce_count IS NOT NULL AND NOT r.exclusive
            FOR UPDATE;

@@ -217,3 +217,29 @@ def test_show_says_a_run_holds_a_unique_window(conn: Conn) -> None:
     plain = app.enqueue(conn, "job", key="other")
     text = render_run(get_run(conn, plain), conn.execute("SELECT now()").fetchone()[0])  # type: ignore[index]
     assert "window:" not in text and "debounce:" not in text
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["first-window", "window-taken-over"])
+def test_under_repeatable_read_a_racing_enqueue_fails_rather_than_make_a_second_run(
+    conn: Conn, dsn: str, earlier: bool
+) -> None:
+    """An enqueue whose REPEATABLE READ snapshot predates another enqueue's window run (which
+    then even finished) cannot see that run; it gets a serialization error to retry, not a
+    second run in the window: it meets that run's mark in runs_one_window_per_key, or (when an
+    older window run gave its mark up) that run's row, updated since its snapshot."""
+    app = make_app()
+    if earlier:
+        old = app.enqueue(conn, "job", key="acct-7", unique_for=60)
+        finish(conn, old)
+        shift_clock(conn, 120)
+    with psycopg.connect(dsn) as late:
+        late.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        shift_clock(late, 120 if earlier else 0)  # its transaction's snapshot, taken now
+        first = app.enqueue(conn, "job", key="acct-7", unique_for=60)
+        finish(conn, first)
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            app.enqueue(late, "job", key="acct-7", unique_for=60)
+        late.rollback()
+        assert app.enqueue(late, "job", key="acct-7", unique_for=60) == first  # the retry
+    count = conn.execute("SELECT count(*) FROM leasework.runs").fetchone()
+    assert count == (2 if earlier else 1,)

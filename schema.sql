@@ -152,6 +152,14 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     -- snooze_run in leasework/leases/lease.sql); NULL: never, so a run that never snoozes stores
     -- nothing for it. An operator's retry clears it (a fresh budget). (Migration 0021.)
     snoozes             leasework.attempt_count,
+    -- Unique windows and debounce (migration 0022, leasework.enqueue): unique_at, when an
+    -- enqueue with unique_for made this run its key's window run (cleared when a later one takes
+    -- over the window); debounce_count, the enqueues a debounce merged into it, the first
+    -- included (NULL: no debounce made it); debounce_deadline, the latest a debounce may make it
+    -- due (its first enqueue + debounce_max; NULL: no bound).
+    unique_at           leasework.instant,
+    debounce_count      integer,
+    debounce_deadline   leasework.instant,
     -- The status and the columns that go with it, one rule (leasework.run_state_valid, above).
     CONSTRAINT runs_state_valid CHECK (
         leasework.run_state_valid(status, lease_owner, lease_expires_at, finished_at))
@@ -243,6 +251,13 @@ CREATE UNIQUE INDEX IF NOT EXISTS runs_one_active_per_key
 CREATE UNIQUE INDEX IF NOT EXISTS runs_one_waiting_per_key
     ON leasework.runs (key, tenant) NULLS NOT DISTINCT
     WHERE status = 'waiting' AND key IS NOT NULL;
+
+-- At most one window run per key in its tenant: the run an enqueue with unique_for measures its
+-- window from; racing enqueues of the key give one (migration 0022). Runs enqueued without
+-- unique_for have no entry. Serves: leasework.enqueue (unique_for).
+CREATE UNIQUE INDEX IF NOT EXISTS runs_one_window_per_key
+    ON leasework.runs (key, tenant) NULLS NOT DISTINCT
+    WHERE unique_at IS NOT NULL;
 
 -- The claim reads these one kind at a time, each in (priority, queued_at, id) order (claim_runs,
 -- migration 0016): a kind the claim may not take (paused, another pool's, nobody's) is never
@@ -487,6 +502,47 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                                          OPERATOR(pg_catalog.||) key END);
 $$;
 
+-- Why leasework.enqueue refuses its unique window and debounce arguments, or NULL when they are
+-- fine: the rules of leasework.tasks.check_windows, in the same order and words (ranges first,
+-- then what may not go together). Called only when one of them is given.
+CREATE OR REPLACE FUNCTION leasework.window_problem(
+    key text, exclusive boolean, delay double precision, unique_for double precision,
+    debounce double precision, debounce_max double precision, merge_into bigint)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE
+        WHEN NOT coalesce(unique_for > 0 AND unique_for <= 31536000, unique_for IS NULL)
+        THEN format('unique_for must be a number of seconds above 0 to 31536000 (365 days), '
+                    'got %s', unique_for)
+        WHEN NOT coalesce(debounce > 0 AND debounce <= 31536000, debounce IS NULL)
+        THEN format('debounce must be a number of seconds above 0 to 31536000 (365 days), '
+                    'got %s', debounce)
+        WHEN NOT coalesce(debounce_max > 0 AND debounce_max <= 31536000, debounce_max IS NULL)
+        THEN format('debounce_max must be a number of seconds above 0 to 31536000 (365 days), '
+                    'got %s', debounce_max)
+        WHEN debounce IS NULL AND debounce_max IS NOT NULL
+        THEN 'debounce_max needs debounce: it bounds how far enqueues postpone a debounced run'
+        WHEN debounce IS NULL AND merge_into IS NOT NULL
+        THEN 'merge_into needs debounce: it is the second half of a debounced merge'
+        WHEN debounce_max < debounce
+        THEN format('debounce_max must be at least debounce (%s), got %s', debounce, debounce_max)
+        WHEN unique_for IS NOT NULL AND debounce IS NOT NULL
+        THEN 'unique_for and debounce cannot be combined: a unique window keeps the key''s run '
+             'as it is, a debounce changes it; give one of them'
+        WHEN key IS NULL
+        THEN format('%s needs a key: it applies to the runs of one key in its tenant',
+                    CASE WHEN unique_for IS NOT NULL THEN 'unique_for' ELSE 'debounce' END)
+        WHEN exclusive
+        THEN format('exclusive cannot be combined with %s: an exclusive run waits for its key '
+                    'whatever came before it',
+                    CASE WHEN unique_for IS NOT NULL THEN 'unique_for' ELSE 'debounce' END)
+        WHEN debounce IS NOT NULL AND delay <> 0
+        THEN 'delay cannot be combined with debounce: a debounced run is due debounce seconds '
+             'after its last enqueue'
+    END;
+$$;
+
 -- Enqueue from SQL (triggers, other languages, and App.enqueue itself): the one way the enqueue
 -- role writes a run. SECURITY DEFINER, so that role needs no privilege on leasework.runs or
 -- leasework.tenants and cannot choose a status, a lease, an id or a timestamp; it checks what it
@@ -502,6 +558,26 @@ $$;
 -- implicitly) and checked to be whole and in range here: as integer parameters, an out-of-range
 -- value such as 2^40 or 1099511627776 found no function to call and got "function
 -- leasework.enqueue(...) does not exist" instead of the range. (Migration 0011.)
+-- Unique windows and debounce (migration 0022; README "Flow control" states the rules), each
+-- given with a key and checked only when given, so an enqueue without them runs what it ran
+-- before:
+-- `unique_for` seconds: the key's window run (the one run of the key in its tenant with
+-- unique_at set, runs_one_window_per_key) is returned while it is active, or while it was
+-- enqueued less than unique_for ago and did not end failed or cancelled; otherwise it gives up
+-- its mark (a finished run: no worker writes it) and a new run takes it. The mark's unique index
+-- and the row lock of that update make racing enqueues of one key give one run, whatever the
+-- isolation level (REPEATABLE READ gets a serialization failure, as the key rule gives it).
+-- `debounce` seconds (`debounce_max`): the key's pending run of this kind that a debounce made
+-- (queued, else waiting; locked) takes this payload and is due `debounce` from now, never later
+-- than its first enqueue + debounce_max; with none, a new one is made, queued when the key is
+-- idle, waiting behind its running run otherwise (promoted when the key is idle, as an
+-- exclusive run is). `merge_into` / `merge_seen` are the second half of a merge done by the
+-- caller (Python's debounce_merge, after leasework.debounce_pending): the payload is the merge
+-- of run `merge_into`'s, read when its debounce_count was `merge_seen` (0: none was pending);
+-- when that is no longer so, nothing is written and NULL is returned, and the caller reads and
+-- merges again.
+-- Read back by enqueue_run (runs.sql), leasework.enqueued_existing says which happened: false
+-- (a new run), true (the key's active or waiting run), window, debounced.
 CREATE OR REPLACE FUNCTION leasework.enqueue(
     kind text,
     payload jsonb DEFAULT '{}',
@@ -513,7 +589,12 @@ CREATE OR REPLACE FUNCTION leasework.enqueue(
     delay double precision DEFAULT 0,
     max_attempts double precision DEFAULT 3,
     lease_seconds double precision DEFAULT NULL,
-    timeout_seconds double precision DEFAULT 3600
+    timeout_seconds double precision DEFAULT 3600,
+    unique_for double precision DEFAULT NULL,
+    debounce double precision DEFAULT NULL,
+    debounce_max double precision DEFAULT NULL,
+    merge_into bigint DEFAULT NULL,
+    merge_seen integer DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -522,6 +603,11 @@ DECLARE
     run_id bigint;
     problem text;
     wanted text[];
+    held record;
+    pending record;
+    active record;
+    mergeable boolean;
+    due timestamptz;
 BEGIN
     -- The kind's rule, ^[A-Za-z0-9_.:/@+-]{1,200}$, without a regular expression: after a
     -- pause the regex engine took up to a quarter of an enqueue's time (bench/README.md, issue 19,
@@ -589,6 +675,15 @@ BEGIN
             'timeout_seconds must be > 0 and at most 2592000 (30 days), got %s',
             enqueue.timeout_seconds);
     END IF;
+    IF enqueue.unique_for IS NOT NULL OR enqueue.debounce IS NOT NULL
+       OR enqueue.debounce_max IS NOT NULL OR enqueue.merge_into IS NOT NULL THEN
+        problem := leasework.window_problem(enqueue.key, enqueue.exclusive, enqueue.delay,
+                                            enqueue.unique_for, enqueue.debounce,
+                                            enqueue.debounce_max, enqueue.merge_into);
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+        END IF;
+    END IF;
     -- SQL NULL and JSON null alike are stored as {}, as the Python path stores None.
     IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) = 'null' THEN
         enqueue.payload := '{}';
@@ -622,6 +717,157 @@ BEGIN
     -- delays a promotion.
     PERFORM pg_advisory_xact_lock_shared(-1682930272,
                                          leasework.key_lock(enqueue.tenant, enqueue.key));
+    IF enqueue.unique_for IS NOT NULL THEN
+        FOR attempt IN 1..10 LOOP
+            SELECT r.id, r.status, r.unique_at INTO held
+              FROM leasework.runs r
+             WHERE r.key = enqueue.key AND r.tenant IS NOT DISTINCT FROM enqueue.tenant
+               AND r.unique_at IS NOT NULL;
+            IF held.id IS NOT NULL THEN
+                IF held.unique_at > leasework.now() - make_interval(secs => enqueue.unique_for)
+                   AND held.status NOT IN ('failed', 'cancelled') THEN
+                    PERFORM set_config('leasework.enqueued_existing', 'window', true);
+                    RETURN held.id;
+                ELSIF held.status IN ('waiting', 'queued', 'running') THEN
+                    PERFORM set_config('leasework.enqueued_existing', 'true', true);
+                    RETURN held.id;
+                END IF;
+                -- Its window is over (or it did not do its work): it gives up the mark, which a
+                -- racing enqueue of the key waits on here (or, under REPEATABLE READ, fails on).
+                UPDATE leasework.runs r SET unique_at = NULL
+                 WHERE r.id = held.id AND r.unique_at = held.unique_at
+                   AND r.status IN ('succeeded', 'partial', 'failed', 'cancelled');
+                CONTINUE WHEN NOT FOUND;
+            END IF;
+            -- No ON CONFLICT target: the key's active run (runs_one_active_per_key) and a racing
+            -- enqueue's window run (runs_one_window_per_key) both stop it.
+            INSERT INTO leasework.runs (kind, key, tenant, "group", exclusive, priority, status,
+                                        payload, max_attempts, lease_seconds, timeout_seconds,
+                                        queued_at, unique_at)
+            VALUES (enqueue.kind, enqueue.key, enqueue.tenant, enqueue."group", false,
+                    enqueue.priority, 'queued', enqueue.payload, enqueue.max_attempts,
+                    enqueue.lease_seconds, enqueue.timeout_seconds,
+                    leasework.now() + make_interval(secs => enqueue.delay), leasework.now())
+            ON CONFLICT DO NOTHING
+            RETURNING id INTO run_id;
+            IF run_id IS NOT NULL THEN
+                PERFORM pg_notify('leasework', enqueue.kind);
+                PERFORM set_config('leasework.enqueued_existing', 'false', true);
+                RETURN run_id;
+            END IF;
+            SELECT r.id INTO run_id
+              FROM leasework.runs r
+             WHERE r.key = enqueue.key AND r.tenant IS NOT DISTINCT FROM enqueue.tenant
+               AND r.status IN ('queued', 'running');
+            IF run_id IS NOT NULL THEN
+                PERFORM set_config('leasework.enqueued_existing', 'true', true);
+                RETURN run_id;
+            END IF;
+            -- A racing enqueue's window run, or an active run that ended meanwhile: read again.
+        END LOOP;
+        RAISE EXCEPTION USING ERRCODE = 'lock_not_available',
+            MESSAGE = format('could not enqueue for key %L: it kept changing', enqueue.key);
+    END IF;
+    IF enqueue.debounce IS NOT NULL THEN
+        FOR attempt IN 1..10 LOOP
+            -- The key's pending run that a debounce of this kind made, locked: a claim passes it
+            -- by (SKIP LOCKED) until this transaction ends; one claimed meanwhile is running and
+            -- no longer matches once its claim commits.
+            SELECT r.id, r.queued_at, r.debounce_count, r.debounce_deadline INTO pending
+              FROM leasework.runs r
+             WHERE r.key = enqueue.key AND r.tenant IS NOT DISTINCT FROM enqueue.tenant
+               AND r.status = 'queued' AND r.kind = enqueue.kind
+               AND r.debounce_count IS NOT NULL AND NOT r.exclusive
+               FOR UPDATE;
+            IF pending.id IS NULL THEN
+                SELECT r.id, r.queued_at, r.debounce_count, r.debounce_deadline INTO pending
+                  FROM leasework.runs r
+                 WHERE r.key = enqueue.key AND r.tenant IS NOT DISTINCT FROM enqueue.tenant
+                   AND r.status = 'waiting' AND r.kind = enqueue.kind
+                   AND r.debounce_count IS NOT NULL AND NOT r.exclusive
+                   FOR UPDATE;
+            END IF;
+            IF pending.id IS NOT NULL THEN
+                IF enqueue.merge_into IS NOT NULL AND (enqueue.merge_into <> pending.id
+                        OR enqueue.merge_seen IS DISTINCT FROM pending.debounce_count) THEN
+                    RETURN NULL;  -- merged with what is no longer there: the caller merges again
+                END IF;
+                due := least(leasework.now() + make_interval(secs => enqueue.debounce),
+                             pending.debounce_deadline);
+                UPDATE leasework.runs r
+                   SET payload = enqueue.payload, queued_at = due,
+                       debounce_count = r.debounce_count + 1
+                 WHERE r.id = pending.id;
+                IF due < pending.queued_at THEN  -- sooner than idle workers may expect it
+                    PERFORM pg_notify('leasework', enqueue.kind);
+                END IF;
+                PERFORM set_config('leasework.enqueued_existing', 'debounced', true);
+                RETURN pending.id;
+            END IF;
+            IF coalesce(enqueue.merge_into, 0) <> 0 THEN
+                RETURN NULL;  -- the run it merged with was claimed or ended: merge again
+            END IF;
+            INSERT INTO leasework.runs (kind, key, tenant, "group", exclusive, priority, status,
+                                        payload, max_attempts, lease_seconds, timeout_seconds,
+                                        queued_at, debounce_count, debounce_deadline)
+            VALUES (enqueue.kind, enqueue.key, enqueue.tenant, enqueue."group", false,
+                    enqueue.priority, 'queued', enqueue.payload, enqueue.max_attempts,
+                    enqueue.lease_seconds, enqueue.timeout_seconds,
+                    leasework.now() + make_interval(secs => enqueue.debounce), 1,
+                    leasework.now() + make_interval(secs => enqueue.debounce_max))
+            ON CONFLICT (key, tenant) WHERE status IN ('queued', 'running') AND key IS NOT NULL
+            DO NOTHING
+            RETURNING id INTO run_id;
+            IF run_id IS NOT NULL THEN
+                PERFORM pg_notify('leasework', enqueue.kind);
+                PERFORM set_config('leasework.enqueued_existing', 'false', true);
+                RETURN run_id;
+            END IF;
+            SELECT r.id, r.status,
+                   (r.kind = enqueue.kind AND r.debounce_count IS NOT NULL AND NOT r.exclusive)
+                       AS debounced
+              INTO active
+              FROM leasework.runs r
+             WHERE r.key = enqueue.key AND r.tenant IS NOT DISTINCT FROM enqueue.tenant
+               AND r.status IN ('queued', 'running');
+            CONTINUE WHEN active.id IS NULL;  -- it ended meanwhile
+            IF active.status = 'queued' THEN
+                -- A debounced run made meanwhile is merged into; any other queued run of the key
+                -- (another kind's, one enqueued without debounce) is returned: the key rule.
+                CONTINUE WHEN active.debounced;
+                PERFORM set_config('leasework.enqueued_existing', 'true', true);
+                RETURN active.id;
+            END IF;
+            -- Running: this edit must not be lost in it, so a debounced run waits behind it.
+            INSERT INTO leasework.runs (kind, key, tenant, "group", exclusive, priority, status,
+                                        payload, max_attempts, lease_seconds, timeout_seconds,
+                                        queued_at, debounce_count, debounce_deadline)
+            VALUES (enqueue.kind, enqueue.key, enqueue.tenant, enqueue."group", false,
+                    enqueue.priority, 'waiting', enqueue.payload, enqueue.max_attempts,
+                    enqueue.lease_seconds, enqueue.timeout_seconds,
+                    leasework.now() + make_interval(secs => enqueue.debounce), 1,
+                    leasework.now() + make_interval(secs => enqueue.debounce_max))
+            ON CONFLICT (key, tenant) WHERE status = 'waiting' AND key IS NOT NULL DO NOTHING
+            RETURNING id INTO run_id;
+            IF run_id IS NOT NULL THEN
+                PERFORM set_config('leasework.enqueued_existing', 'false', true);
+                RETURN run_id;
+            END IF;
+            SELECT (r.kind = enqueue.kind AND r.debounce_count IS NOT NULL AND NOT r.exclusive)
+              INTO mergeable
+              FROM leasework.runs r
+             WHERE r.key = enqueue.key AND r.tenant IS NOT DISTINCT FROM enqueue.tenant
+               AND r.status = 'waiting';
+            -- A debounced waiting run made meanwhile is merged into (so is none: the key ended
+            -- meanwhile); an exclusive one waiting for the key leaves this enqueue to the key
+            -- rule (the running run).
+            CONTINUE WHEN mergeable IS NOT FALSE;
+            PERFORM set_config('leasework.enqueued_existing', 'true', true);
+            RETURN active.id;
+        END LOOP;
+        RAISE EXCEPTION USING ERRCODE = 'lock_not_available',
+            MESSAGE = format('could not enqueue for key %L: it kept changing', enqueue.key);
+    END IF;
     FOR attempt IN 1..10 LOOP
         INSERT INTO leasework.runs (kind, key, tenant, "group", exclusive, priority, status,
                                     payload, max_attempts, lease_seconds, timeout_seconds,
@@ -674,6 +920,49 @@ BEGIN
 END
 $$;
 
+-- The first half of a debounced merge done by the caller (Python's debounce_merge): the key's
+-- pending run of `kind` that a debounce made (queued, else waiting), locked until the caller's
+-- transaction ends (a claim passes it by meanwhile), with its payload and debounce_count; no row
+-- when there is none. The caller merges the payload with its own and hands both to
+-- leasework.enqueue (merge_into, merge_seen), which writes the merge only if that run is still
+-- pending at that count. SECURITY DEFINER as leasework.enqueue: the enqueue role reads a pending
+-- payload only of a key it could enqueue a debounce for (a family's key under 'leasework:' is
+-- refused as leasework.enqueue refuses it), and of a run a debounce made (README "Security").
+CREATE OR REPLACE FUNCTION leasework.debounce_pending(kind text, key text, tenant text)
+RETURNS TABLE (id bigint, payload jsonb, debounce_count integer)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF starts_with(debounce_pending.key, 'leasework:') AND NOT has_table_privilege(
+           coalesce(nullif(current_setting('role'), 'none'), session_user),
+           'leasework.runs', 'INSERT') THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = format(
+            'key %s is refused: keys starting with ''leasework:'' are reserved for leasework''s '
+            'own families (connections, files); use a key without that prefix',
+            quote_literal(left(debounce_pending.key, 80)));
+    END IF;
+    RETURN QUERY
+        SELECT r.id, r.payload, r.debounce_count
+          FROM leasework.runs r
+         WHERE r.key = debounce_pending.key
+           AND r.tenant IS NOT DISTINCT FROM debounce_pending.tenant
+           AND r.status = 'queued' AND r.kind = debounce_pending.kind
+           AND r.debounce_count IS NOT NULL AND NOT r.exclusive
+           FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY
+            SELECT r.id, r.payload, r.debounce_count
+              FROM leasework.runs r
+             WHERE r.key = debounce_pending.key
+               AND r.tenant IS NOT DISTINCT FROM debounce_pending.tenant
+               AND r.status = 'waiting' AND r.kind = debounce_pending.kind
+               AND r.debounce_count IS NOT NULL AND NOT r.exclusive
+               FOR UPDATE;
+    END IF;
+END
+$$;
+
 -- Cancel from SQL, and App.cancel: the enqueue role's only write to an existing run. A queued or
 -- waiting run is cancelled at once; a running one gets cancel_requested_at, which its worker's
 -- control query sees (and which stops any reclaim); a finished one is left as it is. Returns the
@@ -703,8 +992,10 @@ $$;
 -- Only the roles deploy/roles.sql names may call these (functions are executable by PUBLIC by
 -- default; a SECURITY DEFINER one must not be).
 REVOKE EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean,
-    double precision, double precision, double precision, double precision, double precision)
+    double precision, double precision, double precision, double precision, double precision,
+    double precision, double precision, double precision, bigint, integer)
     FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION leasework.debounce_pending(text, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.cancel(bigint) FROM PUBLIC;
 
 -- A timestamp written as text inside a run's history (started_at, ended_at) as a timestamptz, or

@@ -28,11 +28,13 @@ from .tasks import (
     TASK_LEASE_RANGE,
     Enqueued,
     EnqueueOptions,
+    Merge,
     ScheduleSpec,
     Task,
     check_attempts,
     check_kind,
     check_seconds,
+    check_windows,
 )
 from .workers.stage import Stage
 
@@ -163,6 +165,10 @@ class App(Client):
         tz: str = "UTC",
         batch: int = 1,
         concurrency: int | None = None,
+        unique_for: float | None = None,
+        debounce: float | None = None,
+        debounce_max: float | None = None,
+        debounce_merge: Merge | None = None,
     ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskHandle[P, R]]:
         """Register `fn(ctx, payload)` as the handler of `kind`; returns a TaskHandle (the
         handler, callable as written, with a typed `.enqueue(conn, ...)`). A handler whose
@@ -181,7 +187,15 @@ class App(Client):
 
         An `async def` handler gets an AsyncContext and runs on the worker's event loop, up to
         `concurrency=` runs of its kind at once per worker process (default 10), each under its
-        own lease; a cancel, timeout or lost lease cancels its task (README, "Async handlers")."""
+        own lease; a cancel, timeout or lost lease cancels its task (README, "Async handlers").
+
+        `unique_for=` seconds: one run per key within that window, finished runs counted (an
+        enqueue of a key whose run was enqueued less than that ago, and did not fail or get
+        cancelled, returns that run). `debounce=` seconds: an enqueue of a key whose run is still
+        pending replaces its payload (or merges old and new with `debounce_merge(old, new)`) and
+        makes it due that long from now, at most `debounce_max=` seconds after its first
+        enqueue. Defaults for the kind's enqueues, which must then give a key; an enqueue may
+        give its own (README, "Flow control")."""
         if callable(kind):  # `@app.task` without its parentheses
             raise ConfigError(
                 f"@app.task needs the kind: write @app.task({getattr(kind, '__name__', 'kind')!r})"
@@ -205,6 +219,15 @@ class App(Client):
             or not 1 <= concurrency <= 1000
         ):
             raise ConfigError(f"concurrency must be an integer from 1 to 1000, got {concurrency!r}")
+        windows = check_windows(
+            {
+                "unique_for": unique_for,
+                "debounce": debounce,
+                "debounce_max": debounce_max,
+                "debounce_merge": debounce_merge,
+            },
+            task=kind,
+        )
         spec = None
         if every is not None or cron is not None:
             spec = ScheduleSpec.make(kind, every=every, cron=cron, tz=tz)
@@ -225,6 +248,7 @@ class App(Client):
                     timeout,
                     stage=AsyncRunsStage.name,
                     concurrency=concurrency or DEFAULT_CONCURRENCY,
+                    windows=windows,
                 )
             else:
                 if concurrency is not None:
@@ -232,7 +256,7 @@ class App(Client):
                         f"task {kind!r}: concurrency= is for async def handlers; a plain "
                         "function runs one at a time per process (add processes, or batch=)"
                     )
-                task = Task(kind, run, max_attempts, lease, timeout, batch=batch)
+                task = Task(kind, run, max_attempts, lease, timeout, batch=batch, windows=windows)
             self.register(task)
             if spec is not None:
                 self.schedules[kind] = spec
@@ -350,7 +374,16 @@ class App(Client):
         task = self.tasks.get(kind) if isinstance(kind, str) else None
         if task is None:
             raise UnknownKind(self._unknown(kind))
-        return KindDefaults(task.max_attempts, task.lease, task.timeout)
+        w = task.windows
+        return KindDefaults(
+            task.max_attempts,
+            task.lease,
+            task.timeout,
+            w.unique_for,
+            w.debounce,
+            w.debounce_max,
+            w.debounce_merge,
+        )
 
     def get_run(self, conn: Conn, run_id: int) -> dict[str, Any] | None:
         with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:

@@ -25,6 +25,7 @@ from .dashboard.settings import DashboardSettings
 from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .operations import STATUSES
 from .status import instant_text, number_text, seconds_text, terminal_safe, tolerant
+from .tasks import EnqueueOptions
 from .text import json_visible
 
 F = TypeVar("F", bound=Family)
@@ -219,6 +220,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="attempts before it ends failed (default: the task's, else config max_attempts)",
+    )
+    p.add_argument(
+        "--unique-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --key: while the key's run enqueued less than this ago (finished or not, unless "
+        "it failed or was cancelled) exists, its id is returned (default: the task's)",
+    )
+    p.add_argument(
+        "--debounce",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --key: the key's pending run of this kind takes this payload and is due this "
+        "long from now; else a new one is (default: the task's)",
+    )
+    p.add_argument(
+        "--debounce-max",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --debounce: due at the latest this long after the pending run's first enqueue",
     )
 
     p = sub.add_parser("cancel", help="cancel a run: queued now, running at its next check")
@@ -576,28 +600,35 @@ def _parse_payload(text: str | None, flag: str = "--payload") -> Any:
 def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
     app = load_app(cfg.app, cfg)
     payload = _parse_payload(args.payload)
+    options: EnqueueOptions = {
+        "key": args.key,
+        "tenant": args.tenant,
+        "group": args.group,
+        "exclusive": args.exclusive,
+        "priority": args.priority,
+        "delay": args.delay,
+        "max_attempts": args.max_attempts,
+    }
+    # Given only when set: a flag left out keeps the task's own window or debounce.
+    if args.unique_for is not None:
+        options["unique_for"] = args.unique_for
+    if args.debounce is not None:
+        options["debounce"] = args.debounce
+    if args.debounce_max is not None:
+        options["debounce_max"] = args.debounce_max
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         with conn.transaction():
-            done = app.enqueue_run(
-                conn,
-                args.kind,
-                payload,
-                key=args.key,
-                tenant=args.tenant,
-                group=args.group,
-                exclusive=args.exclusive,
-                priority=args.priority,
-                delay=args.delay,
-                max_attempts=args.max_attempts,
-            )
+            done = app.enqueue_run(conn, args.kind, payload, **options)
     print(done.run_id)
-    if done.existing:
-        print(
-            f"leasework: key {args.key!r} already has an active run: returned run "
-            f"{done.run_id}, enqueued nothing",
-            file=sys.stderr,
-        )
+    said = {
+        "active": "already has an active run: returned run {id}, enqueued nothing",
+        "window": "has run {id} in its unique window: returned it, enqueued nothing",
+        "debounced": "has pending run {id}: it took this payload and its due time moved",
+    }
+    if done.how in said:
+        line = said[done.how].format(id=done.run_id)
+        print(f"leasework: key {args.key!r} {line}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -775,6 +806,7 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         ("started", _when(run["started_at"])),
         ("finished", _when(run["finished_at"])),
     ]
+    fields.extend(_windows_lines(run))
     if run["lease_owner"] is not None:
         fields.append(("worker", run["lease_worker"] or "-"))
         expires = run["lease_expires_at"]
@@ -830,6 +862,32 @@ def render_run(run: dict[str, Any], now: Any) -> str:
     # Every value from the database is shown with its control characters escaped (as `status`
     # does): an error text or a payload cannot move the cursor or forge a line.
     return "\n".join(terminal_safe(line) for line in out) + "\n"
+
+
+def _windows_lines(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """What `show` says of a run's unique window and debounce (README "Flow control")."""
+    lines = []
+    merged = run.get("debounce_count")
+    if merged is not None:
+        latest = run.get("debounce_deadline")
+        bound = _when(latest) if latest else "never bounded"
+        text = (
+            f"{number_text(merged)} enqueue{'s' if merged != 1 else ''} merged; due "
+            f"{_when(run['queued_at'])}, at the latest {bound}"
+        )
+        if run["status"] == "waiting":
+            text += "; waits for its key's running run to end"
+        lines.append(("debounce", text))
+    opened = run.get("unique_at")
+    if opened is not None:
+        lines.append(
+            (
+                "window",
+                f"unique window opened {_when(opened)}: an enqueue of its key with unique_for=S "
+                "returns this run until S after that (unless it failed or was cancelled)",
+            )
+        )
+    return lines
 
 
 def _ids_or_filters(args: argparse.Namespace, action: str) -> None:

@@ -5,7 +5,7 @@ kinds. Imports no handler, no stage and no worker: a web process enqueues with i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Unpack
 
@@ -20,13 +20,18 @@ from .tasks import (
     Enqueued,
     EnqueueOptions,
     ManyOptions,
+    Merge,
+    Windows,
     accept_options,
     check_attempts,
     check_key,
     check_kind,
     check_options,
     check_seconds,
+    check_windows,
+    check_windows_fit,
     encode_payload,
+    enqueue_windows,
 )
 
 Q = load("leasework", "runs.sql")
@@ -48,11 +53,38 @@ __all__ = ["Client", "KindDefaults"]
 @dataclass(frozen=True)
 class KindDefaults:
     """What a run of a kind gets unless the enqueue says: None for max_attempts is the
-    configured default, None for lease is the worker's lease, None for timeout is none."""
+    configured default, None for lease is the worker's lease, None for timeout is none; the
+    unique window and debounce of its enqueues (tasks.Windows; None: off)."""
 
     max_attempts: int | None = None
     lease: float | None = None
     timeout: float | None = DEFAULT_TIMEOUT
+    unique_for: float | None = None
+    debounce: float | None = None
+    debounce_max: float | None = None
+    debounce_merge: Merge | None = None
+
+    @property
+    def windows(self) -> Windows:
+        return Windows(self.unique_for, self.debounce, self.debounce_max, self.debounce_merge)
+
+
+# How many times a debounce_merge reads and merges again when the key's pending run changed
+# under it (claimed, or merged into by a racing enqueue) before it gives up.
+MERGE_TRIES = 20
+
+# The second half of a debounce_merge when none was pending (leasework.enqueue's merge_into).
+NONE_PENDING = 0
+
+
+@dataclass(frozen=True)
+class _One:
+    """A checked enqueue of one run: the parameters of enqueue_run, and for a debounce_merge the
+    merge function and the payload as given (merged with the pending one before it is sent)."""
+
+    params: dict[str, Any]
+    merge: Merge | None = None
+    body: Any = None
 
 
 @dataclass(frozen=True)
@@ -62,9 +94,27 @@ class _Many:
     common: dict[str, Any]
     encoded: list[bytes]
     keys: list[str | None] | None
+    windows: Windows
+    payloads: Sequence[Any]  # as given (a debounce_merge merges these)
 
     def keyed_params(self) -> dict[str, Any]:
         return {**self.common, "payloads": [p.decode() for p in self.encoded], "keys": self.keys}
+
+    def ones(self, client: Client) -> Iterator[_One]:
+        """Each payload as an enqueue of one run (a debounce_merge merges one at a time)."""
+        assert self.keys is not None
+        c = self.common
+        for payload, key in zip(self.payloads, self.keys, strict=True):
+            body = payload if payload is not None else {}
+            params = {
+                **c,
+                "key": key,
+                "exclusive": False,
+                "payload": Jsonb(body, dumps=client._dumps),
+                "merge_into": None,
+                "merge_seen": None,
+            }
+            yield _One(params, self.windows.debounce_merge, body)
 
     def copy_rows(self, ids: Sequence[int], due: Any) -> Iterator[tuple[Any, ...]]:
         c = self.common
@@ -114,10 +164,50 @@ def async_connection(conn: object, method: str) -> AConn:
     )
 
 
+# leasework.enqueued_existing (runs.sql, enqueue_run) as Enqueued.how.
+_HOW = {"true": "active", "window": "window", "debounced": "debounced"}
+
+
 def _enqueued(row: Any) -> Enqueued:
     if row is None or row[0] is None:
         raise LeaseworkError("enqueue inserted nothing")  # leasework.enqueue always returns
-    return Enqueued(int(row[0]), existing=bool(row[1]))
+    how = _HOW.get(str(row[1]))
+    return Enqueued(int(row[0]), existing=how is not None, how=how)
+
+
+Step = tuple[Any, dict[str, Any]]  # a statement of runs.sql and its parameters
+
+
+def _merged(client: Client, one: _One) -> Generator[Step, Any, Enqueued]:
+    """A debounce_merge as the statements it sends, each answered with its first row (None: no
+    row): read the key's pending debounced run (locked, leasework.debounce_pending), merge, and
+    hand the merge to leasework.enqueue, which writes it only if that run is still pending as it
+    was read (else it returns no id, and this reads and merges again). Without a transaction of
+    the caller's the lock ends with each statement; the check of what was read still holds.
+    One generator for the sync and the awaited path."""
+    p = one.params
+    assert one.merge is not None
+    where = {"kind": p["kind"], "key": p["key"], "tenant": p["tenant"]}
+    for _ in range(MERGE_TRIES):
+        pending = yield Q["debounce_pending"], where
+        if pending is None:
+            send = {**p, "merge_into": NONE_PENDING, "merge_seen": None}
+        else:
+            run_id, old, seen = pending
+            merged = one.merge(old, one.body)
+            client._dumps(merged)  # refused (too large, not JSON) before anything is written
+            send = {
+                **p,
+                "payload": Jsonb(merged, dumps=client._dumps),
+                "merge_into": run_id,
+                "merge_seen": seen,
+            }
+        row = yield Q["enqueue_run"], send
+        if row is not None and row[0] is not None:
+            return _enqueued(row)
+    raise LeaseworkError(
+        f"could not debounce key {p['key']!r}: its pending run kept changing ({MERGE_TRIES} tries)"
+    )
 
 
 def _check_run_id(run_id: object) -> int:
@@ -161,6 +251,15 @@ class Client:
                 check_seconds("lease", given.lease, allow_zero=False)
             if given.timeout is not None:
                 check_seconds("timeout", given.timeout, allow_zero=False)
+            check_windows(
+                {
+                    "unique_for": given.unique_for,
+                    "debounce": given.debounce,
+                    "debounce_max": given.debounce_max,
+                    "debounce_merge": given.debounce_merge,
+                },
+                task=kind,
+            )
             self.kind_defaults[kind] = given
 
     def defaults(self, kind: str) -> KindDefaults:
@@ -175,12 +274,21 @@ class Client:
 
     def _one(
         self, kind: str, payload: Any, options: EnqueueOptions, *, reserved: bool = False
-    ) -> dict[str, Any]:
+    ) -> _One:
         """The parameters of enqueue_run (runs.sql), every argument checked; `reserved`: the key
         may be under RESERVED_KEY_PREFIX (a family's own run, enqueue_reserved)."""
         defaults = self.defaults(kind)
         body = payload if payload is not None else {}
         opts = check_options(options, reserved=reserved)
+        windows = enqueue_windows(options, defaults.windows, kind)
+        check_windows_fit(
+            windows,
+            keyed=opts.key is not None,
+            exclusive=opts.exclusive,
+            delay=opts.delay,
+            kind=kind,
+            task=defaults.windows,
+        )
         params = {
             "kind": kind,
             "key": opts.key,
@@ -193,13 +301,19 @@ class Client:
             "lease": defaults.lease,
             "timeout": defaults.timeout,
             "delay": opts.delay,
+            "unique_for": windows.unique_for,
+            "debounce": windows.debounce,
+            "debounce_max": windows.debounce_max,
+            "merge_into": None,
+            "merge_seen": None,
         }
         self._dumps(body)  # refuse before touching the database
-        return params
+        return _One(params, windows.debounce_merge, body)
 
     def _many(self, kind: str, payloads: Iterable[Any], options: ManyOptions) -> _Many:
         defaults = self.defaults(kind)
-        encoded = [self._dumps(p if p is not None else {}) for p in payloads]
+        given = list(payloads)
+        encoded = [self._dumps(p if p is not None else {}) for p in given]
         keys = options.get("keys")
         checked_keys: list[str | None] | None = None
         if keys is not None:
@@ -212,6 +326,24 @@ class Client:
                 raise ConfigError(f"enqueue_many got {len(encoded)} payloads but {len(keys)} keys")
             checked_keys = [check_key(k) for k in keys]
         opts = check_options(options)
+        windows = enqueue_windows(options, defaults.windows, kind)
+        if windows.any:
+            keyless = [i for i, k in enumerate(checked_keys or [None] * len(encoded)) if k is None]
+            check_windows_fit(
+                windows,
+                keyed=not keyless,
+                exclusive=False,
+                delay=opts.delay,
+                kind=kind,
+                give=(
+                    "keys=[...], one for every payload"
+                    if checked_keys is None
+                    else f"a key for every payload: payload {keyless[0]} has none"
+                )
+                if keyless
+                else "",
+                task=defaults.windows,
+            )
         common = {
             "kind": kind,
             "tenant": opts.tenant,
@@ -221,8 +353,11 @@ class Client:
             "lease": defaults.lease,
             "timeout": defaults.timeout,
             "delay": opts.delay,
+            "unique_for": windows.unique_for,
+            "debounce": windows.debounce,
+            "debounce_max": windows.debounce_max,
         }
-        return _Many(common, encoded, checked_keys)
+        return _Many(common, encoded, checked_keys, windows, given)
 
     # -- enqueue --------------------------------------------------------------------------------
 
@@ -257,8 +392,36 @@ class Client:
         already had an active (or, for an exclusive run, a waiting) run, whose id it is."""
         accept_options("enqueue_run", options, EnqueueOptions)
         c = sync_connection(conn, "enqueue_run")
-        params = self._one(kind, payload, options)
-        return _enqueued(c.execute(Q["enqueue_run"], params).fetchone())
+        return self._send(c, self._one(kind, payload, options))
+
+    def _send(self, c: Conn, one: _One) -> Enqueued:
+        """enqueue_run, or the statements of a debounce_merge (_merged), on `c`."""
+        if one.merge is None:
+            return _enqueued(c.execute(Q["enqueue_run"], one.params).fetchone())
+        steps = _merged(self, one)
+        query, params = next(steps)
+        while True:
+            row = c.execute(query, params).fetchone()
+            try:
+                query, params = steps.send(row)
+            except StopIteration as done:
+                result: Enqueued = done.value
+                return result
+
+    async def _send_async(self, c: AConn, one: _One) -> Enqueued:
+        """`_send` on an AsyncConnection: the same statements, awaited."""
+        if one.merge is None:
+            cur = await c.execute(Q["enqueue_run"], one.params)
+            return _enqueued(await cur.fetchone())
+        steps = _merged(self, one)
+        query, params = next(steps)
+        while True:
+            row = await (await c.execute(query, params)).fetchone()
+            try:
+                query, params = steps.send(row)
+            except StopIteration as done:
+                result: Enqueued = done.value
+                return result
 
     def enqueue_reserved(
         self,
@@ -273,8 +436,7 @@ class Client:
         write leasework.runs itself (the worker role, the owner), not from the enqueue role."""
         accept_options("enqueue_reserved", options, EnqueueOptions)
         c = sync_connection(conn, "enqueue_reserved")
-        params = self._one(kind, payload, options, reserved=True)
-        return _enqueued(c.execute(Q["enqueue_run"], params).fetchone()).run_id
+        return self._send(c, self._one(kind, payload, options, reserved=True)).run_id
 
     async def enqueue_async(
         self,
@@ -299,9 +461,7 @@ class Client:
         """`enqueue_run` on a psycopg AsyncConnection."""
         accept_options("enqueue_run_async", options, EnqueueOptions)
         c = async_connection(conn, "enqueue_run_async")
-        params = self._one(kind, payload, options)
-        cur = await c.execute(Q["enqueue_run"], params)
-        return _enqueued(await cur.fetchone())
+        return await self._send_async(c, self._one(kind, payload, options))
 
     def enqueue_many(
         self,
@@ -322,6 +482,8 @@ class Client:
         many = self._many(kind, payloads, options)
         if not many.encoded:
             return []
+        if many.windows.any:
+            return self._each(c, many)
         if many.common["tenant"] is not None:
             c.execute(Q["ensure_tenant"], {"tenant": many.common["tenant"]})
         if many.keys is not None:
@@ -350,6 +512,8 @@ class Client:
         many = self._many(kind, payloads, options)
         if not many.encoded:
             return []
+        if many.windows.any:
+            return await self._each_async(c, many)
         if many.common["tenant"] is not None:
             await c.execute(Q["ensure_tenant"], {"tenant": many.common["tenant"]})
         if many.keys is not None:
@@ -365,6 +529,27 @@ class Client:
                     await copy.write_row(row)
         await c.execute(Q["notify"], {"kind": kind})
         return ids
+
+    def _each(self, c: Conn, many: _Many) -> list[int]:
+        """enqueue_many with a unique window or a debounce: leasework.enqueue per payload (one
+        statement, enqueue_each; a debounce_merge one payload at a time), the ids of the runs
+        made, in payload order (a payload absorbed by a window or merged into a pending run is
+        no new run, as one whose key is active is not)."""
+        if many.windows.debounce_merge is None:
+            rows = c.execute(Q["enqueue_each"], many.keyed_params()).fetchall()
+            done = [_enqueued(r) for r in rows]
+        else:
+            done = [self._send(c, one) for one in many.ones(self)]
+        return [d.run_id for d in done if not d.existing]
+
+    async def _each_async(self, c: AConn, many: _Many) -> list[int]:
+        """`_each` on an AsyncConnection."""
+        if many.windows.debounce_merge is None:
+            cur = await c.execute(Q["enqueue_each"], many.keyed_params())
+            done = [_enqueued(r) for r in await cur.fetchall()]
+        else:
+            done = [await self._send_async(c, one) for one in many.ones(self)]
+        return [d.run_id for d in done if not d.existing]
 
     # -- cancel ---------------------------------------------------------------------------------
 

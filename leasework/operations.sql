@@ -6,7 +6,7 @@
 SELECT id, kind, key, tenant, "group", exclusive, priority, status, payload, result, error,
        attempts, max_attempts, lease_seconds, timeout_seconds, queued_at, created_at, started_at,
        finished_at, lease_owner, lease_worker, lease_expires_at, cancel_requested_at,
-       processed_units, total_units, snoozes,
+       processed_units, total_units, snoozes, unique_at, debounce_count, debounce_deadline,
        leasework.run_history(r) AS history,
        EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = r.kind) AS kind_paused
   FROM leasework.runs r

@@ -6,13 +6,24 @@
 -- unless its key already has an active one in its tenant (or a waiting one, for an exclusive
 -- run), and returns the run's id either way; NOTIFY wakes idle workers at commit. A function, so
 -- that the enqueue role needs no privilege on the tables.
+-- Its unique window and debounce arguments are NULL when not in use (and merge_into, merge_seen
+-- but for the second half of a debounce_merge: NULL id then means merge again).
 SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, %(key)s::text, %(tenant)s::text,
                          %(group)s::text, %(exclusive)s::boolean, %(priority)s::integer,
                          %(delay)s::float8, %(max_attempts)s::integer, %(lease)s::float8,
-                         %(timeout)s::float8) AS id,
-       -- Set by leasework.enqueue for this call (transaction-local): true when it returned the
-       -- key's active (or waiting) run instead of inserting one. Evaluated after the call.
-       coalesce(current_setting('leasework.enqueued_existing', true), 'false') = 'true' AS existing
+                         %(timeout)s::float8, %(unique_for)s::float8, %(debounce)s::float8,
+                         %(debounce_max)s::float8, %(merge_into)s::bigint,
+                         %(merge_seen)s::integer) AS id,
+       -- Set by leasework.enqueue for this call (transaction-local): 'false' when it inserted a
+       -- run, else how it returned one of the key's ('true': the key's active or waiting run,
+       -- 'window', 'debounced'). Evaluated after the call.
+       coalesce(current_setting('leasework.enqueued_existing', true), 'false') AS existing
+
+-- name: debounce_pending
+-- The first half of a debounce_merge (leasework.debounce_pending, schema.sql): the key's pending
+-- debounced run of the kind, locked, with its payload and debounce_count; no row when none.
+SELECT id, payload, debounce_count
+  FROM leasework.debounce_pending(%(kind)s::text, %(key)s::text, %(tenant)s::text)
 
 -- name: cancel_run
 -- leasework.cancel (schema.sql): a queued or waiting run is cancelled at once; a running one
@@ -27,7 +38,7 @@ SELECT status FROM leasework.runs WHERE id = %(id)s
 SELECT id, kind, key, tenant, "group", exclusive, priority, status, payload, result, error,
        attempts, max_attempts, queued_at, created_at, started_at, finished_at, lease_owner,
        lease_worker, lease_expires_at, cancel_requested_at, processed_units, total_units,
-       leasework.run_history(runs) AS history
+       unique_at, debounce_count, debounce_deadline, leasework.run_history(runs) AS history
   FROM leasework.runs
  WHERE id = %(id)s
 
@@ -62,3 +73,19 @@ SELECT %(kind)s, k, %(tenant)s, %(group)s, %(priority)s, p::jsonb, %(max_attempt
  ORDER BY n
 ON CONFLICT (key, tenant) WHERE status IN ('queued', 'running') AND key IS NOT NULL DO NOTHING
 RETURNING id
+
+-- name: enqueue_each
+-- enqueue_many with a unique window or a debounce: leasework.enqueue per payload, in order, in
+-- one statement (each row's call sees the rows before it); `existing` read after each call, as
+-- enqueue_run reads it. Every payload has a key (Client checks).
+SELECT e.id,
+       coalesce(current_setting('leasework.enqueued_existing', true), 'false') AS existing
+  FROM unnest(%(payloads)s::text[], %(keys)s::text[]) WITH ORDINALITY AS u(p, k, n)
+ CROSS JOIN LATERAL (
+       SELECT leasework.enqueue(%(kind)s::text, u.p::jsonb, u.k, %(tenant)s::text,
+                                %(group)s::text, false, %(priority)s::integer, %(delay)s::float8,
+                                %(max_attempts)s::integer, %(lease)s::float8, %(timeout)s::float8,
+                                %(unique_for)s::float8, %(debounce)s::float8,
+                                %(debounce_max)s::float8) AS id
+       ) AS e
+ ORDER BY u.n

@@ -9,7 +9,7 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypedDict, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -38,11 +38,42 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,200}$")
 
 @dataclass(frozen=True)
 class Enqueued:
-    """What `App.enqueue_run` did: the run's id, and whether it is the key's run that was
-    already active (or waiting) rather than a new one."""
+    """What `App.enqueue_run` did: the run's id, and whether it is a run of the key that was
+    there already rather than a new one. `how`, when it is: "active" (the key's active run, or
+    its waiting run for an exclusive enqueue), "window" (the key's run of a unique window, which
+    may have finished), "debounced" (the key's pending run, which took this payload)."""
 
     run_id: int
     existing: bool = False
+    how: str | None = field(default=None, compare=False)
+
+
+# merge(old_payload, new_payload) -> the payload of the key's debounced run: the stored one (as
+# JSON decodes it) and the one being enqueued (as given). Called in the enqueuing process.
+Merge = Callable[[Any, Any], Any]
+WINDOW_OPTIONS = ("unique_for", "debounce", "debounce_max", "debounce_merge")
+
+
+@dataclass(frozen=True)
+class Windows:
+    """An enqueue's unique window and debounce, each None when off. `unique_for`: an enqueue of
+    a key whose window run was enqueued less than this many seconds ago, and did not end failed
+    or cancelled, returns that run. `debounce`: an enqueue of a key whose debounced run of this
+    kind is still pending gives it this payload (or `debounce_merge(old, new)`) and makes it due
+    this many seconds from now, at the latest `debounce_max` after its first enqueue."""
+
+    unique_for: float | None = None
+    debounce: float | None = None
+    debounce_max: float | None = None
+    debounce_merge: Merge | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.unique_for is not None or self.debounce is not None
+
+    def named(self) -> str:
+        """The option in force, for an error line."""
+        return "unique_for" if self.unique_for is not None else "debounce"
 
 
 @dataclass(frozen=True)
@@ -64,6 +95,9 @@ class Task:
     # The family that registered it (None: the user's own task); App.with_config re-installs
     # families rather than copying their tasks.
     family: str | None = None
+    # Its enqueues' unique window and debounce unless an enqueue says (Windows, README "Flow
+    # control").
+    windows: Windows = field(default_factory=Windows)
 
 
 def check_kind(kind: object) -> str:
@@ -195,6 +229,116 @@ def check_priority(priority: object) -> int:
     return priority
 
 
+# -- unique windows and debounce (README "Flow control") -----------------------------------------
+
+
+def check_windows(given: Mapping[str, Any], *, task: str | None = None) -> Windows:
+    """The values of `given` (some of WINDOW_OPTIONS) checked one by one and together, in the
+    order leasework.window_problem (schema.sql) checks them; ConfigError names the bad one.
+    `task`: the kind whose defaults they are (named in the line)."""
+    where = f"task {task!r}: " if task is not None else ""
+    try:
+        unique_for = check_seconds("unique_for", given.get("unique_for"), allow_zero=False)
+        debounce = check_seconds("debounce", given.get("debounce"), allow_zero=False)
+        debounce_max = check_seconds("debounce_max", given.get("debounce_max"), allow_zero=False)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
+    merge = given.get("debounce_merge")
+    problem = None
+    if debounce is None and debounce_max is not None:
+        problem = "debounce_max needs debounce: it bounds how far enqueues postpone a debounced run"
+    elif debounce is None and merge is not None:
+        problem = "debounce_merge needs debounce: it merges the payloads a debounce coalesces"
+    elif merge is not None and not callable(merge):
+        problem = (
+            "debounce_merge must be a function merge(old_payload, new_payload) -> payload, got "
+            f"{_short(merge)}"
+        )
+    elif debounce is not None and debounce_max is not None and debounce_max < debounce:
+        problem = f"debounce_max must be at least debounce ({debounce:g}), got {debounce_max:g}"
+    elif unique_for is not None and debounce is not None:
+        problem = (
+            "unique_for and debounce cannot be combined: a unique window keeps the key's run as "
+            "it is, a debounce changes it; give one of them"
+        )
+    if problem is not None:
+        raise ConfigError(f"{where}{problem}")
+    return Windows(unique_for, debounce, debounce_max, merge)
+
+
+def enqueue_windows(given: Mapping[str, Any], task: Windows, kind: str) -> Windows:
+    """The windows of one enqueue: the options it gives over its task's (`task`), checked. An
+    enqueue that turns the task's debounce off (`debounce=None`) drops its debounce_max and
+    debounce_merge too; one that gives unique_for to a debounced task (or debounce to one with a
+    unique window) is refused unless it turns the other off."""
+    if not any(name in given for name in WINDOW_OPTIONS):
+        return task
+    values: dict[str, Any] = {
+        "unique_for": task.unique_for,
+        "debounce": task.debounce,
+        "debounce_max": task.debounce_max,
+        "debounce_merge": task.debounce_merge,
+    }
+    if "debounce" in given and given["debounce"] is None:
+        values["debounce_max"] = values["debounce_merge"] = None
+    values.update({name: given[name] for name in WINDOW_OPTIONS if name in given})
+    try:
+        return check_windows(values)
+    except ConfigError as exc:
+        inherited = any(
+            name not in given and getattr(task, name) is not None for name in WINDOW_OPTIONS
+        )
+        if inherited:  # part of the clash is the task's: say so
+            raise ConfigError(f"{exc} (task {kind!r} has {_describe_windows(task)})") from None
+        raise
+
+
+def _describe_windows(w: Windows) -> str:
+    parts = [
+        f"{name}={getattr(w, name):g}"
+        for name in ("unique_for", "debounce", "debounce_max")
+        if getattr(w, name) is not None
+    ]
+    return ", ".join(parts)
+
+
+def check_windows_fit(
+    w: Windows,
+    *,
+    keyed: bool,
+    exclusive: bool,
+    delay: float,
+    kind: str,
+    give: str = "key=...",
+    task: Windows | None = None,
+) -> None:
+    """What an enqueue's windows need of its other options: a key (`keyed`; `give`: what to
+    pass), not exclusive, no delay with a debounce (leasework.window_problem's last rules).
+    `task`: the kind's own windows, named in the line when the option in force is the task's."""
+    if not w.any:
+        return
+    name = w.named()
+    if not keyed:
+        if task is not None and getattr(task, name) == getattr(w, name):
+            how = f"task {kind!r} has {name}={getattr(w, name):g}: enqueue it with {give}"
+            how += f", or {name}=None"
+        else:
+            how = f"enqueue {kind!r} with {give}"
+        raise ConfigError(
+            f"{name} needs a key: it applies to the runs of one key in its tenant ({how})"
+        )
+    if exclusive:
+        raise ConfigError(
+            f"exclusive cannot be combined with {name}: an exclusive run waits for its key "
+            "whatever came before it"
+        )
+    if w.debounce is not None and delay:
+        raise ConfigError(
+            "delay cannot be combined with debounce: a debounced run is due debounce seconds "
+            "after its last enqueue"
+        )
+
+
 # -- the enqueue options: declared here once, taken by every enqueue as `**options` -------------
 
 
@@ -214,14 +358,23 @@ class _OrderOptions(TypedDict, total=False):
     delay: float  # seconds before the run is due
 
 
-class EnqueueOptions(_KeyOption, _RunOptions, _OrderOptions, total=False):
+class _WindowOptions(TypedDict, total=False):
+    # Unique windows and debounce (Windows; README "Flow control"): each needs a key. Not given:
+    # the task's (`@app.task(kind, unique_for=...)`, KindDefaults); None: off for this enqueue.
+    unique_for: float | None  # seconds: one run per key in that window, finished runs counted
+    debounce: float | None  # seconds: coalesce into the key's pending run, due this long after
+    debounce_max: float | None  # seconds after its first enqueue a debounced run is due at most
+    debounce_merge: Merge | None  # merge(old, new) payloads, in place of replacing the old one
+
+
+class EnqueueOptions(_KeyOption, _RunOptions, _OrderOptions, _WindowOptions, total=False):
     """The options of an enqueue of one run (`Client.enqueue` and its variants, a task's
-    `.configure`, `Family.enqueue`); their defaults are `Options`'."""
+    `.configure`, `Family.enqueue`); their defaults are `Options`' (the windows': the task's)."""
 
     exclusive: bool  # wait while the key is busy rather than return its run
 
 
-class ManyOptions(_RunOptions, _OrderOptions, total=False):
+class ManyOptions(_RunOptions, _OrderOptions, _WindowOptions, total=False):
     """The options of `Client.enqueue_many`: one key per payload rather than one key."""
 
     keys: Sequence[str | None] | None

@@ -175,7 +175,10 @@ class Runner:
         `due_at` set, `outcome` `retry` or `snoozed`), never as exceptions."""
         accept_options("run_task", options, RunTaskOptions)
         (kind,) = self._kinds([kind])
-        done = self.app.enqueue_run(self._main, kind, payload, priority=FIRST, **options)
+        # Due at once and a new run: the task's unique window and debounce do not apply.
+        done = self.app.enqueue_run(
+            self._main, kind, payload, priority=FIRST, unique_for=None, debounce=None, **options
+        )
         if done.existing:
             key = options.get("key")
             raise LeaseworkError(

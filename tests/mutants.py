@@ -97,6 +97,29 @@ MUTANTS = [
         why="a handler's Snooze is written as a retry: it charges an attempt (max_attempts used "
         "up by waiting)",
     ),
+    Mutant(
+        name="debounce-merge-not-applied",
+        path="client.py",
+        remove="merged = one.merge(old, one.body)",
+        replace="merged = one.body",
+        tests=(
+            "tests/db/lease/test_debounce.py::test_a_merge_function_combines_old_and_new_payloads",
+        ),
+        says="the merge was not applied",
+        why="a debounce_merge task's pending payload is replaced by each enqueue's, not merged",
+    ),
+    Mutant(
+        name="task-windows-ignored",
+        path="tasks.py",
+        remove="    if not any(name in given for name in WINDOW_OPTIONS):\n        return task",
+        replace="    if not any(name in given for name in WINDOW_OPTIONS):\n        return Windows()",
+        tests=(
+            "tests/db/lease/test_unique_windows.py"
+            "::test_task_defaults_apply_and_an_enqueue_overrides_them",
+        ),
+        says="the task's unique_for was not applied",
+        why="an enqueue that gives no window option gets none, not its task's unique_for",
+    ),
 ]
 
 

@@ -81,7 +81,8 @@ def enqueue(
     app: Client, session: Session | Connection, kind: str, payload: Any = None, **options: Any
 ) -> int:
     """App.enqueue in the ORM's transaction: the run commits or rolls back with `session`.
-    Takes App.enqueue's options (key, tenant, group, exclusive, priority, delay, max_attempts)."""
+    Takes App.enqueue's options (key, tenant, group, exclusive, priority, delay, max_attempts,
+    unique_for, debounce, debounce_max, debounce_merge)."""
     return app.enqueue(connection(session, via="enqueue"), kind, payload, **options)
 
 

@@ -505,6 +505,13 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
         fields.append(("cancel requested (UTC)", esc(when(run.get("cancel_requested_at")))))
     if run.get("kind_paused"):
         fields.append(("kind paused", status_badge("paused")))
+    if run.get("debounce_count") is not None:  # README "Debounce"
+        latest = run.get("debounce_deadline")
+        merged = f"{run.get('debounce_count')} enqueues merged; due at the latest "
+        merged += when(latest) if latest else "(never bounded)"
+        fields.append(("debounced", esc(merged)))
+    if run.get("unique_at") is not None:  # README "Unique windows"
+        fields.append(("unique window since (UTC)", esc(when(run.get("unique_at")))))
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{value}</dd>" for k, value in fields)
     parts = [
         f'<section id="run"><h2>Run #{esc(rid)}</h2><dl>{dl}</dl></section>',

@@ -8,12 +8,13 @@ of a claim rule takes `tenant` and runs once per branch (TENANTS)."""
 from __future__ import annotations
 
 import contextlib
+import secrets
 from typing import Any
 
 import psycopg
 import pytest
 
-from leasework import App, operations
+from leasework import App, Enqueued, operations
 from leasework.leases import lease
 from leasework.text import UNSAFE
 
@@ -472,3 +473,93 @@ def sql_labels_refuse_every_unsafe_character(conn: Conn) -> None:
             else:
                 raise AssertionError(f"leasework.enqueue took {label} {value!r} (U+{code:04X})")
     assert conn.execute("SELECT count(*) FROM leasework.runs").fetchone() == (0,)
+
+
+# -- unique windows and debounce (leasework.enqueue, migration 0022) -------------------------------
+
+WINDOW = 3600.0  # seconds: the unique_for of the window checks
+
+
+def _finish(conn: Conn, run_id: int, status: str = "succeeded") -> None:
+    claims = lease.claim_runs(conn, KINDS, worker="w-window", lease=LEASE, limit=1)
+    assert [c.id for c in claims] == [run_id], f"run {run_id} was not the one claimed: {claims}"
+    assert lease.finish(conn, claims[0], status, error=None if status == "succeeded" else "x")
+
+
+def unique_window_holds_finished_runs(conn: Conn, tenant: str | None = None) -> None:
+    """An enqueue with unique_for returns the key's window run while it is queued, running and
+    once it has succeeded, as long as it was enqueued less than unique_for ago; a run that failed
+    holds no window; once the window is over the next enqueue makes a new run, which holds the
+    next window. One connection, its own keys: it also runs in a transaction rolled back after
+    (test_mutations' function mutants)."""
+    app = make_app()
+    key = f"report-{secrets.token_hex(4)}"
+
+    def enqueue(n: int, unique_for: float = WINDOW) -> Enqueued:
+        return app.enqueue_run(conn, "job", {"n": n}, key=key, tenant=tenant, unique_for=unique_for)
+
+    try:
+        first = enqueue(1)
+        assert not first.existing
+        assert enqueue(2) == Enqueued(first.run_id, True), "a queued window run was not returned"
+        claim = lease.claim_runs(conn, KINDS, worker="w-window", lease=LEASE, limit=1)
+        assert [c.id for c in claim] == [first.run_id]
+        assert enqueue(3) == Enqueued(first.run_id, True), "a running window run was not returned"
+        assert lease.finish(conn, claim[0], "succeeded")
+        shift_clock(conn, WINDOW - 60)
+        again = enqueue(4)
+        assert again.run_id == first.run_id and again.how == "window", (
+            "a run that succeeded inside its window did not hold it"
+        )
+        assert enqueue(5, unique_for=30).run_id != first.run_id, (
+            "an enqueue with a shorter unique_for was held by an older window run"
+        )
+        # That enqueue took the window: its run is the key's window run now.
+        second = get_run(conn, enqueue(6, unique_for=30).run_id)
+        assert second["id"] != first.run_id and second["unique_at"] is not None
+        assert get_run(conn, first.run_id)["unique_at"] is None, "two window runs of one key"
+        _finish(conn, second["id"], "failed")
+        third = enqueue(7)
+        assert third.run_id not in (first.run_id, second["id"]) and not third.existing, (
+            "a run that failed held its window"
+        )
+        shift_clock(conn, 2 * WINDOW)
+        assert app.cancel(conn, third.run_id) == "cancelled"
+        fourth = enqueue(8)
+        assert not fourth.existing, "a cancelled run held its window"
+        assert enqueue(9).run_id == fourth.run_id
+        assert app.cancel(conn, fourth.run_id) == "cancelled"
+    finally:
+        shift_clock(conn, 0)
+
+
+def merge_union(old: Any, new: Any) -> dict[str, list[int]]:
+    """A debounce_merge that loses nothing: the union of both payloads' items."""
+    return {"items": sorted(set(old.get("items", [])) | set(new.get("items", [])))}
+
+
+def debounce_merge_keeps_a_racing_merge(conn: Conn) -> None:
+    """A merge whose pending run took another enqueue's payload while it merged (here: the merge
+    function itself enqueues first, as a racing process would) merges again rather than write
+    over it: no item is lost. One connection (it also runs in a transaction rolled back after)."""
+    app = make_app()
+    key = f"doc-{secrets.token_hex(4)}"
+    interloped: list[int] = []
+
+    def merge(old: Any, new: Any) -> Any:
+        if not interloped:
+            interloped.append(1)
+            app.enqueue(
+                conn, "job", {"items": [99]}, key=key, debounce=60, debounce_merge=merge_union
+            )
+        return merge_union(old, new)
+
+    first = app.enqueue(conn, "job", {"items": [1]}, key=key, debounce=60)
+    again = app.enqueue_run(conn, "job", {"items": [2]}, key=key, debounce=60, debounce_merge=merge)
+    assert again.run_id == first and again.how == "debounced"
+    row = get_run(conn, first)
+    assert row["payload"] == {"items": [1, 2, 99]}, (
+        f"a racing merge's payload was lost: {row['payload']}"
+    )
+    assert row["debounce_count"] == 3
+    assert app.cancel(conn, first) == "cancelled"

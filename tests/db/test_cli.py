@@ -131,6 +131,33 @@ def test_migrate_enqueue_worker_cancel_status(conn: Conn, cli: Any) -> None:
     assert "cancel requested" in text
 
 
+def test_enqueue_with_a_unique_window_or_a_debounce_says_which_run_it_returned(
+    conn: Conn, cli: Any
+) -> None:
+    """`leasework enqueue --unique-for S` / `--debounce S [--debounce-max S]`: the run's id on
+    stdout, and on stderr what became of the enqueue when it made no run."""
+    window = [*ENQUEUE, "--key", "acct-7", "--unique-for", "3600"]
+    first = int(ok(cli(*window)))
+    app = App()
+    app.task("hello")(lambda ctx, payload: None)
+    claims = lease.claim_runs(conn, ["hello"], worker="w", lease=30.0)
+    assert [c.id for c in claims] == [first] and lease.finish(conn, claims[0], "succeeded")
+    again = cli(*window)
+    assert int(ok(again)) == first
+    assert again.stderr == (
+        f"leasework: key 'acct-7' has run {first} in its unique window: returned it, enqueued "
+        "nothing\n"
+    )
+    debounce = [*ENQUEUE, "--key", "doc", "--debounce", "30", "--debounce-max", "300"]
+    pending = int(ok(cli(*debounce, "--payload", '{"v": 1}')))
+    merged = cli(*debounce, "--payload", '{"v": 2}')
+    assert int(ok(merged)) == pending
+    assert "has pending run" in merged.stderr and "took this payload" in merged.stderr
+    row = get_run(conn, pending)
+    assert row["payload"] == {"v": 2} and row["debounce_count"] == 2
+    assert "debounce:  2 enqueues merged" in ok(cli("show", str(pending)))
+
+
 BAD_DSNS = [
     "postgresql://bob:s3cretpw@127.0.0.1:1/nodb",
     "host=127.0.0.1 port=1 password=s3cretpw nonsense_option=1",
@@ -180,6 +207,21 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], str, tuple[int, ...]]] = [
         (2,),
     ),
     ("bad max attempts", [*ENQUEUE, "--max-attempts", "0"], {}, "max_attempts", (2,)),
+    (
+        "bad unique window",
+        [*ENQUEUE, "--key", "k", "--unique-for", "0"],
+        {},
+        "unique_for must be a number of seconds above 0",
+        (2,),
+    ),
+    ("unique window without a key", [*ENQUEUE, "--unique-for", "60"], {}, "needs a key", (2,)),
+    (
+        "debounce_max below debounce",
+        [*ENQUEUE, "--key", "k", "--debounce", "60", "--debounce-max", "30"],
+        {},
+        "debounce_max must be at least debounce (60), got 30",
+        (2,),
+    ),
     # An embedder that cannot be loaded stops workers at start-up, not the ingest stage each poll.
     *(
         (

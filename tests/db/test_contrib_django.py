@@ -107,6 +107,20 @@ def test_the_run_commits_and_rolls_back_with_atomic(djangodb: None, conn: Conn) 
     assert runs(conn)[-1] == {"order": 4}
 
 
+def test_debounce_in_a_django_transaction(djangodb: None, conn: Conn) -> None:
+    """The enqueue options pass through: a debounced enqueue inside atomic() merges into the
+    key's pending run, and rolls back with it."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        first = lw_django.enqueue(app, connection, "ship", {"v": 1}, key="doc", debounce=60)
+        assert lw_django.enqueue(app, connection, "ship", {"v": 2}, key="doc", debounce=60) == first
+    with pytest.raises(RuntimeError, match="boom"), transaction.atomic():
+        lw_django.enqueue(app, connection, "ship", {"v": 3}, key="doc", debounce=60)
+        raise RuntimeError("boom")
+    assert runs(conn) == [{"v": 2}]
+
+
 def test_wrong_connections_are_refused_in_one_line(djangodb: None, dsn: str, conn: Conn) -> None:
     with psycopg.connect(dsn) as raw, pytest.raises(TypeError) as exc:
         lw_django.enqueue(app, raw, "ship", {})

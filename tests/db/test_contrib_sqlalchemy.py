@@ -131,6 +131,48 @@ def test_asyncio_session_commits_and_rolls_back(dsn: str, conn: Conn, engine: En
     )
 
 
+def test_windows_and_debounce_in_the_orms_transaction(dsn: str, conn: Conn, engine: Engine) -> None:
+    """The enqueue options pass through, sync and asyncio: a debounce_merge reads and merges the
+    pending run in the session's transaction (and rolls back with it); a unique window's run is
+    returned by a second enqueue."""
+    app = make_app()
+
+    def union(old: Any, new: Any) -> Any:
+        return {"items": sorted(set(old["items"]) | set(new["items"]))}
+
+    with Session(engine) as session:
+        first = lw_sa.enqueue(app, session, "ship", {"items": [1]}, key="doc", debounce=60)
+        again = lw_sa.enqueue(
+            app, session, "ship", {"items": [2]}, key="doc", debounce=60, debounce_merge=union
+        )
+        assert again == first
+        session.commit()
+    with Session(engine) as session:
+        lw_sa.enqueue(
+            app, session, "ship", {"items": [3]}, key="doc", debounce=60, debounce_merge=union
+        )
+        session.rollback()
+    assert runs(conn) == [("ship", {"items": [1, 2]})]
+
+    async def main() -> list[int]:
+        aengine = create_async_engine(
+            "postgresql+psycopg://", async_creator=lambda: psycopg.AsyncConnection.connect(dsn)
+        )
+        try:
+            async with AsyncSession(aengine) as session, session.begin():
+                one = await lw_sa.enqueue_async(app, session, "ship", {}, key="acct", unique_for=60)
+                two = await lw_sa.enqueue_async(app, session, "ship", {}, key="acct", unique_for=60)
+                made = await lw_sa.enqueue_many_async(
+                    app, session, "ship", [{}, {}], keys=["acct", "b"], unique_for=60
+                )
+            return [one, two, *made]
+        finally:
+            await aengine.dispose()
+
+    one, two, *made = asyncio.run(main())
+    assert one == two and len(made) == 1 and made[0] != one
+
+
 def test_wrong_session_types_are_refused_in_one_line(dsn: str, conn: Conn, engine: Engine) -> None:
     app = make_app()
     with psycopg.connect(dsn) as raw, pytest.raises(TypeError) as exc:

@@ -327,6 +327,54 @@ def test_migration_0011_keeps_the_grants_of_the_enqueue_it_replaces(
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def test_migration_0022_keeps_the_grants_of_the_enqueue_it_replaces(
+    scratch: Callable[[], str],
+) -> None:
+    """0022 drops leasework.enqueue to add its window and debounce parameters: whoever could
+    call the old one may call the new one and leasework.debounce_pending, PUBLIC neither; an
+    older release's call (the first eleven arguments, by position) still works."""
+    role = f"leasework_mig_role_{secrets.token_hex(3)}"
+    old = (
+        "leasework.enqueue(text, jsonb, text, text, text, boolean, double precision,"
+        " double precision, double precision, double precision, double precision)"
+    )
+    new = (
+        "leasework.enqueue(text, jsonb, text, text, text, boolean, double precision,"
+        " double precision, double precision, double precision, double precision,"
+        " double precision, double precision, double precision, bigint, integer)"
+    )
+    pending = "leasework.debounce_pending(text, text, text)"
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+        try:
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version <= 21])
+            conn.execute(
+                sql.SQL(f"GRANT EXECUTE ON FUNCTION {old} TO {{}}").format(sql.Identifier(role))
+            )
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version == 22])
+            assert conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE'),"
+                "       has_function_privilege(%s, %s, 'EXECUTE'),"
+                "       has_function_privilege('public', %s, 'EXECUTE'),"
+                "       has_function_privilege('public', %s, 'EXECUTE'),"
+                "       count(*) FROM pg_proc WHERE proname = 'enqueue'",
+                (role, new, role, pending, new, pending),
+            ).fetchone() == (True, True, False, False, 1)
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA leasework TO {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            row = conn.execute(
+                "SELECT leasework.enqueue('report', '{}', 'k', NULL, NULL, false, 0, 0, 3, NULL,"
+                " 3600)"
+            ).fetchone()
+            assert row is not None and row[0] is not None
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 def test_migration_0018_keys_per_tenant_moves_the_families_keys(
     scratch: Callable[[], str],
 ) -> None:

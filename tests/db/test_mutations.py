@@ -34,6 +34,7 @@ from .checks import (
     cancel_beats_reclaim,
     claim_order_is_priority_then_queued_at,
     claim_takes_only_its_kinds,
+    debounce_merge_keeps_a_racing_merge,
     delayed_run_is_claimed_only_when_due,
     expire_worker_leases_expires_only_the_dead_workers_leases,
     idle_fenced_transaction_is_ended,
@@ -43,6 +44,7 @@ from .checks import (
     snooze_charges_no_attempt,
     sql_labels_refuse_every_unsafe_character,
     stale_owner_writes_nothing,
+    unique_window_holds_finished_runs,
     waiting_run_waits_for_its_key,
     waiting_run_waits_only_for_its_tenants_key,
 )
@@ -555,3 +557,47 @@ LABELS_TAKE_DEL = FunctionMutation("leasework.label_problem(text)", r"\x7f-\x9f"
 def test_label_problem_accepting_del_is_caught(conn: Conn) -> None:
     err = function_fails_with(conn, LABELS_TAKE_DEL, sql_labels_refuse_every_unsafe_character)
     assert "(U+007F)" in str(err), err
+
+
+# Unique windows and debounce (leasework.enqueue, migration 0022): a window that counts only its
+# run while active (the rule as most queues had it: finished runs forgotten at once), one that a
+# failed run still holds, and a merge written over a racing one (the check of what it read gone).
+ENQUEUE = (
+    "leasework.enqueue(text, jsonb, text, text, text, boolean, double precision, double precision,"
+    " double precision, double precision, double precision, double precision, double precision,"
+    " double precision, bigint, integer)"
+)
+WINDOW_MUTATIONS = [
+    pytest.param(
+        FunctionMutation(
+            ENQUEUE,
+            "IF held.unique_at > leasework.now() - make_interval(secs => enqueue.unique_for)",
+            "IF held.status IN ('queued', 'running')",
+        ),
+        unique_window_holds_finished_runs,
+        "a run that succeeded inside its window did not hold it",
+        id="window-of-active-runs-only",
+    ),
+    pytest.param(
+        FunctionMutation(ENQUEUE, "AND held.status NOT IN ('failed', 'cancelled')", ""),
+        unique_window_holds_finished_runs,
+        "a run that failed held its window",
+        id="window-held-by-a-failed-run",
+    ),
+    pytest.param(
+        FunctionMutation(
+            ENQUEUE, "OR enqueue.merge_seen IS DISTINCT FROM pending.debounce_count", "OR false"
+        ),
+        debounce_merge_keeps_a_racing_merge,
+        "a racing merge's payload was lost",
+        id="merge-written-over-a-racing-merge",
+    ),
+]
+
+
+@pytest.mark.parametrize(("mutation", "check", "says"), WINDOW_MUTATIONS)
+def test_window_and_debounce_mutations_are_caught(
+    conn: Conn, mutation: FunctionMutation, check: Check, says: str
+) -> None:
+    err = function_fails_with(conn, mutation, check)
+    assert says in str(err), err

@@ -180,3 +180,23 @@ def test_the_readme_sharding_example_puts_each_tenant_in_one_database(
             keys = {k for (k,) in conn.execute("SELECT key FROM leasework.runs").fetchall()}
         assert keys == {f"{t}:48" for t, s in placed.items() if s == shard}
         assert keys, "every shard gets some of the twelve tenants"
+
+
+def test_the_flow_control_examples_do_what_the_section_says(dsn: str, conn: Any) -> None:
+    """The "Flow control" section's Python blocks, run as they stand with an app, a DSN and a
+    connection: a second report of the account returns the first; two reindex enqueues of a
+    document make one run with both ids."""
+    from leasework import App
+
+    blocks = re.findall(r"```python\n(.*?)```", section("Flow control"), re.S)
+    assert len(blocks) == 2
+    window: dict[str, Any] = {"app": App(), "psycopg": psycopg, "dsn": dsn}
+    exec(blocks[0], window)
+    assert window["first"] == window["again"]
+    debounce: dict[str, Any] = {"app": App(), "psycopg": psycopg, "conn": conn}
+    exec(blocks[1], debounce)
+    rows = conn.execute(
+        "SELECT payload, debounce_count FROM leasework.runs WHERE kind = 'reindex'"
+    ).fetchall()
+    assert rows == [({"ids": [1, 2]}, 2)]
+

@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from leasework import App, Config, db
+from leasework import App, Config, Enqueued, db
 from leasework.errors import ConfigError
 from leasework.workers.worker import Worker
 
@@ -96,6 +96,37 @@ def test_worker_role_runs_jobs_and_enqueue_role_cannot_touch_leases(conn, roles)
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
         w.execute("DROP TABLE leasework.runs")
+
+
+def test_the_enqueue_role_uses_unique_windows_and_debounce(conn, roles):
+    """Through the functions deploy/roles.sql grants it: a unique window, a debounce, and a
+    debounce_merge (leasework.debounce_pending reads and locks the key's pending debounced run).
+    It reads no other payload that way: a run of the key that no debounce made, another kind's,
+    and a family's key are not given to it."""
+    app = _app()
+    enqueue_dsn = roles("leasework_enqueue")
+
+    def union(old, new):
+        return {"items": sorted(set(old["items"]) | set(new["items"]))}
+
+    with psycopg.connect(enqueue_dsn, autocommit=True) as web:
+        first = app.enqueue(web, "work", {}, key="acct", tenant="t", unique_for=3600)
+        assert app.enqueue_run(web, "work", {}, key="acct", tenant="t", unique_for=3600) == (
+            Enqueued(first, True)
+        )
+        doc = app.enqueue(web, "work", {"items": [1]}, key="doc", debounce=60)
+        merged = app.enqueue_run(
+            web, "work", {"items": [2]}, key="doc", debounce=60, debounce_merge=union
+        )
+        assert merged.run_id == doc and merged.how == "debounced"
+        plain = app.enqueue(web, "work", {"secret": 1}, key="plain")
+        pending = "SELECT * FROM leasework.debounce_pending(%s, %s, %s)"
+        assert web.execute(pending, ("work", "plain", None)).fetchall() == []
+        assert web.execute(pending, ("other", "doc", None)).fetchall() == []
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="reserved"):
+            web.execute(pending, ("sync", "leasework:connection:1", "ws"))
+    assert get_run(conn, doc)["payload"] == {"items": [1, 2]}
+    assert get_run(conn, plain)["payload"] == {"secret": 1}
 
 
 def test_the_enqueue_role_cannot_take_a_familys_key(conn, roles, tmp_path):

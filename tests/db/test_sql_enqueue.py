@@ -115,6 +115,54 @@ BAD = [
         "'report', max_attempts => 2.5",
         "max_attempts must be an integer from 1 to 1000",
     ),
+    # Unique windows and debounce (leasework.window_problem, tasks.check_windows): each range,
+    # then what may not go together, in the same order and words.
+    *(
+        (
+            {"key": "k", name: value},
+            f"'report', key => 'k', {name} => {sql_value}",
+            f"{name} must be a number of seconds above 0 to 31536000",
+        )
+        for name in ("unique_for", "debounce")
+        for value, sql_value in [
+            (0, "0"),
+            (-5, "-5"),
+            (math.inf, "'Infinity'"),
+            (math.nan, "'NaN'"),
+        ]
+    ),
+    (
+        {"key": "k", "debounce": 10, "debounce_max": 366 * 86400},
+        "'report', key => 'k', debounce => 10, debounce_max => 31622400",
+        "debounce_max must be a number of seconds above 0 to 31536000",
+    ),
+    (
+        {"key": "k", "debounce_max": 60},
+        "'report', key => 'k', debounce_max => 60",
+        "debounce_max needs debounce",
+    ),
+    (
+        {"key": "k", "debounce": 60, "debounce_max": 30},
+        "'report', key => 'k', debounce => 60, debounce_max => 30",
+        "debounce_max must be at least debounce (60), got 30",
+    ),
+    (
+        {"key": "k", "unique_for": 60, "debounce": 30},
+        "'report', key => 'k', unique_for => 60, debounce => 30",
+        "unique_for and debounce cannot be combined",
+    ),
+    ({"unique_for": 60}, "'report', unique_for => 60", "unique_for needs a key"),
+    ({"debounce": 60}, "'report', debounce => 60", "debounce needs a key"),
+    (
+        {"key": "k", "unique_for": 60, "exclusive": True},
+        "'report', key => 'k', unique_for => 60, exclusive => true",
+        "exclusive cannot be combined with unique_for",
+    ),
+    (
+        {"key": "k", "debounce": 60, "delay": 5},
+        "'report', key => 'k', debounce => 60, delay => 5",
+        "delay cannot be combined with debounce",
+    ),
 ]
 
 

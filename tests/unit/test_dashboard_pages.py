@@ -250,3 +250,17 @@ def test_display_details() -> None:
     overview = pages.overview(snap, [], oldest_queued=None, now=now)
     card = overview.split('data-card="oldest-queued"')[1].split("</div>")[0]
     assert "none due" in card
+
+
+def test_run_page_says_a_run_is_debounced_or_holds_a_unique_window() -> None:
+    at = datetime(2026, 5, 4, 12, 0, tzinfo=UTC)
+    run = {"id": 7, "kind": "reindex", "status": "queued", "queued_at": at}
+    plain = pages.run_page(run, now=at)
+    assert "debounced" not in plain and "unique window" not in plain
+    debounced = pages.run_page(
+        {**run, "debounce_count": 3, "debounce_deadline": at + timedelta(minutes=5)}, now=at
+    )
+    assert "3 enqueues merged; due at the latest 2026-05-04 12:05" in debounced
+    assert "(never bounded)" in pages.run_page({**run, "debounce_count": 1}, now=at)
+    window = pages.run_page({**run, "unique_at": at}, now=at)
+    assert "unique window since (UTC)" in window and "2026-05-04 12:00" in window

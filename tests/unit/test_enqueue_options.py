@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from leasework import App, Client, ConfigError, Context
+from leasework import App, Client, ConfigError, Context, KindDefaults
 from leasework.app import Family
 from leasework.tasks import (
     EnqueueOptions,
@@ -23,11 +23,13 @@ from leasework.tasks import (
 )
 from leasework.testing import run_task
 
-ONE = {"key", "tenant", "group", "exclusive", "priority", "delay", "max_attempts"}
-MANY = {"keys", "tenant", "group", "priority", "delay", "max_attempts"}
+# Unique windows and debounce (issue 31) were added to both, and to no other variant.
+WINDOWS = {"unique_for", "debounce", "debounce_max", "debounce_merge"}
+ONE = {"key", "tenant", "group", "exclusive", "priority", "delay", "max_attempts", *WINDOWS}
+MANY = {"keys", "tenant", "group", "priority", "delay", "max_attempts", *WINDOWS}
 
 
-def test_each_variant_takes_the_keywords_it_always_took() -> None:
+def test_each_variant_takes_the_keywords_it_always_took_and_the_windows() -> None:
     assert EnqueueOptions.__optional_keys__ == ONE
     assert ManyOptions.__optional_keys__ == MANY
     assert RunTaskOptions.__optional_keys__ == {"key", "tenant", "group", "max_attempts"}
@@ -76,7 +78,7 @@ def test_an_option_a_variant_does_not_take_is_refused_first(index: int) -> None:
     with pytest.raises(
         TypeError,
         match=rf"^{method}\(\) got an unexpected keyword argument 'priorty' \(did you mean "
-        r"'priority'\?\); it takes delay, ",
+        r"'priority'\?\); it takes debounce, debounce_max, debounce_merge, delay, ",
     ):
         call(priorty=1)
     wrong = "keys" if "many" not in method else "key"
@@ -102,6 +104,38 @@ def test_an_option_a_variant_does_not_take_is_refused_first(index: int) -> None:
 def test_bad_values_get_their_one_line_error(given: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         check_options(given)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"unique_for": 0}, r"^task 'report': unique_for must be a number of seconds above 0 "),
+        ({"debounce": "30"}, r"^task 'report': debounce must be a number of seconds above 0 "),
+        ({"debounce_max": 60}, r"^task 'report': debounce_max needs debounce"),
+        ({"debounce_merge": max}, r"^task 'report': debounce_merge needs debounce"),
+        (
+            {"debounce": 30, "debounce_merge": "union"},
+            r"^task 'report': debounce_merge must be a function merge\(old_payload, "
+            r"new_payload\) -> payload, got 'union'$",
+        ),
+        (
+            {"debounce": 30, "debounce_max": 10},
+            r"^task 'report': debounce_max must be at least debounce \(30\), got 10$",
+        ),
+        (
+            {"unique_for": 60, "debounce": 30},
+            r"^task 'report': unique_for and debounce cannot be combined",
+        ),
+    ],
+)
+def test_a_tasks_bad_windows_are_refused_in_one_line_naming_it(
+    given: dict[str, Any], message: str
+) -> None:
+    """At registration (`@app.task`) and in a Client's KindDefaults, before any enqueue."""
+    with pytest.raises(ConfigError, match=message):
+        App().task("report", **given)
+    with pytest.raises(ConfigError, match=message):
+        Client(kinds={"report": KindDefaults(**given)})
 
 
 def test_a_family_may_use_the_reserved_prefix() -> None:

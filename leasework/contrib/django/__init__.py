@@ -69,7 +69,7 @@ def connection(connection: Any = "default", *, via: str = "connection") -> psyco
 def enqueue(app: App, connection_: Any, kind: str, payload: Any = None, **options: Any) -> int:
     """App.enqueue on Django's connection: inside transaction.atomic() the run commits or rolls
     back with it. Takes App.enqueue's options (key, tenant, group, exclusive, priority, delay,
-    max_attempts)."""
+    max_attempts, unique_for, debounce, debounce_max, debounce_merge)."""
     return app.enqueue(connection(connection_, via="enqueue"), kind, payload, **options)
 
 

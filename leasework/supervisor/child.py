@@ -161,6 +161,7 @@ class BeatSender:
             )
             self._flusher.start()
         if self._flusher_idle:
+            self._flusher_idle = False  # notified: it looks at what is pending once it runs
             self._due.notify()
 
     def _flush_loop(self) -> None:

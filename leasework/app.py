@@ -163,6 +163,10 @@ class App(Client):
         tz: str = "UTC",
         batch: int = 1,
         concurrency: int | None = None,
+        max_running: int | None = None,
+        group_limit: int | None = None,
+        rate: str | None = None,
+        rate_per: str | None = None,
     ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskHandle[P, R]]:
         """Register `fn(ctx, payload)` as the handler of `kind`; returns a TaskHandle (the
         handler, callable as written, with a typed `.enqueue(conn, ...)`). A handler whose
@@ -181,7 +185,14 @@ class App(Client):
 
         An `async def` handler gets an AsyncContext and runs on the worker's event loop, up to
         `concurrency=` runs of its kind at once per worker process (default 10), each under its
-        own lease; a cancel, timeout or lost lease cancels its task (README, "Async handlers")."""
+        own lease; a cancel, timeout or lost lease cancels its task (README, "Async handlers").
+
+        Flow control across every host (README, "Flow control"), admitted inside the claim:
+        `max_running=N` runs of the kind holding a live lease at most; `group_limit=N` runs of a
+        tenant's group at once at most (default 1: a group is one at a time); `rate="100/10s"`
+        claims at most per period, in any span of it (a sliding window), per kind or, with
+        `rate_per="tenant"`, per tenant. Declared by each worker as it starts;
+        `leasework limits set` changes them at run time."""
         if callable(kind):  # `@app.task` without its parentheses
             raise ConfigError(
                 f"@app.task needs the kind: write @app.task({getattr(kind, '__name__', 'kind')!r})"
@@ -205,6 +216,7 @@ class App(Client):
             or not 1 <= concurrency <= 1000
         ):
             raise ConfigError(f"concurrency must be an integer from 1 to 1000, got {concurrency!r}")
+        limits = operations.declared_limits(max_running, group_limit, rate, rate_per)
         spec = None
         if every is not None or cron is not None:
             spec = ScheduleSpec.make(kind, every=every, cron=cron, tz=tz)
@@ -225,6 +237,7 @@ class App(Client):
                     timeout,
                     stage=AsyncRunsStage.name,
                     concurrency=concurrency or DEFAULT_CONCURRENCY,
+                    limits=limits,
                 )
             else:
                 if concurrency is not None:
@@ -232,7 +245,7 @@ class App(Client):
                         f"task {kind!r}: concurrency= is for async def handlers; a plain "
                         "function runs one at a time per process (add processes, or batch=)"
                     )
-                task = Task(kind, run, max_attempts, lease, timeout, batch=batch)
+                task = Task(kind, run, max_attempts, lease, timeout, batch=batch, limits=limits)
             self.register(task)
             if spec is not None:
                 self.schedules[kind] = spec

@@ -111,12 +111,15 @@ SELECT count(*)::bigint
    AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
 
 -- name: known_kinds
--- Of the kinds given, those leasework has heard of: a run or a schedule of that kind.
+-- Of the kinds given, those leasework has heard of: a run or a schedule of that kind, or one a
+-- worker declared (leasework.kinds) or that has limits.
 SELECT k
   FROM unnest(%(kinds)s::text[]) AS k
  WHERE EXISTS (SELECT 1 FROM leasework.runs r WHERE r.kind = k)
     OR EXISTS (SELECT 1 FROM leasework.schedules s WHERE s.kind = k)
     OR EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k)
+    OR EXISTS (SELECT 1 FROM leasework.kinds d WHERE d.kind = k)
+    OR EXISTS (SELECT 1 FROM leasework.kind_limits l WHERE l.kind = k)
 
 -- name: pause_kinds
 INSERT INTO leasework.paused_kinds (kind, paused_at)
@@ -158,3 +161,72 @@ SELECT t.name, t.weight, t.turn, t.priority,
 INSERT INTO leasework.tenants (name, weight) VALUES (%(name)s, %(weight)s)
 ON CONFLICT (name) DO UPDATE SET weight = EXCLUDED.weight
 RETURNING name, weight
+
+-- name: limits
+-- Every kind with a limit (leasework.kind_limits) and how full it is now: its live leases (the
+-- places its cap counts), the claims its rate's window counts now (the kind's; rated per tenant,
+-- those of its runs without a tenant) and when that window has room again, its due queued runs,
+-- and the tenants an operator gave a rate of their own.
+SELECT l.kind, l.max_running, l.group_limit, l.rate_count, l.rate_seconds, l.rate_per,
+       l.declared, l.overrides,
+       leasework.running_of_kind(l.kind, NULL, NULL) AS running,
+       CASE WHEN l.rate_count IS NOT NULL
+            THEN least(leasework.rate_used(l.win, l.rate_seconds, leasework.now()),
+                       2147483647) END AS rate_used,
+       CASE WHEN l.rate_count IS NOT NULL
+            THEN leasework.rate_window_free_at(l.win, l.rate_count, l.rate_seconds,
+                                               leasework.now()) END AS rate_free_at,
+       (SELECT count(*) FROM leasework.runs r
+         WHERE r.kind = l.kind AND r.status = 'queued' AND r.queued_at <= leasework.now())
+           AS due,
+       EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = l.kind) AS paused,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('tenant', t.tenant, 'rate_count', t.rate_count,
+                                                     'rate_seconds', t.rate_seconds)
+                                  ORDER BY t.tenant)
+                   FROM leasework.tenant_rates t
+                  WHERE t.kind = l.kind AND t.rate_count IS NOT NULL), '[]') AS tenant_rates
+  FROM leasework.kind_limits l
+ WHERE l.max_running IS NOT NULL OR l.group_limit IS NOT NULL OR l.rate_count IS NOT NULL
+ ORDER BY l.kind
+
+-- name: lock_limits
+-- One kind's limits row, locked until the change commits (claims of the kind wait meanwhile).
+SELECT kind, declared, overrides, rate_count, rate_per
+  FROM leasework.kind_limits
+ WHERE kind = %(kind)s
+   FOR UPDATE
+
+-- name: set_limit_overrides
+-- An operator's limits for a kind (overrides: a key with JSON null removes that limit); the row
+-- is made if the kind had none. Claims read it from their next statement on; NOTIFY wakes idle
+-- workers (a limit raised or removed may make runs claimable at once).
+INSERT INTO leasework.kind_limits AS l (kind, overrides)
+VALUES (%(kind)s, %(overrides)s::jsonb)
+ON CONFLICT (kind) DO UPDATE SET overrides = %(overrides)s::jsonb
+RETURNING l.kind, pg_notify('leasework', l.kind) IS NULL AS notified
+
+-- name: drop_empty_limits
+-- A kind neither declared nor set limits for needs no row (the claim then reads nothing for it).
+DELETE FROM leasework.kind_limits
+ WHERE kind = %(kind)s AND declared = '{}' AND overrides = '{}'
+
+-- name: set_tenant_rate
+-- An operator's rate for one tenant's runs of a kind rated per tenant (NULL: the kind's again).
+-- Written under the kind's row lock (lock_limits), as leasework.admit writes the window.
+INSERT INTO leasework.tenant_rates AS t (kind, tenant, rate_count, rate_seconds)
+VALUES (%(kind)s, %(tenant)s, %(count)s, %(seconds)s)
+ON CONFLICT (kind, tenant) DO UPDATE
+   SET rate_count = EXCLUDED.rate_count, rate_seconds = EXCLUDED.rate_seconds
+RETURNING t.kind, pg_notify('leasework', t.kind) IS NULL AS notified
+
+-- name: declared_limits
+-- The limits rows of a worker's kinds, as declared (declare_limits: written only when changed).
+SELECT kind, declared FROM leasework.kind_limits WHERE kind = ANY(%(kinds)s::text[])
+
+-- name: declare_limits
+-- A worker starting declares its app's limits for one kind (one row per statement: a statement
+-- locking several rows could wait on a claim that waits on it). NOTIFY: the limits changed.
+INSERT INTO leasework.kind_limits AS l (kind, declared) VALUES (%(kind)s, %(declared)s::jsonb)
+ON CONFLICT (kind) DO UPDATE SET declared = EXCLUDED.declared
+ WHERE l.declared IS DISTINCT FROM EXCLUDED.declared
+RETURNING l.kind, pg_notify('leasework', l.kind) IS NULL AS notified

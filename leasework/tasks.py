@@ -9,7 +9,7 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypedDict, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -64,6 +64,10 @@ class Task:
     # The family that registered it (None: the user's own task); App.with_config re-installs
     # families rather than copying their tasks.
     family: str | None = None
+    # Flow control across the fleet (README, "Flow control"), as its workers declare it
+    # (operations.declared_limits: max_running, group_limit, rate as [count, seconds], rate_per);
+    # empty: none. An operator's `leasework limits set` wins over it until reset.
+    limits: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 def check_kind(kind: object) -> str:

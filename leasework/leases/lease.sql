@@ -73,17 +73,32 @@
 -- full (a hash anti-join over a sequential scan) for every tenant walked, and its cost estimate
 -- was high enough for JIT compilation, 0.7 s per claim (bench/README.md, issue 29). Per row, as
 -- a probe of runs_running_tenanted, they cost what they read.
-WITH live AS MATERIALIZED (
-    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
+WITH rules AS MATERIALIZED (
+    SELECT l.kind, coalesce(l.group_limit, 1) AS group_limit,
+           l.rate_per IS NOT NULL AND l.rate_count IS NOT NULL AS per_tenant,
+           l.max_running IS NOT NULL OR l.rate_count IS NOT NULL AS limited,
+           leasework.kind_open(l, %(finishing)s::bigint, %(worker)s) AS open
+      FROM leasework.kind_limits l
+     WHERE l.kind = ANY(%(kinds)s::text[])
+), live AS MATERIALIZED (
+    SELECT coalesce(array_agg(u.kind), '{}') AS k,
+           coalesce(array_agg(coalesce(g.group_limit, 1)), '{}') AS g,
+           coalesce(array_agg(coalesce(g.per_tenant, false)), '{}') AS p,
+           coalesce(bool_or(g.limited), false) AS limited
+      FROM (SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) u(kind)
+      LEFT JOIN rules g ON g.kind = u.kind
+     WHERE coalesce(g.open, true)
 ), tenanted_queued AS MATERIALIZED (
     SELECT p.* FROM (
-    SELECT c.id, t.name AS tenant, c.priority, c.queued_at
+    SELECT c.id, t.name AS tenant, c.priority, c.queued_at, c.kind
       FROM leasework.tenants t, LATERAL (
         SELECT h.*
-          FROM unnest((SELECT k FROM live)::text[]) AS k(kind), LATERAL (
-            SELECT r.id, r.priority, r.queued_at
+          FROM unnest((SELECT k FROM live)::text[], (SELECT g FROM live)::int[],
+                      (SELECT p FROM live)::bool[]) AS k(kind, group_limit, per_tenant), LATERAL (
+            SELECT r.id, r.priority, r.queued_at, r.kind
               FROM leasework.runs r
-             WHERE r.tenant = t.name AND r.kind = k.kind
+             WHERE (NOT k.per_tenant OR leasework.tenant_rate_open(k.kind, t.name))
+               AND r.tenant = t.name AND r.kind = k.kind
                AND coalesce((SELECT h.queued_at <= leasework.now() FROM leasework.runs h
                               WHERE h.tenant = t.name AND h.kind = k.kind AND h.status = 'queued'
                               ORDER BY h.priority, h.queued_at, h.id LIMIT 1)
@@ -97,7 +112,7 @@ WITH live AS MATERIALIZED (
                        AND o.id <> r.id
                        AND o.lease_expires_at >= leasework.now()
                        AND (o.exclusive OR r.exclusive OR o."group" = r."group")
-                    OFFSET 0)
+                    OFFSET CASE WHEN r.exclusive THEN 0 ELSE k.group_limit - 1 END)
              ORDER BY r.priority, r.queued_at, r.id
              LIMIT 1
                FOR UPDATE OF r SKIP LOCKED) h
@@ -114,7 +129,7 @@ WITH live AS MATERIALIZED (
      WHERE NOT leasework.limiter_conflict(p.id)
      LIMIT %(limit)s
 ), tenanted_expired AS MATERIALIZED (
-    SELECT r.id, r.tenant, r.priority, r.queued_at
+    SELECT r.id, r.tenant, r.priority, r.queued_at, r.kind
       FROM leasework.runs r
       JOIN leasework.tenants t ON t.name = r.tenant
      WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()
@@ -125,13 +140,13 @@ WITH live AS MATERIALIZED (
      LIMIT %(limit)s
        FOR UPDATE OF r, t SKIP LOCKED
 ), tenanted AS (
-    SELECT DISTINCT ON (c.tenant) c.id, c.tenant, c.priority, c.queued_at
+    SELECT DISTINCT ON (c.tenant) c.id, c.tenant, c.priority, c.queued_at, c.kind
       FROM (SELECT * FROM tenanted_queued
             UNION ALL
             SELECT * FROM tenanted_expired WHERE NOT leasework.limiter_conflict(id)) c
      ORDER BY c.tenant, c.priority, c.queued_at, c.id
 ), untenanted_queued AS MATERIALIZED (
-    SELECT c.id, NULL::text AS tenant, c.priority, c.queued_at
+    SELECT c.id, NULL::text AS tenant, c.priority, c.queued_at, k.kind
       FROM unnest((SELECT k FROM live)::text[]) AS k(kind), LATERAL (
         SELECT r.id, r.priority, r.queued_at
           FROM leasework.runs r
@@ -142,7 +157,7 @@ WITH live AS MATERIALIZED (
          LIMIT %(limit)s
            FOR UPDATE OF r SKIP LOCKED) c
 ), untenanted_expired AS MATERIALIZED (
-    SELECT r.id, r.tenant, r.priority, r.queued_at
+    SELECT r.id, r.tenant, r.priority, r.queued_at, r.kind
       FROM leasework.runs r
      WHERE r.tenant IS NULL
        AND r.status = 'running' AND r.lease_expires_at < leasework.now()
@@ -152,13 +167,22 @@ WITH live AS MATERIALIZED (
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
+), candidates AS MATERIALIZED (
+    SELECT * FROM tenanted
+    UNION ALL
+    SELECT * FROM untenanted_queued
+    UNION ALL
+    SELECT * FROM untenanted_expired
+), admitted AS MATERIALIZED (
+    SELECT leasework.admit(array_agg(id ORDER BY priority, queued_at, id),
+                           array_agg(kind ORDER BY priority, queued_at, id),
+                           array_agg(tenant ORDER BY priority, queued_at, id),
+                           %(limit)s, %(finishing)s::bigint, %(worker)s) AS ids
+      FROM candidates
 ), chosen AS MATERIALIZED (
     SELECT id, tenant
-      FROM (SELECT * FROM tenanted
-            UNION ALL
-            SELECT * FROM untenanted_queued
-            UNION ALL
-            SELECT * FROM untenanted_expired) u
+      FROM candidates
+     WHERE NOT (SELECT limited FROM live) OR id = ANY((SELECT ids FROM admitted)::bigint[])
      ORDER BY priority, queued_at, id
      LIMIT %(limit)s
 ), served AS (
@@ -427,7 +451,8 @@ RETURNING r.id = %(id)s::bigint AS sealed,
 -- name: quick_claim
 -- finish_and_claim_queued's claim (its <quick_claim>), for a worker of several kinds: claim_runs'
 -- untenanted_queued branch at the sealed run's priority, after the sealed run's (queued_at, id),
--- over the kinds polled less the paused ones. A fragment of that statement, not a statement.
+-- over the kinds polled less the paused ones and those with a cap or a rate (leasework.kind_limits:
+-- only claim_runs admits their runs). A fragment of that statement, not a statement.
 SELECT c.id
   FROM unnest(%(kinds)s::text[]) AS k(kind), LATERAL (
     SELECT r.id, r.priority, r.queued_at
@@ -442,6 +467,8 @@ SELECT c.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED) c
  WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)
+   AND NOT EXISTS (SELECT 1 FROM leasework.kind_limits l WHERE l.kind = k.kind
+                      AND (l.max_running IS NOT NULL OR l.rate_count IS NOT NULL))
  ORDER BY c.priority, c.queued_at, c.id
  LIMIT %(limit)s
 
@@ -457,6 +484,9 @@ SELECT r.id
                                 WHERE s.id = %(id)s::bigint), %(id)s::bigint)
    AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p
                     WHERE p.kind = (%(kinds)s::text[])[1])
+   AND NOT EXISTS (SELECT 1 FROM leasework.kind_limits l
+                    WHERE l.kind = (%(kinds)s::text[])[1]
+                      AND (l.max_running IS NOT NULL OR l.rate_count IS NOT NULL))
  ORDER BY r.priority, r.queued_at, r.id
  LIMIT %(limit)s
    FOR UPDATE OF r SKIP LOCKED
@@ -630,21 +660,34 @@ SELECT lease_expires_at
 -- name: next_due
 -- Seconds from now until a run of %(kinds)s may next be claimed or settled without anyone saying
 -- so, by what the table holds now: the first queued_at (a delayed run, a retry's backoff; or
--- one due already that the claim did not take, a row another session holds or a tenant held back:
--- 0 or less, so the idle worker polls every poll_interval) and the first lease_expires_at still
--- ahead (a run whose worker may be dead: reclaimed, or ended, once it passes). NULL: nothing, until something new arrives, which NOTIFYs (enqueue,
--- requeue, release, retry, resume, promotion, the supervisor's fast release). Paused kinds count
--- for nothing (resume NOTIFYs). Read by an idle worker after a claim found nothing, to know how
--- long it may sleep (workers/idle.py). Queued runs per live kind (and per tenant in the turns),
--- through leasework.next_due_at: one look-up per priority present, however many runs are delayed.
+-- one due already that the claim did not take, a row another session holds, a tenant held back
+-- or a kind at its cap: 0 or less, so the idle worker polls every poll_interval) and the first
+-- lease_expires_at still ahead (a run whose worker may be dead: reclaimed, or ended, once it
+-- passes). A kind with a rate (leasework.kind_limits) counts its runs due no sooner than its
+-- window has room again (leasework.rate_free_at: the kind's, or per tenant the tenant's), so
+-- workers idle while every due run is rate-limited sleep until the window frees, rather than
+-- poll. NULL: nothing, until something new arrives, which NOTIFYs (enqueue,
+-- requeue, release, retry, resume, promotion, the supervisor's fast release, a limit changed).
+-- Paused kinds count for nothing (resume NOTIFYs). Read by an idle worker after a claim found
+-- nothing, to know how long it may sleep (workers/idle.py). Queued runs per live kind (and per
+-- tenant in the turns), through leasework.next_due_at: one look-up per priority present, however
+-- many runs are delayed.
 WITH live AS MATERIALIZED (
-    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
+    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k,
+           ARRAY(SELECT l.kind FROM leasework.kind_limits l
+                  WHERE l.kind = ANY(%(kinds)s::text[]) AND l.rate_count IS NOT NULL) rated
 )
 SELECT extract(epoch FROM least(
-           (SELECT min(leasework.next_due_at(k.kind, NULL))
-              FROM unnest((SELECT k FROM live)::text[]) AS k(kind)),
-           (SELECT min(leasework.next_due_at(k.kind, t.name))
-              FROM leasework.tenants t, unnest((SELECT k FROM live)::text[]) AS k(kind)
+           (SELECT min(CASE WHEN d.at IS NOT NULL AND k.kind = ANY((SELECT rated FROM live)::text[])
+                            THEN greatest(d.at, leasework.rate_free_at(k.kind, NULL))
+                            ELSE d.at END)
+              FROM unnest((SELECT k FROM live)::text[]) AS k(kind),
+                   LATERAL (SELECT leasework.next_due_at(k.kind, NULL) AS at) d),
+           (SELECT min(CASE WHEN d.at IS NOT NULL AND k.kind = ANY((SELECT rated FROM live)::text[])
+                            THEN greatest(d.at, leasework.rate_free_at(k.kind, t.name))
+                            ELSE d.at END)
+              FROM leasework.tenants t, unnest((SELECT k FROM live)::text[]) AS k(kind),
+                   LATERAL (SELECT leasework.next_due_at(k.kind, t.name) AS at) d
              WHERE t.priority IS NOT NULL),
            (SELECT min(r.lease_expires_at)
               FROM leasework.runs r

@@ -6,6 +6,7 @@ still alone; an operator's value wins over the declared one until reset."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -15,7 +16,7 @@ from leasework import operations
 from leasework.errors import ConfigError, NotFound
 from leasework.leases import lease
 
-from ...conftest import expire_lease
+from ...conftest import expire_lease, wait_for
 from ..checks import KINDS, LEASE, claim_one, make_app
 
 Conn = psycopg.Connection[Any]
@@ -281,3 +282,77 @@ def test_a_full_kind_does_not_hold_back_its_tenants_other_runs(conn: Conn) -> No
     assert claim_one(conn, "w1") is not None  # the run without a tenant fills the cap
     nxt = claim_one(conn, "w2")
     assert nxt is not None and nxt.id == other
+
+
+def running(conn: Conn, run_id: int, worker: str = "rival") -> None:
+    """Mark a run running with a live lease, as a rival worker's claim would."""
+    conn.execute(
+        "UPDATE leasework.runs SET status = 'running', attempts = 1,"
+        " lease_owner = gen_random_uuid(), lease_worker = %s,"
+        " lease_expires_at = leasework.now() + interval '30 seconds',"
+        " started_at = leasework.now() WHERE id = %s",
+        (worker, run_id),
+    )
+
+
+def test_limiter_conflict_counts_a_group_up_to_its_kinds_limit(conn: Conn) -> None:
+    app = make_app()
+    ours = app.enqueue(conn, "job", tenant="ws", group="g")
+    a, b = (app.enqueue(conn, "other", tenant="ws", group="g") for _ in range(2))
+
+    def conflict() -> bool:
+        row = conn.execute("SELECT leasework.limiter_conflict(%s)", (ours,)).fetchone()
+        assert row is not None
+        return bool(row[0])
+
+    running(conn, a)
+    assert conflict()  # no group_limit: a group is one at a time
+    cap(conn, group_limit=2)
+    assert not conflict()
+    running(conn, b)
+    assert conflict(), "a third run in a group limited to 2 passed the re-check"
+
+
+GATE = 74208  # an advisory lock the statement under test waits on, after its snapshot
+
+ADMIT = """
+WITH gate AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(%(gate)s) AS g)
+SELECT leasework.admit(ARRAY[%(run)s]::bigint[], ARRAY['job'], ARRAY[NULL]::text[], 1, NULL,
+                       'w') AS taken,
+       EXISTS (SELECT 1 FROM leasework.runs o
+                WHERE o.id = %(rival)s AND o.status = 'running') AS stale
+  FROM gate
+"""
+
+
+def test_admit_counts_a_rivals_claim_committed_mid_statement(conn: Conn, dsn: str) -> None:
+    # The statement's snapshot predates the rival's claim; leasework.admit, under the kind's lock,
+    # counts it all the same (a fresh snapshot): the cap of 1 is full.
+    app = make_app()
+    ours, rival = app.enqueue(conn, "job", {}), app.enqueue(conn, "job", {})
+    cap(conn, max_running=1)
+    with (
+        psycopg.connect(dsn, autocommit=True) as holder,
+        psycopg.connect(dsn, autocommit=True) as checker,
+    ):
+        holder.execute("SELECT pg_advisory_lock(%s)", (GATE,))
+        result: list[Any] = []
+        t = threading.Thread(
+            target=lambda: result.append(
+                checker.execute(ADMIT, {"gate": GATE, "run": ours, "rival": rival}).fetchone()
+            ),
+            daemon=True,
+        )
+        t.start()
+        pid = checker.info.backend_pid
+        wait_for(
+            lambda: conn.execute(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+            == (True,)
+        )
+        running(conn, rival)
+        holder.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
+        t.join(10)
+        assert not t.is_alive()
+    assert result == [([], False)], "admit must count the rival the statement's snapshot cannot"

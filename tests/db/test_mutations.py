@@ -30,7 +30,9 @@ from leasework.queries import compact, parse
 
 from ..conftest import truncate_all
 from .checks import (
+    TENANTS,
     cancel_beats_reclaim,
+    capped_kind_takes_only_its_places,
     claim_order_is_priority_then_queued_at,
     claim_takes_only_its_kinds,
     delayed_run_is_claimed_only_when_due,
@@ -39,6 +41,7 @@ from .checks import (
     last_attempt_is_never_reclaimed,
     paused_kind_is_never_claimed,
     promotion_skips_an_open_enqueue_of_its_tenants_key,
+    rated_kind_claims_only_its_rate,
     sql_labels_refuse_every_unsafe_character,
     stale_owner_writes_nothing,
     waiting_run_waits_for_its_key,
@@ -522,3 +525,34 @@ LABELS_TAKE_DEL = FunctionMutation("leasework.label_problem(text)", r"\x7f-\x9f"
 def test_label_problem_accepting_del_is_caught(conn: Conn) -> None:
     err = function_fails_with(conn, LABELS_TAKE_DEL, sql_labels_refuse_every_unsafe_character)
     assert "(U+007F)" in str(err), err
+
+
+# Flow control (migration 0023): leasework.admit with its cap off by one, and the rate's window
+# read as empty (every claim let through, as if no window were kept). The checks run on both
+# branches of the claim (runs with and without a tenant).
+CAP_OFF_BY_ONE = FunctionMutation(
+    "leasework.admit(bigint[],text[],text[],integer,bigint,text)",
+    "CONTINUE WHEN room[j] < 1;",
+    "CONTINUE WHEN room[j] < 0;",
+)
+RATE_WINDOW_IGNORED = FunctionMutation(
+    "leasework.rate_used(bigint[],double precision,timestamp with time zone)",
+    "RETURN coalesce(used, 0);",
+    "RETURN 0;",
+)
+
+
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_a_cap_off_by_one_is_caught(conn: Conn, tenant: str | None) -> None:
+    err = function_fails_with(
+        conn, CAP_OFF_BY_ONE, partial(capped_kind_takes_only_its_places, tenant=tenant)
+    )
+    assert "runs of a kind capped at 2 were claimed" in str(err), err
+
+
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_a_rate_window_ignored_is_caught(conn: Conn, tenant: str | None) -> None:
+    err = function_fails_with(
+        conn, RATE_WINDOW_IGNORED, partial(rated_kind_claims_only_its_rate, tenant=tenant)
+    )
+    assert "claims of a kind rated 2 per 10 s within its period" in str(err), err

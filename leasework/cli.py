@@ -23,8 +23,16 @@ from .app import App, Family
 from .config import Config
 from .dashboard.settings import DashboardSettings
 from .errors import ConfigError, LeaseworkError, SchemaMissing
-from .operations import STATUSES
-from .status import instant_text, number_text, seconds_text, terminal_safe, tolerant
+from .operations import LIMIT_NAMES, STATUSES
+from .status import (
+    duration,
+    instant_text,
+    number_text,
+    rate_spec,
+    seconds_text,
+    terminal_safe,
+    tolerant,
+)
 from .text import json_visible
 
 F = TypeVar("F", bound=Family)
@@ -102,6 +110,20 @@ def _run_id(text: str) -> int:
     if not 1 <= value < 2**63:
         raise argparse.ArgumentTypeError("must be a positive integer below 2**63")
     return value
+
+
+def _count_or_none(text: str) -> int | None:
+    """A limit's count (its range is checked with the others') or `none`."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number or none, got {text!r}") from None
+
+
+def _text_or_none(text: str) -> str | None:
+    return None if text.strip().lower() == "none" else text
 
 
 def _common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -344,6 +366,66 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="turns for each turn of a tenant of weight 1, from 0.001 to 1000",
     )
+
+    p = sub.add_parser(
+        "limits",
+        help="flow control: each kind's caps and rates and how full they are; "
+        "`limits set` / `limits reset` at run time",
+    )
+    _common(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    lsub = p.add_subparsers(dest="limits_action", metavar="ACTION")
+    s = lsub.add_parser(
+        "set", help="set a kind's limits for every host now (they win over the app's until reset)"
+    )
+    _common(s)
+    _with_app(s)
+    s.add_argument("kind", metavar="KIND", help="the kind")
+    s.add_argument(
+        "--max-running",
+        type=_count_or_none,
+        default=argparse.SUPPRESS,
+        metavar="N|none",
+        help="runs of the kind holding a live lease at once, across every host (none: no cap)",
+    )
+    s.add_argument(
+        "--group-limit",
+        type=_count_or_none,
+        default=argparse.SUPPRESS,
+        metavar="N|none",
+        help="runs of one tenant's group at once (none: one at a time)",
+    )
+    s.add_argument(
+        "--rate",
+        type=_text_or_none,
+        default=argparse.SUPPRESS,
+        metavar="COUNT/PERIOD|none",
+        help="claims at most per period, such as 100/10s or 5/m (none: no rate)",
+    )
+    s.add_argument(
+        "--rate-per",
+        type=_text_or_none,
+        default=argparse.SUPPRESS,
+        metavar="tenant|none",
+        help="tenant: each tenant its own rate (none: one rate for the kind)",
+    )
+    s.add_argument(
+        "--tenant",
+        default=None,
+        help="with --rate: this tenant's own rate (a kind rated per tenant)",
+    )
+    r = lsub.add_parser(
+        "reset", help="drop what was set at run time: the app's declared limits hold again"
+    )
+    _common(r)
+    r.add_argument("kind", metavar="KIND", help="the kind")
+    r.add_argument(
+        "names",
+        nargs="*",
+        metavar="LIMIT",
+        help=f"only these ({', '.join(LIMIT_NAMES)}; default all)",
+    )
+    r.add_argument("--tenant", default=None, help="reset this tenant's own rate instead")
 
     p = sub.add_parser("schedules", help="periodic tasks with their next run")
     _common(p)
@@ -729,6 +811,8 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         db.check_schema(conn)
         run = operations.get_run(conn, args.run_id)
         now = operations.db_now(conn)
+        if run is not None:
+            run["held_back"] = operations.held_back(conn, args.run_id)
     if run is None:
         raise ConfigError(f"no run with id {args.run_id} (it may have been pruned)")
     if args.json:
@@ -765,6 +849,7 @@ def render_run(run: dict[str, Any], now: Any) -> str:
             if not run["processed_units"] and run["total_units"] is None
             else f"{run['processed_units']} / {run['total_units'] if run['total_units'] is not None else '?'}",
         ),
+        *[("held", why) for why in held_back_lines(run.get("held_back") or [], now)],
         ("created", _when(run["created_at"])),
         ("due", _when(run["queued_at"])),
         ("started", _when(run["started_at"])),
@@ -822,6 +907,44 @@ def render_run(run: dict[str, Any], now: Any) -> str:
     # Every value from the database is shown with its control characters escaped (as `status`
     # does): an error text or a payload cannot move the cursor or forge a line.
     return "\n".join(terminal_safe(line) for line in out) + "\n"
+
+
+def held_back_lines(held: Sequence[dict[str, Any]], now: Any) -> list[str]:
+    """Why a queued run is not being claimed now (operations.held_back), a line per reason."""
+
+    def until(at: Any) -> str:
+        try:
+            return f"{_when(at)} UTC (in {duration((at - now).total_seconds())})"
+        except (TypeError, AttributeError):
+            return _when(at)
+
+    out = []
+    for h in held:
+        reason = h.get("reason")
+        if reason == "not_due":
+            out.append(f"not due until {until(h['until'])}")
+        elif reason == "paused":
+            out.append("its kind is paused (leasework resume KIND)")
+        elif reason == "capped":
+            out.append(f"capped: {h['running']} of {h['max_running']} running (max_running)")
+        elif reason == "rate_limited":
+            spec = rate_spec(h["rate_count"], h["rate_seconds"])
+            whose = {"tenant": "its tenant's", "no tenant": "runs without a tenant:"}.get(
+                h["per"], "its kind's"
+            )
+            out.append(f"rate-limited until {until(h['until'])}: {whose} rate {spec} is used")
+        elif reason == "group_full":
+            out.append(
+                f"group full: {h['running']} of {h['group_limit']} running in group "
+                f"{h['group']} of tenant {h['tenant']} (group_limit)"
+            )
+        elif reason == "tenant_exclusive":
+            out.append(f"an exclusive run of tenant {h['tenant']} is running")
+        elif reason == "exclusive_waits":
+            out.append(f"exclusive: waits for {h['running']} running run(s) of tenant {h['tenant']}")
+        elif reason == "waiting":
+            out.append("waiting for its key's active run to end")
+    return out
 
 
 def _ids_or_filters(args: argparse.Namespace, action: str) -> None:
@@ -1073,6 +1196,68 @@ def cmd_tenants(args: argparse.Namespace, cfg: Config) -> int:
     return EXIT_OK
 
 
+def cmd_limits(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations, status
+
+    action = getattr(args, "limits_action", None)
+    known: list[str] = []
+    if action == "set" and cfg.app:
+        known = load_app(cfg.app, cfg).kinds()
+    given = {
+        name: getattr(args, name) for name in LIMIT_NAMES if hasattr(args, name)
+    } if action == "set" else {}
+    if action == "set" and args.tenant is not None and set(given) != {"rate"}:
+        raise ConfigError("limits set --tenant: give --rate (a tenant has a rate of its own only)")
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
+        db.check_schema(conn)
+        if action == "set" and args.tenant is not None:
+            operations.set_tenant_rate(conn, args.kind, args.tenant, given["rate"])
+            what = f"rate {given['rate']}" if given["rate"] else "the kind's rate again"
+            print(terminal_safe(f"{args.kind}: tenant {args.tenant}: {what}"))
+            return EXIT_OK
+        if action == "set":
+            overrides = operations.set_limits(conn, args.kind, known=known, **given)
+            shown = ", ".join(
+                f"{k} {_limit_text(v)}" for k, v in sorted(overrides.items()) if k in given
+            )
+            print(terminal_safe(f"{args.kind}: {shown} (until `leasework limits reset {args.kind}`)"))
+            return EXIT_OK
+        if action == "reset":
+            if args.tenant is not None:
+                operations.set_tenant_rate(conn, args.kind, args.tenant, None)
+                print(terminal_safe(f"{args.kind}: tenant {args.tenant}: the kind's rate again"))
+                return EXIT_OK
+            gone = operations.reset_limits(conn, args.kind, args.names or None)
+            print(
+                terminal_safe(
+                    f"{args.kind}: reset {', '.join(gone)}; the app's declared limits hold"
+                    if gone
+                    else f"{args.kind}: nothing was set at run time"
+                )
+            )
+            return EXIT_OK
+        rows = status.limits(conn)
+        now = operations.db_now(conn)
+    if args.json:
+        sys.stdout.write(json_text([_plain_row(r) for r in rows]) + "\n")
+        return EXIT_OK
+    if not rows:
+        print("no kind has a limit (README, \"Flow control\")")
+        return EXIT_OK
+    lines = status.limit_lines(rows, now.timestamp())
+    sys.stdout.write("\n".join(terminal_safe(line) for line in lines) + "\n")
+    return EXIT_OK
+
+
+def _limit_text(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list) and len(value) == 2:
+        return rate_spec(int(value[0]), float(value[1]))
+    return str(value)
+
+
 def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     from .stages.schedule import list_schedules
     from .status import duration
@@ -1204,6 +1389,7 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "upload": cmd_upload,
     "connections": cmd_connections,
     "tenants": cmd_tenants,
+    "limits": cmd_limits,
     "schedules": cmd_schedules,
     "dashboard": cmd_dashboard,
     "config": cmd_config,

@@ -107,14 +107,6 @@ def parse_rate(value: object, name: str = "rate") -> tuple[int, float]:
     return count, round(seconds, 6)
 
 
-def rate_text(count: int, seconds: float) -> str:
-    """A rate as parse_rate reads it: `100/10s`, `5/1m`, `1000/1h`."""
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
-        if seconds >= size and (seconds / size).is_integer():
-            return f"{count}/{int(seconds / size)}{unit}"
-    return f"{count}/{seconds:g}s"
-
-
 def check_limit(name: str, value: object) -> Any:
     """One limit's value as stored: max_running and group_limit an integer in
     MAX_RUNNING_RANGE, rate (count, seconds) from its text, rate_per one of RATE_PER; None removes
@@ -212,6 +204,62 @@ def get_run(conn: Conn, run_id: int) -> dict[str, Any] | None:
     (run_id,) = check_ids([run_id])
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(Q["get_run"], {"id": run_id}).fetchone()
+
+
+def held_back(conn: Conn, run_id: int) -> list[dict[str, Any]]:
+    """Why a queued run is not being claimed now, one entry per rule holding it (empty: nothing
+    does; a worker takes it when one is free), each {"reason": ..., ...}: `not_due` (until),
+    `paused`, `capped` (running, max_running), `rate_limited` (until, rate, per), `group_full`
+    (tenant, group, running, group_limit), `tenant_exclusive` (an exclusive run of its tenant
+    runs), `exclusive_waits` (running: the other runs of its tenant it waits for). A run that is
+    not queued: `waiting` for its key's active run, or nothing."""
+    (run_id,) = check_ids([run_id])
+    with conn.cursor(row_factory=dict_row) as cur:
+        r = cur.execute(Q["held_back"], {"id": run_id}).fetchone()
+    if r is None:
+        return []
+    if r["status"] == "waiting":
+        return [{"reason": "waiting", "detail": "an active run of its key: it waits its turn"}]
+    if r["status"] != "queued":
+        return []
+    out: list[dict[str, Any]] = []
+    if r["not_due"]:
+        out.append({"reason": "not_due", "until": r["queued_at"]})
+    if r["paused"]:
+        out.append({"reason": "paused"})
+    if r["max_running"] is not None and r["running"] >= r["max_running"]:
+        out.append(
+            {"reason": "capped", "running": r["running"], "max_running": r["max_running"]}
+        )
+    if r["rate_count"] is not None and r["rate_free_at"] > r["now"]:
+        per_tenant = r["rate_per"] is not None and r["tenant"] is not None
+        out.append(
+            {
+                "reason": "rate_limited",
+                "until": r["rate_free_at"],
+                "rate_count": r["tenant_rate_count"] if per_tenant else r["rate_count"],
+                "rate_seconds": r["tenant_rate_seconds"] if per_tenant else r["rate_seconds"],
+                "per": "tenant" if per_tenant else ("no tenant" if r["rate_per"] else "kind"),
+            }
+        )
+    if r["tenant"] is not None:
+        if r["exclusive_running"]:
+            out.append({"reason": "tenant_exclusive", "tenant": r["tenant"]})
+        elif r["exclusive"] and r["tenant_running"]:
+            out.append(
+                {"reason": "exclusive_waits", "tenant": r["tenant"], "running": r["tenant_running"]}
+            )
+        elif r["group"] is not None and r["group_running"] >= r["group_limit"]:
+            out.append(
+                {
+                    "reason": "group_full",
+                    "tenant": r["tenant"],
+                    "group": r["group"],
+                    "running": r["group_running"],
+                    "group_limit": r["group_limit"],
+                }
+            )
+    return out
 
 
 def list_runs(
@@ -473,16 +521,6 @@ def set_tenant_weight(conn: Conn, name: str, weight: float) -> None:
 # -- flow control: limits set at run time ---------------------------------------------------------
 
 
-def limits(conn: Conn) -> list[dict[str, Any]]:
-    """Every kind with a limit: its effective max_running, group_limit, rate (rate_count per
-    rate_seconds) and rate_per, what its app declared and what an operator set (`declared`,
-    `overrides`), and how full it is now: `running` (live leases), `rate_used` and `rate_free_at`
-    (its window), `due` (queued runs due), `paused`, and `tenant_rates` (tenants with a rate of
-    their own)."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(Q["limits"]).fetchall()
-
-
 def set_limits(
     conn: Conn, kind: str, *, known: Iterable[str] = (), **changes: Any
 ) -> dict[str, Any]:
@@ -634,13 +672,12 @@ __all__ = [
     "Page",
     "delete",
     "get_run",
-    "limits",
+    "held_back",
     "list_runs",
     "parse_rate",
     "parse_since",
     "pause",
     "paused",
-    "rate_text",
     "reset_limits",
     "resume",
     "retry",

@@ -162,33 +162,6 @@ INSERT INTO leasework.tenants (name, weight) VALUES (%(name)s, %(weight)s)
 ON CONFLICT (name) DO UPDATE SET weight = EXCLUDED.weight
 RETURNING name, weight
 
--- name: limits
--- Every kind with a limit (leasework.kind_limits) and how full it is now: its live leases (the
--- places its cap counts), the claims its rate's window counts now (the kind's; rated per tenant,
--- those of its runs without a tenant) and when that window has room again, its due queued runs,
--- and the tenants an operator gave a rate of their own.
-SELECT l.kind, l.max_running, l.group_limit, l.rate_count, l.rate_seconds, l.rate_per,
-       l.declared, l.overrides,
-       leasework.running_of_kind(l.kind, NULL, NULL) AS running,
-       CASE WHEN l.rate_count IS NOT NULL
-            THEN least(leasework.rate_used(l.win, l.rate_seconds, leasework.now()),
-                       2147483647) END AS rate_used,
-       CASE WHEN l.rate_count IS NOT NULL
-            THEN leasework.rate_window_free_at(l.win, l.rate_count, l.rate_seconds,
-                                               leasework.now()) END AS rate_free_at,
-       (SELECT count(*) FROM leasework.runs r
-         WHERE r.kind = l.kind AND r.status = 'queued' AND r.queued_at <= leasework.now())
-           AS due,
-       EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = l.kind) AS paused,
-       coalesce((SELECT jsonb_agg(jsonb_build_object('tenant', t.tenant, 'rate_count', t.rate_count,
-                                                     'rate_seconds', t.rate_seconds)
-                                  ORDER BY t.tenant)
-                   FROM leasework.tenant_rates t
-                  WHERE t.kind = l.kind AND t.rate_count IS NOT NULL), '[]') AS tenant_rates
-  FROM leasework.kind_limits l
- WHERE l.max_running IS NOT NULL OR l.group_limit IS NOT NULL OR l.rate_count IS NOT NULL
- ORDER BY l.kind
-
 -- name: lock_limits
 -- One kind's limits row, locked until the change commits (claims of the kind wait meanwhile).
 SELECT kind, declared, overrides, rate_count, rate_per
@@ -230,3 +203,36 @@ INSERT INTO leasework.kind_limits AS l (kind, declared) VALUES (%(kind)s, %(decl
 ON CONFLICT (kind) DO UPDATE SET declared = EXCLUDED.declared
  WHERE l.declared IS DISTINCT FROM EXCLUDED.declared
 RETURNING l.kind, pg_notify('leasework', l.kind) IS NULL AS notified
+
+-- name: held_back
+-- What keeps a queued run from being claimed now, each rule the claim applies (README, "Flow
+-- control"; docs/state-machine.md): its due time, its kind paused, its kind at its cap
+-- (max_running: live leases), its rate's window full (the kind's, or its tenant's) and when it has
+-- room again, its tenant's group full (live leases against its kind's group_limit), an exclusive
+-- run of its tenant running, or, exclusive itself, other runs of its tenant running. Read in one
+-- snapshot; a claim may take the run a moment later (or another run first).
+SELECT r.status, r.queued_at, r.tenant, r."group", r.exclusive,
+       r.queued_at > leasework.now() AS not_due,
+       EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = r.kind) AS paused,
+       l.max_running, l.rate_count, l.rate_seconds, l.rate_per,
+       leasework.running_of_kind(r.kind, NULL, NULL) AS running,
+       leasework.rate_free_at(r.kind, r.tenant) AS rate_free_at,
+       leasework.now() AS now,
+       coalesce(l.group_limit, 1) AS group_limit,
+       (SELECT count(*) FROM leasework.runs o
+         WHERE o.tenant = r.tenant AND o."group" = r."group" AND o.id <> r.id
+           AND o.status = 'running' AND o.lease_expires_at >= leasework.now()) AS group_running,
+       (SELECT count(*) FROM leasework.runs o
+         WHERE o.tenant = r.tenant AND o.id <> r.id AND o.exclusive
+           AND o.status = 'running' AND o.lease_expires_at >= leasework.now()) AS exclusive_running,
+       (SELECT count(*) FROM leasework.runs o
+         WHERE o.tenant = r.tenant AND o.id <> r.id
+           AND o.status = 'running' AND o.lease_expires_at >= leasework.now()) AS tenant_running,
+       coalesce((SELECT t.rate_count FROM leasework.tenant_rates t
+                  WHERE t.kind = r.kind AND t.tenant = r.tenant), l.rate_count) AS tenant_rate_count,
+       coalesce((SELECT t.rate_seconds FROM leasework.tenant_rates t
+                  WHERE t.kind = r.kind AND t.tenant = r.tenant), l.rate_seconds)
+           AS tenant_rate_seconds
+  FROM leasework.runs r
+  LEFT JOIN leasework.kind_limits l ON l.kind = r.kind
+ WHERE r.id = %(id)s

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework import operations
+from leasework import operations, status
 from leasework.errors import ConfigError, NotFound
 from leasework.leases import lease
 
@@ -156,10 +156,10 @@ def test_an_operators_cap_wins_over_the_declared_one_until_reset(conn: Conn) -> 
     # None removes the declared cap until reset.
     cap(conn, max_running=None)
     assert claim_one(conn, "w4") is not None
-    assert operations.limits(conn) == []
+    assert status.limits(conn) == []
     # A declaration without limits clears the row once no operator value is left.
     operations.reset_limits(conn, "job")
-    assert [r["kind"] for r in operations.limits(conn)] == ["job"]
+    assert [r["kind"] for r in status.limits(conn)] == ["job"]
     assert operations.declare_limits(conn, {"job": {}}) == ["job"]
     assert conn.execute("SELECT count(*) FROM leasework.kind_limits").fetchone() == (0,)
 

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework import App, operations
+from leasework import App, operations, status
 from leasework.errors import ConfigError
 from leasework.leases import lease
 from leasework.workers.worker import Worker
@@ -78,7 +78,7 @@ def test_a_rate_per_tenant_gives_each_tenant_its_budget(conn: Conn) -> None:
     assert claim_all(conn, "w", limit=5) == [t1[2]]
     assert claim_all(conn, "w") == []
     operations.set_tenant_rate(conn, "job", "t1", None)  # back to the kind's
-    rows = operations.limits(conn)
+    rows = status.limits(conn)
     assert rows[0]["tenant_rates"] == []
 
 
@@ -136,9 +136,9 @@ def test_rates_are_parsed_as_written(conn: Conn) -> None:
     assert operations.parse_rate("5/m") == (5, 60.0)
     assert operations.parse_rate(" 1000 / 1h ") == (1000, 3600.0)
     assert operations.parse_rate("10/500ms") == (10, 0.5)
-    assert operations.rate_text(100, 10.0) == "100/10s"
-    assert operations.rate_text(5, 60.0) == "5/1m"
-    assert operations.rate_text(7, 86400.0) == "7/1d"
+    assert status.rate_spec(100, 10.0) == "100/10s"
+    assert status.rate_spec(5, 60.0) == "5/1m"
+    assert status.rate_spec(7, 86400.0) == "7/1d"
 
 
 # -- idle workers sleep until the window frees -------------------------------------------------

@@ -189,3 +189,26 @@ def test_admit_holds_each_tenant_to_its_window(conn: Conn) -> None:
         ([a, b, c],),
     ).fetchone()
     assert row == ([a, c],)
+
+
+def test_maintenance_prunes_the_windows_that_count_nothing(conn: Conn) -> None:
+    from leasework.config import Config
+    from leasework.stages.maintenance import prune_rate_windows
+
+    app = make_app()
+    for tenant in ("t1", "t2", "t3"):
+        app.enqueue(conn, "job", {}, tenant=tenant)
+    rate(conn, rate="1/10s", rate_per="tenant")
+    for i in range(3):
+        claim_all(conn, f"w{i}")
+    operations.set_tenant_rate(conn, "job", "t3", "5/10s")  # a rate of its own: kept
+
+    def rows() -> list[str]:
+        return [r[0] for r in conn.execute("SELECT tenant FROM leasework.tenant_rates ORDER BY 1")]
+
+    assert rows() == ["t1", "t2", "t3"]
+    assert prune_rate_windows(conn, Config(), 100) == 0  # every window still counts its claim
+    shift_clock(conn, 10.6)
+    assert prune_rate_windows(conn, Config(), 1) == 1  # bounded
+    assert prune_rate_windows(conn, Config(), 100) == 1
+    assert rows() == ["t3"]

@@ -26,6 +26,7 @@ from .errors import ConfigError, LeaseworkError, SchemaMissing
 from .operations import LIMIT_NAMES, STATUSES
 from .status import (
     duration,
+    held_back_lines,
     instant_text,
     number_text,
     rate_spec,
@@ -823,8 +824,6 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def render_run(run: dict[str, Any], now: Any) -> str:
-    from .status import duration
-
     paused = " (kind paused)" if run.get("kind_paused") else ""
     fields = [
         ("run", f"#{run['id']}"),
@@ -907,44 +906,6 @@ def render_run(run: dict[str, Any], now: Any) -> str:
     # Every value from the database is shown with its control characters escaped (as `status`
     # does): an error text or a payload cannot move the cursor or forge a line.
     return "\n".join(terminal_safe(line) for line in out) + "\n"
-
-
-def held_back_lines(held: Sequence[dict[str, Any]], now: Any) -> list[str]:
-    """Why a queued run is not being claimed now (operations.held_back), a line per reason."""
-
-    def until(at: Any) -> str:
-        try:
-            return f"{_when(at)} UTC (in {duration((at - now).total_seconds())})"
-        except (TypeError, AttributeError):
-            return _when(at)
-
-    out = []
-    for h in held:
-        reason = h.get("reason")
-        if reason == "not_due":
-            out.append(f"not due until {until(h['until'])}")
-        elif reason == "paused":
-            out.append("its kind is paused (leasework resume KIND)")
-        elif reason == "capped":
-            out.append(f"capped: {h['running']} of {h['max_running']} running (max_running)")
-        elif reason == "rate_limited":
-            spec = rate_spec(h["rate_count"], h["rate_seconds"])
-            whose = {"tenant": "its tenant's", "no tenant": "runs without a tenant:"}.get(
-                h["per"], "its kind's"
-            )
-            out.append(f"rate-limited until {until(h['until'])}: {whose} rate {spec} is used")
-        elif reason == "group_full":
-            out.append(
-                f"group full: {h['running']} of {h['group_limit']} running in group "
-                f"{h['group']} of tenant {h['tenant']} (group_limit)"
-            )
-        elif reason == "tenant_exclusive":
-            out.append(f"an exclusive run of tenant {h['tenant']} is running")
-        elif reason == "exclusive_waits":
-            out.append(f"exclusive: waits for {h['running']} running run(s) of tenant {h['tenant']}")
-        elif reason == "waiting":
-            out.append("waiting for its key's active run to end")
-    return out
 
 
 def _ids_or_filters(args: argparse.Namespace, action: str) -> None:
@@ -1260,7 +1221,6 @@ def _limit_text(value: Any) -> str:
 
 def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     from .stages.schedule import list_schedules
-    from .status import duration
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         tolerant(conn)  # a reader: any value a row holds is shown, none is an error

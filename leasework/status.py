@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -347,6 +348,44 @@ def limit_lines(rows: list[dict[str, Any]], now: float | None = None) -> list[st
             out.append(f"    tenant {t['tenant'][:40]}: rate* {spec}"[:80])
     if any("*" in line for line in out):
         out.append("  (* set at run time: `leasework limits reset KIND` for the app's)")
+    return out
+
+
+def held_back_lines(held: Sequence[dict[str, Any]], now: Any) -> list[str]:
+    """Why a queued run is not being claimed now (operations.held_back), a line per reason."""
+
+    def until(at: Any) -> str:
+        try:
+            return f"{instant_text(at)} UTC (in {duration((at - now).total_seconds())})"
+        except (TypeError, AttributeError):
+            return instant_text(at)
+
+    out = []
+    for h in held:
+        reason = h.get("reason")
+        if reason == "not_due":
+            out.append(f"not due until {until(h['until'])}")
+        elif reason == "paused":
+            out.append("its kind is paused (leasework resume KIND)")
+        elif reason == "capped":
+            out.append(f"capped: {h['running']} of {h['max_running']} running (max_running)")
+        elif reason == "rate_limited":
+            spec = rate_spec(h["rate_count"], h["rate_seconds"])
+            whose = {"tenant": "its tenant's", "no tenant": "runs without a tenant:"}.get(
+                h["per"], "its kind's"
+            )
+            out.append(f"rate-limited until {until(h['until'])}: {whose} rate {spec} is used")
+        elif reason == "group_full":
+            out.append(
+                f"group full: {h['running']} of {h['group_limit']} running in group "
+                f"{h['group']} of tenant {h['tenant']} (group_limit)"
+            )
+        elif reason == "tenant_exclusive":
+            out.append(f"an exclusive run of tenant {h['tenant']} is running")
+        elif reason == "exclusive_waits":
+            out.append(f"exclusive: waits for {h['running']} running run(s) of tenant {h['tenant']}")
+        elif reason == "waiting":
+            out.append("waiting for its key's active run to end")
     return out
 
 

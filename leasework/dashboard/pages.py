@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 import orjson
 
-from ..status import instant_text, number_text
+from ..status import held_back_lines, instant_text, number_text, rate_spec
 from ..text import UNSAFE
 
 
@@ -268,6 +268,7 @@ def overview(
         _queue_section(
             snap.get("runs_by_kind") or {}, {str(p.get("kind")) for p in snap.get("paused") or []}
         ),
+        _limits_section(snap.get("limits") or []),
         _pools_section(snap.get("pools") or []),
         _workers_section(workers, v),
         _connections_section(snap.get("connections") or [], v),
@@ -324,6 +325,45 @@ def _queue_section(by_kind: Mapping[str, Mapping[str, int]], paused: set[str]) -
     ]
     headers = ["kind", *(f"#{s}" for s in STATUS_ORDER)]
     return f'<section id="queue"><h2>Runs by kind</h2>{table(headers, rows, empty="no runs")}</section>'
+
+
+def _limits_section(limits: Sequence[Mapping[str, Any]]) -> str:
+    """Each kind with a limit (README, "Flow control"): its cap and how full, its group limit, its
+    rate and the claims its window counts, the due runs held back; `*` set at run time (they win
+    over the app's until `leasework limits reset`). Nothing when no kind has a limit."""
+    if not limits:
+        return ""
+    rows = []
+    for r in limits:
+        set_now = r.get("overrides") or {}
+
+        def mark(name: str, set_now: Mapping[str, Any] = set_now) -> str:
+            return "*" if name in set_now else ""
+
+        cap = (
+            f"{r.get('running')} of {r['max_running']}{mark('max_running')}"
+            if r.get("max_running") is not None
+            else ""
+        )
+        group = f"{r['group_limit']}{mark('group_limit')}" if r.get("group_limit") else ""
+        rate = ""
+        if r.get("rate_count") is not None:
+            per = f" per {r['rate_per']}" if r.get("rate_per") else ""
+            rate = f"{rate_spec(r['rate_count'], r['rate_seconds'])}{mark('rate')}{per}"
+            rate += f" ({r.get('rate_used')} used)"
+        state = {"capped": "at its cap", "rate_limited": "rate-limited"}.get(
+            str(r.get("closed")), ""
+        )
+        held = f"{r.get('held_back')} of {r.get('due')}" if r.get("due") else "0"
+        rows.append(
+            [esc(r.get("kind")), esc(cap), esc(group), esc(rate), esc(state), esc(held)]
+        )
+    headers = ["kind", "running / max_running", "group_limit", "rate", "now", "due held back"]
+    return (
+        '<section id="limits"><h2>Limits</h2>'
+        + table(headers, rows, empty="no limits")
+        + '<p class="muted">* set at run time (leasework limits reset KIND)</p></section>'
+    )
 
 
 def _pools_section(pools: Sequence[Mapping[str, Any]]) -> str:
@@ -500,6 +540,9 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
         fields.append(("cancel requested (UTC)", esc(when(run.get("cancel_requested_at")))))
     if run.get("kind_paused"):
         fields.append(("kind paused", status_badge("paused")))
+    held = held_back_lines(run.get("held_back") or [], now)
+    if held:
+        fields.append(("held back", "<br>".join(esc(line) for line in held)))
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{value}</dd>" for k, value in fields)
     parts = [
         f'<section id="run"><h2>Run #{esc(rid)}</h2><dl>{dl}</dl></section>',

@@ -389,6 +389,8 @@ class DashboardApp:
         with self.session() as conn:
             row = operations.get_run(conn, run_id)
             now = operations.db_now(conn)
+            if row is not None:
+                row["held_back"] = operations.held_back(conn, run_id)
         if row is None:
             return None
         return pages.run_page(row, now=now, v=v)

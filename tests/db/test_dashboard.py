@@ -232,6 +232,14 @@ def test_metrics_show_each_limit_and_the_runs_it_holds_back(dash: Dashboard, con
     assert get("leasework_kind_rate_period_seconds", kind="crm.sync") == 10
     assert get("leasework_rate_limited", kind="crm.sync", reason="rate_limited") == 2
     assert get("leasework_rate_limited", kind="crm.sync", reason="capped") == 0
+    # The overview's Limits section, and a held-back run's page says why.
+    page = request(dash.url).text
+    assert '<section id="limits">' in page and "1 of 1*" in page and "1/10s* per tenant" in page
+    held = conn.execute(
+        "SELECT min(id) FROM leasework.runs WHERE kind = 'export' AND status = 'queued'"
+    ).fetchone()
+    assert held is not None
+    assert "capped: 1 of 1 running (max_running)" in request(f"{dash.url}runs/{held[0]}").text
     if PROMTOOL is not None:
         check = subprocess.run(
             [PROMTOOL, "check", "metrics"],

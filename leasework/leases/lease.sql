@@ -81,23 +81,19 @@ WITH rules AS MATERIALIZED (
       FROM leasework.kind_limits l
      WHERE l.kind = ANY(%(kinds)s::text[])
 ), live AS MATERIALIZED (
-    SELECT coalesce(array_agg(u.kind), '{}') AS k,
-           coalesce(array_agg(coalesce(g.group_limit, 1)), '{}') AS g,
-           coalesce(array_agg(coalesce(g.per_tenant, false)), '{}') AS p,
-           coalesce(bool_or(g.limited), false) AS limited
-      FROM (SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) u(kind)
-      LEFT JOIN rules g ON g.kind = u.kind
-     WHERE coalesce(g.open, true)
+    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds
+                 EXCEPT SELECT kind FROM rules WHERE NOT open) k,
+           EXISTS (SELECT 1 FROM rules WHERE limited) AS limited
 ), tenanted_queued AS MATERIALIZED (
     SELECT p.* FROM (
     SELECT c.id, t.name AS tenant, c.priority, c.queued_at, c.kind
       FROM leasework.tenants t, LATERAL (
         SELECT h.*
-          FROM unnest((SELECT k FROM live)::text[], (SELECT g FROM live)::int[],
-                      (SELECT p FROM live)::bool[]) AS k(kind, group_limit, per_tenant), LATERAL (
+          FROM unnest((SELECT k FROM live)::text[]) AS k(kind)
+          LEFT JOIN rules g ON g.kind = k.kind, LATERAL (
             SELECT r.id, r.priority, r.queued_at, r.kind
               FROM leasework.runs r
-             WHERE (NOT k.per_tenant OR leasework.tenant_rate_open(k.kind, t.name))
+             WHERE (g.per_tenant IS NOT TRUE OR leasework.tenant_rate_open(k.kind, t.name))
                AND r.tenant = t.name AND r.kind = k.kind
                AND coalesce((SELECT h.queued_at <= leasework.now() FROM leasework.runs h
                               WHERE h.tenant = t.name AND h.kind = k.kind AND h.status = 'queued'
@@ -112,7 +108,7 @@ WITH rules AS MATERIALIZED (
                        AND o.id <> r.id
                        AND o.lease_expires_at >= leasework.now()
                        AND (o.exclusive OR r.exclusive OR o."group" = r."group")
-                    OFFSET CASE WHEN r.exclusive THEN 0 ELSE k.group_limit - 1 END)
+                    OFFSET CASE WHEN r.exclusive THEN 0 ELSE coalesce(g.group_limit, 1) - 1 END)
              ORDER BY r.priority, r.queued_at, r.id
              LIMIT 1
                FOR UPDATE OF r SKIP LOCKED) h
@@ -382,8 +378,8 @@ WITH finished AS (
 ), claimed AS (
 <claim_runs>
 )
-SELECT (SELECT count(*) FROM finished) AS finished, c.*
-  FROM (SELECT) AS one
+SELECT f.n AS finished, c.*
+  FROM (SELECT count(*) AS n FROM finished) f
   LEFT JOIN claimed c ON true
 
 -- name: finish_and_claim_queued

@@ -183,9 +183,13 @@ $$;
 -- the kind has no rate per tenant.
 CREATE OR REPLACE FUNCTION leasework.tenant_rate(
     l leasework.kind_limits, t leasework.tenant_rates, OUT count integer, OUT seconds double precision)
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN l.rate_per = 'tenant' THEN coalesce(t.rate_count, l.rate_count) END,
-           CASE WHEN l.rate_per = 'tenant' THEN coalesce(t.rate_seconds, l.rate_seconds) END;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF l.rate_per = 'tenant' THEN
+        count := coalesce(t.rate_count, l.rate_count);
+        seconds := coalesce(t.rate_seconds, l.rate_seconds);
+    END IF;
+END
 $$;
 
 -- Whether the claim may look at the runs of kind `l` at all, in the claim's own snapshot (a
@@ -211,44 +215,62 @@ $$;
 -- cost every claim of every kind).
 CREATE OR REPLACE FUNCTION leasework.running_of_kind(kind text, finishing bigint, worker text)
 RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT count(*)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    n bigint;
+BEGIN
+    SELECT count(*) INTO n
       FROM leasework.runs r
      WHERE r.status = 'running' AND r.lease_expires_at >= leasework.now()
        AND r.kind = running_of_kind.kind
        AND (running_of_kind.finishing IS NULL OR r.id <> running_of_kind.finishing
             OR r.lease_worker IS DISTINCT FROM running_of_kind.worker);
+    RETURN n;
+END
 $$;
 
 -- Whether a tenant's runs of a kind rated per tenant have room for one more claim, in the
 -- claim's snapshot (the walk's hint; leasework.admit decides).
 CREATE OR REPLACE FUNCTION leasework.tenant_rate_open(kind text, tenant text)
 RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce((
-        SELECT leasework.rate_used(t.win, r.seconds, leasework.now()) < r.count
-          FROM leasework.kind_limits l
-          LEFT JOIN leasework.tenant_rates t
-            ON t.kind = l.kind AND t.tenant = tenant_rate_open.tenant
-         CROSS JOIN LATERAL leasework.tenant_rate(l, t) r
-         WHERE l.kind = tenant_rate_open.kind), true);
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    l leasework.kind_limits;
+    t leasework.tenant_rates;
+    r record;
+BEGIN
+    SELECT * INTO l FROM leasework.kind_limits x WHERE x.kind = tenant_rate_open.kind;
+    IF l.rate_count IS NULL OR l.rate_per IS NULL THEN
+        RETURN true;
+    END IF;
+    SELECT * INTO t FROM leasework.tenant_rates x
+     WHERE x.kind = tenant_rate_open.kind AND x.tenant = tenant_rate_open.tenant;
+    r := leasework.tenant_rate(l, t);
+    RETURN leasework.rate_used(t.win, r.seconds, leasework.now()) < r.count;
+END
 $$;
 
 -- When a run of `kind` (and `tenant`: NULL for runs without one) fits in its rate again: NULL
 -- when it has no rate, now when it fits now. Serves next_due: an idle worker sleeps until then.
 CREATE OR REPLACE FUNCTION leasework.rate_free_at(kind text, tenant text)
 RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT CASE
-               WHEN l.rate_per IS NULL OR rate_free_at.tenant IS NULL
-               THEN leasework.rate_window_free_at(l.win, l.rate_count, l.rate_seconds,
-                                                  leasework.now())
-               ELSE leasework.rate_window_free_at(t.win, r.count, r.seconds, leasework.now())
-           END
-      FROM leasework.kind_limits l
-      LEFT JOIN leasework.tenant_rates t ON t.kind = l.kind AND t.tenant = rate_free_at.tenant
-      CROSS JOIN LATERAL leasework.tenant_rate(l, t) r
-     WHERE l.kind = rate_free_at.kind AND l.rate_count IS NOT NULL;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    l leasework.kind_limits;
+    t leasework.tenant_rates;
+    r record;
+BEGIN
+    SELECT * INTO l FROM leasework.kind_limits x WHERE x.kind = rate_free_at.kind;
+    IF l.rate_count IS NULL THEN
+        RETURN NULL;
+    ELSIF l.rate_per IS NULL OR rate_free_at.tenant IS NULL THEN
+        RETURN leasework.rate_window_free_at(l.win, l.rate_count, l.rate_seconds, leasework.now());
+    END IF;
+    SELECT * INTO t FROM leasework.tenant_rates x
+     WHERE x.kind = rate_free_at.kind AND x.tenant = rate_free_at.tenant;
+    r := leasework.tenant_rate(l, t);
+    RETURN leasework.rate_window_free_at(t.win, r.count, r.seconds, leasework.now());
+END
 $$;
 
 -- The admission of a claim's candidates (claim_runs' `chosen`, when a kind it may take has a cap
@@ -319,7 +341,7 @@ BEGIN
             SELECT * INTO l FROM leasework.kind_limits x WHERE x.kind = lk[j];
             SELECT * INTO t FROM leasework.tenant_rates x
              WHERE x.kind = lk[j] AND x.tenant = tenants[i];
-            SELECT * INTO r FROM leasework.tenant_rate(l, t);
+            r := leasework.tenant_rate(l, t);
             CONTINUE WHEN leasework.rate_used(t.win, r.seconds, at) >= r.count;
             INSERT INTO leasework.tenant_rates AS x (kind, tenant, win)
             VALUES (lk[j], tenants[i], leasework.rate_recorded(NULL, r.seconds, at, 1))

@@ -174,3 +174,61 @@ def test_no_claim_ever_admits_a_run_past_a_cap_or_a_rate(
             shift_clock(c, offset)
     if limits.rate is not None:
         check_rate(times, *limits.rate)
+
+
+@pytest.mark.parametrize("chain", [False, True], ids=["whole", "chained"])
+def test_workers_sealing_and_claiming_a_capped_kind_never_wait_on_each_other(
+    conn: Conn, racers: list[Conn], chain: bool
+) -> None:
+    # Each racer seals its run and claims the next in one statement (finish_and_claim), as a
+    # worker does one at a time, with the lock_timeout workers run with: a claim that waited on
+    # another (they once deadlocked: a claim's scan keeps a lock on a run it skipped, which its
+    # worker was sealing while it waited for the kind's row) fails here with a lock timeout.
+    app = make_app()
+    total = 300
+    app.enqueue_many(conn, "job", [{} for _ in range(total)])
+    operations.set_limits(conn, "job", known=KINDS, max_running=3, rate="100000/1s")
+    for c in racers:
+        c.execute("SET lock_timeout = '500ms'")
+    done: list[int] = []
+    errors: list[BaseException] = []
+    over: list[int] = []
+    start = threading.Barrier(len(racers))
+
+    def drain(i: int) -> None:
+        c = racers[i]
+        kept = lease.Chain() if chain else None
+        try:
+            start.wait(10)
+            claims = lease.claim_runs(c, ["job"], worker=f"w{i}", lease=LEASE)
+            claim = claims[0] if claims else None
+            while claim is not None:
+                live = c.execute(
+                    "SELECT count(*) FROM leasework.runs WHERE kind = 'job'"
+                    " AND status = 'running' AND lease_expires_at >= leasework.now()"
+                ).fetchone()
+                if live is not None and live[0] > 3:
+                    over.append(live[0])
+                done.append(claim.id)
+                _, claim = lease.finish_and_claim(
+                    c, claim, ["job"], worker=f"w{i}", lease=LEASE, chain=kept
+                )
+                if claim is None:  # the cap was full when it asked: ask again until none is due
+                    left = c.execute(
+                        "SELECT count(*) FROM leasework.runs WHERE status = 'queued'"
+                    ).fetchone()
+                    if left and left[0]:
+                        claims = lease.claim_runs(c, ["job"], worker=f"w{i}", lease=LEASE)
+                        claim = claims[0] if claims else None
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(RACERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a racer did not finish in time"
+    assert not errors, errors[0]
+    assert not over, f"{max(over)} runs of a kind capped at 3 held live leases at once"
+    assert sorted(done) == sorted(set(done)) and len(done) == total

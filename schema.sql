@@ -1074,7 +1074,9 @@ CREATE TABLE IF NOT EXISTS leasework.tenant_rates (
 
 -- A rate's window: the claims it admitted, counted in slices of a twentieth of its period, as
 -- one bigint[]: {slice width in microseconds, the newest slice's number (database time in
--- microseconds since the epoch / width), then 41 counts, of the slices newest - 40 .. newest}.
+-- microseconds since the epoch / width), then 42 running totals: the claims recorded before the
+-- slice newest - 40, and up to each of the slices newest - 40 .. newest}. Running totals, so that
+-- the claims since a slice are one subtraction (a claim reads the window, and most write it).
 -- A claim at time t (its leasework.now(), which it writes as started_at) in slice c counts every
 -- claim recorded in slices c - 20 and later: each one made within the period before it, and
 -- more (up to a twentieth of the period older: a claim frees its place T to T + T/20 after it
@@ -1092,17 +1094,14 @@ RETURNS bigint[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
     width bigint := greatest(1, round(seconds * 50000))::bigint;
-    total bigint;
 BEGIN
-    IF win IS NULL OR cardinality(win) <> 43 THEN
+    IF win IS NULL OR cardinality(win) <> 44 THEN
         RETURN NULL;
-    END IF;
-    IF win[1] = width THEN
+    ELSIF win[1] = width THEN
         RETURN win;
     END IF;
-    SELECT sum(x) INTO total FROM unnest(win[3:43]) AS x;
     RETURN ARRAY[width, ((win[2] + 1) * win[1] - 1) / width]
-           || array_fill(0::bigint, ARRAY[40]) || ARRAY[coalesce(total, 0)];
+           || array_fill(0::bigint, ARRAY[41]) || ARRAY[win[44] - win[3]];
 END
 $$;
 
@@ -1124,7 +1123,6 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
     w bigint[] := leasework.rate_window(win, seconds);
     d bigint;  -- the claim's slice less the newest recorded
-    used bigint;
 BEGIN
     IF w IS NULL THEN
         RETURN 0;
@@ -1135,8 +1133,8 @@ BEGIN
     ELSIF d > 20 THEN
         RETURN 0;
     END IF;
-    SELECT sum(x) INTO used FROM unnest(w[greatest(3, d + 23)::integer:43]) AS x;
-    RETURN coalesce(used, 0);
+    -- The total up to the newest slice, less the total up to the slice before c - 20.
+    RETURN w[44] - w[(d + 23)::integer];
 END
 $$;
 
@@ -1152,18 +1150,22 @@ DECLARE
 BEGIN
     IF w IS NULL THEN
         RETURN ARRAY[greatest(1, round(seconds * 50000))::bigint, c]
-               || array_fill(0::bigint, ARRAY[40]) || ARRAY[n];
+               || array_fill(0::bigint, ARRAY[41]) || ARRAY[n];
     END IF;
     d := c - w[2];
     IF d <= 0 THEN
-        -- A claim behind the newest recorded one (admitted only within a period of it).
-        w[greatest(3, d + 43)::integer] := w[greatest(3, d + 43)::integer] + n;
+        -- At the newest slice, or behind it (admitted only within a period of it): the totals
+        -- from its slice on.
+        FOR p IN greatest(4, d + 44)::integer .. 44 LOOP
+            w[p] := w[p] + n;
+        END LOOP;
         RETURN w;
     ELSIF d >= 41 THEN
-        RETURN ARRAY[w[1], c] || array_fill(0::bigint, ARRAY[40]) || ARRAY[n];
+        RETURN ARRAY[w[1], c] || array_fill(w[44], ARRAY[41]) || ARRAY[w[44] + n];
     END IF;
-    RETURN ARRAY[w[1], c] || w[(3 + d)::integer:43]
-           || array_fill(0::bigint, ARRAY[(d - 1)::integer]) || ARRAY[n];
+    -- Newer slices: the totals move down by d, and the new slices hold the newest total.
+    RETURN ARRAY[w[1], c, w[(d + 3)::integer]] || w[(4 + d)::integer:44]
+           || array_fill(w[44], ARRAY[(d - 1)::integer]) || ARRAY[w[44] + n];
 END
 $$;
 
@@ -1183,7 +1185,7 @@ BEGIN
     d := leasework.rate_slice(seconds, at) - w[2];
     -- The newest slice + 21 counts nothing: a claim fits there at the latest.
     FOR o IN greatest(d + 1, -20)::integer .. 21 LOOP
-        IF (SELECT coalesce(sum(x), 0) FROM unnest(w[o + 23:43]) AS x) < count THEN
+        IF o = 21 OR w[44] - w[o + 23] < count THEN
             RETURN timestamptz 'epoch' + (((w[2] + o) * w[1])::text || ' microseconds')::interval;
         END IF;
     END LOOP;

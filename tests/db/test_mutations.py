@@ -537,7 +537,7 @@ CAP_OFF_BY_ONE = FunctionMutation(
 )
 RATE_WINDOW_IGNORED = FunctionMutation(
     "leasework.rate_used(bigint[],double precision,timestamp with time zone)",
-    "RETURN coalesce(used, 0);",
+    "RETURN w[44] - w[(d + 23)::integer];",
     "RETURN 0;",
 )
 

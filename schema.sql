@@ -1031,6 +1031,18 @@ CREATE TRIGGER runs_deleted AFTER DELETE ON leasework.runs
 -- a kind with a cap or a rate locks its row (FOR UPDATE, in kind order: claims of that kind are
 -- serialized, leasework.admit), and `win` is the window of its rate (leasework.rate_recorded):
 -- the kind's, or with rate_per = 'tenant' that of its runs without a tenant.
+-- A rate's window (below, leasework.rate_window) has its shape and ranges, whoever wrote it: 44
+-- numbers, a width from 1 microsecond to a twentieth of 7 days, a slice number and running totals
+-- from 0 to 2^62, so that no reader's arithmetic overflows (a reader shows any row).
+CREATE OR REPLACE FUNCTION leasework.rate_window_valid(win bigint[]) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT win IS NULL
+        OR (cardinality(win) = 44 AND array_ndims(win) = 1 AND array_lower(win, 1) = 1
+            AND win[1] BETWEEN 1 AND 30240000000
+            AND 0 <= ALL(win[2:44]) AND 4611686018427387904 > ALL(win[2:44])
+            AND win[2] <= 4611686018427387904 / win[1]);
+$$;
+
 CREATE TABLE IF NOT EXISTS leasework.kind_limits (
     kind         text PRIMARY KEY,
     declared     jsonb NOT NULL DEFAULT '{}',
@@ -1052,7 +1064,8 @@ CREATE TABLE IF NOT EXISTS leasework.kind_limits (
         AND (rate_count IS NULL) = (rate_seconds IS NULL)
         AND coalesce(rate_count BETWEEN 1 AND 1000000, true)
         AND coalesce(rate_seconds >= 0.1 AND rate_seconds <= 604800, true)
-        AND coalesce(rate_per = 'tenant', true))
+        AND coalesce(rate_per = 'tenant', true)),
+    CONSTRAINT kind_limits_window_valid CHECK (leasework.rate_window_valid(win))
 );
 
 -- Per kind and tenant, for a kind rated per tenant (rate_per = 'tenant'): the tenant's window
@@ -1069,7 +1082,8 @@ CREATE TABLE IF NOT EXISTS leasework.tenant_rates (
     CONSTRAINT tenant_rates_valid CHECK (
         (rate_count IS NULL) = (rate_seconds IS NULL)
         AND coalesce(rate_count BETWEEN 1 AND 1000000, true)
-        AND coalesce(rate_seconds >= 0.1 AND rate_seconds <= 604800, true))
+        AND coalesce(rate_seconds >= 0.1 AND rate_seconds <= 604800, true)),
+    CONSTRAINT tenant_rates_window_valid CHECK (leasework.rate_window_valid(win))
 );
 
 -- A rate's window: the claims it admitted, counted in slices of a twentieth of its period, as

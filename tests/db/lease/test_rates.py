@@ -212,3 +212,19 @@ def test_maintenance_prunes_the_windows_that_count_nothing(conn: Conn) -> None:
     assert prune_rate_windows(conn, Config(), 1) == 1  # bounded
     assert prune_rate_windows(conn, Config(), 100) == 1
     assert rows() == ["t3"]
+
+
+def test_a_window_of_the_wrong_shape_is_refused(conn: Conn) -> None:
+    # Whoever writes it (the worker role can): no reader's arithmetic may overflow on it.
+    rate(conn, rate="1/10s")
+    good = conn.execute("SELECT leasework.rate_recorded(NULL, 10, now(), 1)").fetchone()
+    assert good is not None
+    conn.execute("UPDATE leasework.kind_limits SET win = %s", (good[0],))
+    for bad in (
+        [1, 2],
+        [0, *good[0][1:]],
+        [good[0][0], good[0][1], -1, *good[0][3:]],
+        [good[0][0], 2**62, *good[0][2:]],
+    ):
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("UPDATE leasework.kind_limits SET win = %s", (bad,))

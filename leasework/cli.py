@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--actions",
         action="store_true",
         default=None,
-        help="offer cancel, retry, delete, pause and resume (POST forms with a CSRF token; "
+        help="offer cancel, retry, delete, pause, resume and limits (POST forms with a CSRF token; "
         "else config dashboard_actions)",
     )
     _with_app(p)

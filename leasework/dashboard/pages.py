@@ -828,11 +828,14 @@ def kinds_page(
     paused: Sequence[Mapping[str, Any]],
     registered: Iterable[str] = (),
     v: View = PLAIN,
+    limits: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The `/kinds` page: every kind (registered with the app, or seen in a run) with its runs by
-    status and whether it is paused; with actions on, pause or resume."""
+    status, whether it is paused and its limits (README, "Flow control"); with actions on, pause
+    or resume, and set its limits at run time or reset them."""
     paused_at = {str(p.get("kind")): p.get("paused_at") for p in paused}
-    kinds = sorted({*by_kind, *paused_at, *registered})
+    limited = {str(r.get("kind")): r for r in limits}
+    kinds = sorted({*by_kind, *paused_at, *registered, *limited})
     rows = []
     for kind in kinds:
         per = by_kind.get(kind) or {}
@@ -841,18 +844,75 @@ def kinds_page(
         if is_paused and paused_at[kind]:
             state += f' <span class="muted">since {esc(when(paused_at[kind]))}</span>'
         link = f'<a href="{esc(v.url("/runs"))}?{esc(urlencode({"kind": kind}))}">{esc(kind)}</a>'
+        mine = limited.get(kind)
         rows.append(
             [link, state]
             + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
-            + ([kind_action(kind, is_paused, v, back="/kinds")] if v.actions else [])
+            + [esc(_limits_text(mine)) if mine else '<span class="muted">none</span>']
+            + (
+                [kind_action(kind, is_paused, v, back="/kinds") + limits_form(kind, mine, v)]
+                if v.actions
+                else []
+            )
         )
-    headers = ["kind", "state", *(f"#{s}" for s in STATUS_ORDER), *(["action"] if v.actions else [])]
+    headers = [
+        "kind",
+        "state",
+        *(f"#{s}" for s in STATUS_ORDER),
+        "limits",
+        *(["action"] if v.actions else []),
+    ]
     note = (
         '<p class="muted">a paused kind is claimed by no worker (batch claims and reclaims '
         "included) until it is resumed; runs already running finish</p>"
     )
     section = f'<section id="kinds"><h2>Kinds</h2>{note}{table(headers, rows, empty="no kinds")}</section>'
     return layout("kinds", section, refresh=None, v=v)
+
+
+def _limits_text(r: Mapping[str, Any]) -> str:
+    """A kind's limits in one line; `*` set at run time."""
+    set_now = r.get("overrides") or {}
+    parts = []
+    if r.get("max_running") is not None:
+        parts.append(f"max_running {r['max_running']}" + ("*" if "max_running" in set_now else ""))
+    if r.get("group_limit") is not None:
+        parts.append(f"group_limit {r['group_limit']}" + ("*" if "group_limit" in set_now else ""))
+    if r.get("rate_count") is not None:
+        per = f" per {r['rate_per']}" if r.get("rate_per") else ""
+        star = "*" if "rate" in set_now else ""
+        parts.append(f"rate {rate_spec(r['rate_count'], r['rate_seconds'])}{star}{per}")
+    return ", ".join(parts)
+
+
+def limits_form(kind: str, limits: Mapping[str, Any] | None, v: View) -> str:
+    """Set a kind's limits at run time (each field left empty is left as it is; `none` removes
+    that limit), and reset them when something was set."""
+    if v.csrf is None:
+        return ""
+    hidden = "".join(
+        f'<input type="hidden" name="{esc(k)}" value="{esc(value)}">'
+        for k, value in {"csrf": v.csrf, "back": "/kinds", "kind": kind}.items()
+    )
+    inputs = "".join(
+        f'<input name="{name}" placeholder="{esc(hint)}">'
+        for name, hint in (
+            ("max_running", "max_running"),
+            ("group_limit", "group_limit"),
+            ("rate", "rate 100/10s"),
+            ("rate_per", "rate_per"),
+        )
+    )
+    form = (
+        f'<form class="action" data-action="limits" method="post" '
+        f'action="{esc(v.url("/kinds/limits"))}">{hidden}{inputs}'
+        '<button type="submit">set limits</button></form>'
+    )
+    if limits and limits.get("overrides"):
+        form += action_form(
+            v, "/kinds/reset-limits", "reset limits", back="/kinds", fields={"kind": kind}
+        )
+    return form
 
 
 def schedules_page(rows: Sequence[Mapping[str, Any]], v: View = PLAIN) -> str:

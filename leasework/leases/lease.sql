@@ -54,6 +54,23 @@
 -- serves are never walked, whatever their number. It holds for every branch, batch claims and
 -- reclaims included; a running run finishes.
 --
+-- Flow control (migration 0023, README "Flow control"): `rules` reads the limits of the kinds
+-- asked for (leasework.kind_limits: no row, and nothing more to read, for a kind without one).
+-- A kind at its cap or its rate's limit in the statement's snapshot (leasework.kind_open: a hint)
+-- leaves `live`, so its runs are not walked and a tenant's other kinds' runs come first; a kind
+-- rated per tenant leaves the walk of a tenant whose window is full (tenant_rate_open, a hint
+-- too); a group admits as many runs as its kind's group_limit (the walk's NOT EXISTS ends in
+-- OFFSET group_limit - 1; limiter_conflict counts the same with a fresh snapshot). When a kind
+-- asked for has a cap or a rate, `candidates` (every branch's picks) go through leasework.admit,
+-- which decides: it locks the limited kinds' rows (in kind order; a claim of such a kind waits
+-- for the one before it to commit), counts live leases and reads the windows with a fresh
+-- snapshot, takes the candidates in claim order while each fits (the run being sealed with this
+-- claim, %(finishing)s of %(worker)s, holding no place), and records them in the windows. Taking
+-- that lock after the scans is safe only because a statement that seals a run seals it before it
+-- claims (finish_and_claim): a scan keeps a lock on a row it skipped (FOR UPDATE's re-check), and
+-- a claim holding a kind's row must never wait for such a lock held by a claim waiting for it.
+-- A kind with a cap or a rate is never claimed by the quick statements (quick_claim).
+--
 -- Turns (migration 0016): runs with a tenant are taken tenant by tenant, in the order of
 -- leasework.tenants' (priority, turn, name), walking only tenants with queued runs (`priority`
 -- is that of a tenant's best queued run, NULL when it has none), each one's best claimable run
@@ -372,7 +389,10 @@ RETURNING status
 -- (lease.finish_and_claim). Sealing a tenanted run on its own instead cost a commit per job: a
 -- queue spread over 1,000 tenants ran at 0.44 x an untenanted one (bench/claim_flatness.py).
 -- One row always: `finished` (1: sealed, 0: the run was no longer ours and nothing was written
--- for it), then the claimed run's columns, all NULL when nothing was claimed.
+-- for it), then the claimed run's columns, all NULL when nothing was claimed. The seal is made
+-- first (`finished` is the outer side of the nested loop, which an `ON true` join keeps), then
+-- the claim: a claim that locks a limited kind's row (leasework.admit) must not then wait to
+-- seal a run another claim's scan holds a lock on while it waits for that row (claim_runs).
 WITH finished AS (
 <finish_run>
 ), claimed AS (

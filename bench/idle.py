@@ -10,7 +10,9 @@ second, divided by N (the parent's few are shared out). Two ways, interleaved ro
   lease expiry, schedule or maintenance period, or idle_poll_max.
 
 Each for two apps: `plain` (one task kind) and `families` (the Syncs and Documents families and
-a periodic task every hour). poll_interval is the default 2 s. Prints a table; asserts nothing.
+a periodic task every hour); `--apps plain,rate_limited` adds a kind whose due runs are all
+rate-limited (issue 31: its workers must sleep as the plain app's do). poll_interval is the
+default 2 s. Prints a table; asserts nothing.
 
 The count is the database's, so it holds whatever else runs there: the database is vacuumed and
 analyzed after its schema is made, and autovacuum is then turned off on its tables (its visits,
@@ -76,9 +78,34 @@ APPS = {
             return None
         """
     ),
+    # Issue 31: every due run rate-limited (a rate of 1 an hour, its claim made; rate_limited()
+    # queues the runs): idle workers sleep until the window frees, as with nothing to do.
+    "rate_limited": textwrap.dedent(
+        """
+        from leasework import App
+
+        app = App()
+
+
+        @app.task("metered", rate="1/1h")
+        def metered(ctx, payload):
+            return None
+        """
+    ),
 }
 POLL_INTERVAL = 2.0
 WARM_UP = 12.0  # past start-up and the statistics' 10 s idle flush
+
+
+def rate_limited(conn: psycopg.Connection[Any]) -> None:
+    """For the `rate_limited` app: its kind's window full for the next hour (one claim recorded
+    now, as the app declares its rate) and ten runs of it due, which no claim may take."""
+    conn.execute(
+        "INSERT INTO leasework.kind_limits (kind, declared, win)"
+        " VALUES ('metered', '{\"rate\": [1, 3600.0]}',"
+        "         leasework.rate_recorded(NULL, 3600, leasework.now(), 1));"
+        "INSERT INTO leasework.runs (kind) SELECT 'metered' FROM generate_series(1, 10)"
+    )
 
 
 def transactions(admin: psycopg.Connection[Any], name: str) -> int:
@@ -172,6 +199,8 @@ def main() -> None:
         # Closed before measuring: a session reports its counts when it ends (or idle, later).
         with psycopg.connect(dsn, autocommit=True) as conn:
             db.migrate(conn)
+            if "rate_limited" in apps:
+                rate_limited(conn)
             conn.execute("VACUUM ANALYZE")
             for (table,) in conn.execute(
                 "SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables"

@@ -169,6 +169,10 @@ class App(Client):
         debounce: float | None = None,
         debounce_max: float | None = None,
         debounce_merge: Merge | None = None,
+        max_running: int | None = None,
+        group_limit: int | None = None,
+        rate: str | None = None,
+        rate_per: str | None = None,
     ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskHandle[P, R]]:
         """Register `fn(ctx, payload)` as the handler of `kind`; returns a TaskHandle (the
         handler, callable as written, with a typed `.enqueue(conn, ...)`). A handler whose
@@ -195,7 +199,13 @@ class App(Client):
         pending replaces its payload (or merges old and new with `debounce_merge(old, new)`) and
         makes it due that long from now, at most `debounce_max=` seconds after its first
         enqueue. Defaults for the kind's enqueues, which must then give a key; an enqueue may
-        give its own (README, "Flow control")."""
+        give its own (README, "Flow control").
+        Flow control across every host (README, "Flow control"), admitted inside the claim:
+        `max_running=N` runs of the kind holding a live lease at most; `group_limit=N` runs of a
+        tenant's group at once at most (default 1: a group is one at a time); `rate="100/10s"`
+        claims at most per period, in any span of it (a sliding window), per kind or, with
+        `rate_per="tenant"`, per tenant. Declared by each worker as it starts;
+        `leasework limits set` changes them at run time."""
         if callable(kind):  # `@app.task` without its parentheses
             raise ConfigError(
                 f"@app.task needs the kind: write @app.task({getattr(kind, '__name__', 'kind')!r})"
@@ -228,6 +238,7 @@ class App(Client):
             },
             task=kind,
         )
+        limits = operations.declared_limits(max_running, group_limit, rate, rate_per)
         spec = None
         if every is not None or cron is not None:
             spec = ScheduleSpec.make(kind, every=every, cron=cron, tz=tz)
@@ -249,6 +260,7 @@ class App(Client):
                     stage=AsyncRunsStage.name,
                     concurrency=concurrency or DEFAULT_CONCURRENCY,
                     windows=windows,
+                    limits=limits,
                 )
             else:
                 if concurrency is not None:
@@ -256,7 +268,10 @@ class App(Client):
                         f"task {kind!r}: concurrency= is for async def handlers; a plain "
                         "function runs one at a time per process (add processes, or batch=)"
                     )
-                task = Task(kind, run, max_attempts, lease, timeout, batch=batch, windows=windows)
+                task = Task(
+                    kind, run, max_attempts, lease, timeout, batch=batch, windows=windows,
+                    limits=limits,
+                )
             self.register(task)
             if spec is not None:
                 self.schedules[kind] = spec

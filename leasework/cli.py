@@ -23,8 +23,17 @@ from .app import App, Family
 from .config import Config
 from .dashboard.settings import DashboardSettings
 from .errors import ConfigError, LeaseworkError, SchemaMissing
-from .operations import STATUSES
-from .status import instant_text, number_text, seconds_text, terminal_safe, tolerant
+from .operations import LIMIT_NAMES, STATUSES
+from .status import (
+    duration,
+    held_back_lines,
+    instant_text,
+    number_text,
+    rate_spec,
+    seconds_text,
+    terminal_safe,
+    tolerant,
+)
 from .tasks import EnqueueOptions
 from .text import json_visible
 
@@ -103,6 +112,20 @@ def _run_id(text: str) -> int:
     if not 1 <= value < 2**63:
         raise argparse.ArgumentTypeError("must be a positive integer below 2**63")
     return value
+
+
+def _count_or_none(text: str) -> int | None:
+    """A limit's count (its range is checked with the others') or `none`."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number or none, got {text!r}") from None
+
+
+def _text_or_none(text: str) -> str | None:
+    return None if text.strip().lower() == "none" else text
 
 
 def _common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -369,6 +392,66 @@ def build_parser() -> argparse.ArgumentParser:
         help="turns for each turn of a tenant of weight 1, from 0.001 to 1000",
     )
 
+    p = sub.add_parser(
+        "limits",
+        help="flow control: each kind's caps and rates and how full they are; "
+        "`limits set` / `limits reset` at run time",
+    )
+    _common(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    lsub = p.add_subparsers(dest="limits_action", metavar="ACTION")
+    s = lsub.add_parser(
+        "set", help="set a kind's limits for every host now (they win over the app's until reset)"
+    )
+    _common(s)
+    _with_app(s)
+    s.add_argument("kind", metavar="KIND", help="the kind")
+    s.add_argument(
+        "--max-running",
+        type=_count_or_none,
+        default=argparse.SUPPRESS,
+        metavar="N|none",
+        help="runs of the kind holding a live lease at once, across every host (none: no cap)",
+    )
+    s.add_argument(
+        "--group-limit",
+        type=_count_or_none,
+        default=argparse.SUPPRESS,
+        metavar="N|none",
+        help="runs of one tenant's group at once (none: one at a time)",
+    )
+    s.add_argument(
+        "--rate",
+        type=_text_or_none,
+        default=argparse.SUPPRESS,
+        metavar="COUNT/PERIOD|none",
+        help="claims at most per period, such as 100/10s or 5/m (none: no rate)",
+    )
+    s.add_argument(
+        "--rate-per",
+        type=_text_or_none,
+        default=argparse.SUPPRESS,
+        metavar="tenant|none",
+        help="tenant: each tenant its own rate (none: one rate for the kind)",
+    )
+    s.add_argument(
+        "--tenant",
+        default=None,
+        help="with --rate: this tenant's own rate (a kind rated per tenant)",
+    )
+    r = lsub.add_parser(
+        "reset", help="drop what was set at run time: the app's declared limits hold again"
+    )
+    _common(r)
+    r.add_argument("kind", metavar="KIND", help="the kind")
+    r.add_argument(
+        "names",
+        nargs="*",
+        metavar="LIMIT",
+        help=f"only these ({', '.join(LIMIT_NAMES)}; default all)",
+    )
+    r.add_argument("--tenant", default=None, help="reset this tenant's own rate instead")
+
     p = sub.add_parser("schedules", help="periodic tasks with their next run")
     _common(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -396,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--actions",
         action="store_true",
         default=None,
-        help="offer cancel, retry, delete, pause and resume (POST forms with a CSRF token; "
+        help="offer cancel, retry, delete, pause, resume and limits (POST forms with a CSRF token; "
         "else config dashboard_actions)",
     )
     _with_app(p)
@@ -760,6 +843,8 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         db.check_schema(conn)
         run = operations.get_run(conn, args.run_id)
         now = operations.db_now(conn)
+        if run is not None:
+            run["held_back"] = operations.held_back(conn, args.run_id)
     if run is None:
         raise ConfigError(f"no run with id {args.run_id} (it may have been pruned)")
     if args.json:
@@ -770,8 +855,6 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def render_run(run: dict[str, Any], now: Any) -> str:
-    from .status import duration
-
     paused = " (kind paused)" if run.get("kind_paused") else ""
     fields = [
         ("run", f"#{run['id']}"),
@@ -801,6 +884,7 @@ def render_run(run: dict[str, Any], now: Any) -> str:
             if not run["processed_units"] and run["total_units"] is None
             else f"{run['processed_units']} / {run['total_units'] if run['total_units'] is not None else '?'}",
         ),
+        *[("held", why) for why in held_back_lines(run.get("held_back") or [], now)],
         ("created", _when(run["created_at"])),
         ("due", _when(run["queued_at"])),
         ("started", _when(run["started_at"])),
@@ -1139,9 +1223,70 @@ def cmd_tenants(args: argparse.Namespace, cfg: Config) -> int:
     return EXIT_OK
 
 
+def cmd_limits(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations, status
+
+    action = getattr(args, "limits_action", None)
+    known: list[str] = []
+    if action == "set" and cfg.app:
+        known = load_app(cfg.app, cfg).kinds()
+    given = {
+        name: getattr(args, name) for name in LIMIT_NAMES if hasattr(args, name)
+    } if action == "set" else {}
+    if action == "set" and args.tenant is not None and set(given) != {"rate"}:
+        raise ConfigError("limits set --tenant: give --rate (a tenant has a rate of its own only)")
+    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+        tolerant(conn)  # a reader: any value a row holds is shown, none is an error
+        db.check_schema(conn)
+        if action == "set" and args.tenant is not None:
+            operations.set_tenant_rate(conn, args.kind, args.tenant, given["rate"])
+            what = f"rate {given['rate']}" if given["rate"] else "the kind's rate again"
+            print(terminal_safe(f"{args.kind}: tenant {args.tenant}: {what}"))
+            return EXIT_OK
+        if action == "set":
+            overrides = operations.set_limits(conn, args.kind, known=known, **given)
+            shown = ", ".join(
+                f"{k} {_limit_text(v)}" for k, v in sorted(overrides.items()) if k in given
+            )
+            print(terminal_safe(f"{args.kind}: {shown} (until `leasework limits reset {args.kind}`)"))
+            return EXIT_OK
+        if action == "reset":
+            if args.tenant is not None:
+                operations.set_tenant_rate(conn, args.kind, args.tenant, None)
+                print(terminal_safe(f"{args.kind}: tenant {args.tenant}: the kind's rate again"))
+                return EXIT_OK
+            gone = operations.reset_limits(conn, args.kind, args.names or None)
+            print(
+                terminal_safe(
+                    f"{args.kind}: reset {', '.join(gone)}; the app's declared limits hold"
+                    if gone
+                    else f"{args.kind}: nothing was set at run time"
+                )
+            )
+            return EXIT_OK
+        rows = status.limits(conn)
+        now = operations.db_now(conn)
+    if args.json:
+        sys.stdout.write(json_text([_plain_row(r) for r in rows]) + "\n")
+        return EXIT_OK
+    if not rows:
+        print("no kind has a limit (README, \"Flow control\")")
+        return EXIT_OK
+    lines = status.limit_lines(rows, now.timestamp())
+    sys.stdout.write("\n".join(terminal_safe(line) for line in lines) + "\n")
+    return EXIT_OK
+
+
+def _limit_text(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list) and len(value) == 2:
+        return rate_spec(int(value[0]), float(value[1]))
+    return str(value)
+
+
 def cmd_schedules(args: argparse.Namespace, cfg: Config) -> int:
     from .stages.schedule import list_schedules
-    from .status import duration
 
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         tolerant(conn)  # a reader: any value a row holds is shown, none is an error
@@ -1270,6 +1415,7 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "upload": cmd_upload,
     "connections": cmd_connections,
     "tenants": cmd_tenants,
+    "limits": cmd_limits,
     "schedules": cmd_schedules,
     "dashboard": cmd_dashboard,
     "config": cmd_config,

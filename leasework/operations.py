@@ -78,6 +78,82 @@ def check_ids(ids: Iterable[object]) -> list[int]:
     return sorted(set(out))
 
 
+# -- flow control: limits as values (pure) -------------------------------------------------------
+
+MAX_RUNNING_RANGE = (1, 100_000)  # max_running and group_limit (kind_limits_valid in schema.sql)
+RATE_COUNT_RANGE = (1, 1_000_000)
+RATE_PERIOD_RANGE = (0.1, 604_800.0)  # seconds: a tenth of a second to 7 days
+RATE_PER = ("tenant",)
+LIMIT_NAMES = ("max_running", "group_limit", "rate", "rate_per")
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h|d)\s*$")
+_RATE_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RATE_HELP = (
+    "write COUNT/PERIOD, such as 100/10s, 5/m, 1000/1h or 20000/1d (a count from "
+    f"{RATE_COUNT_RANGE[0]} to {RATE_COUNT_RANGE[1]:,}, a period from 0.1s to 7d)"
+)
+
+
+def parse_rate(value: object, name: str = "rate") -> tuple[int, float]:
+    """A rate, "COUNT/PERIOD" (`100/10s`, `5/m`: a period of one unit), as (count, seconds);
+    ConfigError naming what is valid for anything else."""
+    m = _RATE.match(value) if isinstance(value, str) else None
+    if m is None:
+        raise ConfigError(f"{name} {_shown(value)} is not valid: {_RATE_HELP}")
+    count = int(m.group(1))
+    seconds = float(m.group(2) or 1) * _RATE_UNIT[m.group(3)]
+    low, high = RATE_PERIOD_RANGE
+    if not (RATE_COUNT_RANGE[0] <= count <= RATE_COUNT_RANGE[1] and low <= seconds <= high):
+        raise ConfigError(f"{name} {_shown(value)} is out of range: {_RATE_HELP}")
+    return count, round(seconds, 6)
+
+
+def check_limit(name: str, value: object) -> Any:
+    """One limit's value as stored: max_running and group_limit an integer in
+    MAX_RUNNING_RANGE, rate (count, seconds) from its text, rate_per one of RATE_PER; None removes
+    the limit. ConfigError naming what is valid."""
+    if value is None:
+        return None
+    if name in ("max_running", "group_limit"):
+        low, high = MAX_RUNNING_RANGE
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(
+                f"{name} must be an integer from {low} to {high:,} (runs at once), "
+                f"got {_shown(value)}"
+            )
+        return value
+    if name == "rate":
+        return list(parse_rate(value))
+    if name == "rate_per":
+        if value not in RATE_PER:
+            raise ConfigError(
+                f"rate_per must be {' or '.join(repr(v) for v in RATE_PER)} (each its own "
+                f"budget), got {_shown(value)}"
+            )
+        return value
+    raise ConfigError(f"unknown limit {_shown(name)}: use one of {', '.join(LIMIT_NAMES)}")
+
+
+def declared_limits(
+    max_running: int | None = None,
+    group_limit: int | None = None,
+    rate: str | None = None,
+    rate_per: str | None = None,
+) -> dict[str, Any]:
+    """A task's limits as the workers declare them (leasework.kind_limits.declared): the ones it
+    sets, checked. ConfigError for a bad value, or rate_per without a rate."""
+    given = {"max_running": max_running, "group_limit": group_limit, "rate": rate}
+    given["rate_per"] = rate_per
+    out = {k: check_limit(k, v) for k, v in given.items() if v is not None}
+    if "rate_per" in out and "rate" not in out:
+        raise ConfigError(f"rate_per={rate_per!r} needs a rate= (each tenant gets that rate)")
+    return out
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 @dataclass(frozen=True)
 class Filters:
     """Which runs: each field optional. `since` is the earliest created_at."""
@@ -128,6 +204,62 @@ def get_run(conn: Conn, run_id: int) -> dict[str, Any] | None:
     (run_id,) = check_ids([run_id])
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(Q["get_run"], {"id": run_id}).fetchone()
+
+
+def held_back(conn: Conn, run_id: int) -> list[dict[str, Any]]:
+    """Why a queued run is not being claimed now, one entry per rule holding it (empty: nothing
+    does; a worker takes it when one is free), each {"reason": ..., ...}: `not_due` (until),
+    `paused`, `capped` (running, max_running), `rate_limited` (until, rate, per), `group_full`
+    (tenant, group, running, group_limit), `tenant_exclusive` (an exclusive run of its tenant
+    runs), `exclusive_waits` (running: the other runs of its tenant it waits for). A run that is
+    not queued: `waiting` for its key's active run, or nothing."""
+    (run_id,) = check_ids([run_id])
+    with conn.cursor(row_factory=dict_row) as cur:
+        r = cur.execute(Q["held_back"], {"id": run_id}).fetchone()
+    if r is None:
+        return []
+    if r["status"] == "waiting":
+        return [{"reason": "waiting", "detail": "an active run of its key: it waits its turn"}]
+    if r["status"] != "queued":
+        return []
+    out: list[dict[str, Any]] = []
+    if r["not_due"]:
+        out.append({"reason": "not_due", "until": r["queued_at"]})
+    if r["paused"]:
+        out.append({"reason": "paused"})
+    if r["max_running"] is not None and r["running"] >= r["max_running"]:
+        out.append(
+            {"reason": "capped", "running": r["running"], "max_running": r["max_running"]}
+        )
+    if r["rate_count"] is not None and r["rate_free_at"] > r["now"]:
+        per_tenant = r["rate_per"] is not None and r["tenant"] is not None
+        out.append(
+            {
+                "reason": "rate_limited",
+                "until": r["rate_free_at"],
+                "rate_count": r["tenant_rate_count"] if per_tenant else r["rate_count"],
+                "rate_seconds": r["tenant_rate_seconds"] if per_tenant else r["rate_seconds"],
+                "per": "tenant" if per_tenant else ("no tenant" if r["rate_per"] else "kind"),
+            }
+        )
+    if r["tenant"] is not None:
+        if r["exclusive_running"]:
+            out.append({"reason": "tenant_exclusive", "tenant": r["tenant"]})
+        elif r["exclusive"] and r["tenant_running"]:
+            out.append(
+                {"reason": "exclusive_waits", "tenant": r["tenant"], "running": r["tenant_running"]}
+            )
+        elif r["group"] is not None and r["group_running"] >= r["group_limit"]:
+            out.append(
+                {
+                    "reason": "group_full",
+                    "tenant": r["tenant"],
+                    "group": r["group"],
+                    "running": r["group_running"],
+                    "group_limit": r["group_limit"],
+                }
+            )
+    return out
 
 
 def list_runs(
@@ -386,6 +518,125 @@ def set_tenant_weight(conn: Conn, name: str, weight: float) -> None:
         conn.execute(Q["set_tenant_weight"], {"name": name, "weight": float(weight)})
 
 
+# -- flow control: limits set at run time ---------------------------------------------------------
+
+
+def set_limits(
+    conn: Conn, kind: str, *, known: Iterable[str] = (), **changes: Any
+) -> dict[str, Any]:
+    """Set limits of `kind` at run time, for every host from their next claim: `max_running=`,
+    `group_limit=` (integers), `rate=` ("100/10s"), `rate_per=` ("tenant"); None removes that
+    limit (whatever the app declares) until `reset_limits`. Each wins over the app's declared
+    value until reset. A kind must be known (as for `pause`). Returns the kind's overrides.
+    ConfigError (one line, nothing changed) for an unknown name or a bad value."""
+    if not changes:
+        raise ConfigError(f"no limit given: set one of {', '.join(LIMIT_NAMES)}")
+    checked = {}
+    for name, value in changes.items():
+        if name not in LIMIT_NAMES:
+            raise ConfigError(
+                f"unknown limit {_shown(name)}: use one of {', '.join(LIMIT_NAMES)}; nothing changed"
+            )
+        checked[name] = check_limit(name, value)
+    (kind,) = _kinds([kind])
+    with conn.transaction():
+        _refuse_unknown(conn, [kind], known, "changed")
+        row = conn.execute(Q["lock_limits"], {"kind": kind}).fetchone()
+        declared = dict(row[1]) if row else {}
+        overrides = {**(dict(row[2]) if row else {}), **checked}
+        effective = {**declared, **overrides}
+        if effective.get("rate_per") is not None and effective.get("rate") is None:
+            raise ConfigError(
+                f"{kind}: rate_per {effective['rate_per']!r} needs a rate (set --rate too, or "
+                "rate_per none); nothing changed"
+            )
+        conn.execute(
+            Q["set_limit_overrides"],
+            {"kind": kind, "overrides": orjson.dumps(overrides).decode()},
+        )
+        conn.execute(Q["drop_empty_limits"], {"kind": kind})
+    return overrides
+
+
+def reset_limits(conn: Conn, kind: str, names: Iterable[str] | None = None) -> list[str]:
+    """Drop an operator's limits of `kind` (all, or those `names`): the app's declared values
+    hold again. Returns the names reset (one not set is left as it is)."""
+    (kind,) = _kinds([kind])
+    wanted = list(LIMIT_NAMES if names is None else names)
+    for name in wanted:
+        if name not in LIMIT_NAMES:
+            raise ConfigError(
+                f"unknown limit {_shown(name)}: use one of {', '.join(LIMIT_NAMES)}; nothing changed"
+            )
+    with conn.transaction():
+        row = conn.execute(Q["lock_limits"], {"kind": kind}).fetchone()
+        if row is None:
+            return []
+        overrides = dict(row[2])
+        gone = sorted(n for n in wanted if n in overrides)
+        if gone:
+            kept = {k: v for k, v in overrides.items() if k not in gone}
+            effective = {**dict(row[1]), **kept}
+            if effective.get("rate_per") is not None and effective.get("rate") is None:
+                raise ConfigError(
+                    f"{kind}: without its rate override, rate_per {effective['rate_per']!r} "
+                    "would have no rate: reset rate_per too; nothing changed"
+                )
+            conn.execute(
+                Q["set_limit_overrides"], {"kind": kind, "overrides": orjson.dumps(kept).decode()}
+            )
+            conn.execute(Q["drop_empty_limits"], {"kind": kind})
+        return gone
+
+
+def set_tenant_rate(conn: Conn, kind: str, tenant: str, rate: str | None) -> None:
+    """Give one tenant's runs of `kind` a rate of their own ("100/10s"), or its kind's again
+    (None). `kind` must be rated per tenant (rate_per "tenant"). ConfigError otherwise."""
+    (kind,) = _kinds([kind])
+    if not isinstance(tenant, str):
+        raise ConfigError(f"tenant must be a string, got {type(tenant).__name__}")
+    problem = label_problem(tenant)
+    if problem is not None:
+        raise ConfigError(f"tenant {tenant[:80]!r} {problem}")
+    count, seconds = parse_rate(rate) if rate is not None else (None, None)
+    with conn.transaction():
+        row = conn.execute(Q["lock_limits"], {"kind": kind}).fetchone()
+        if row is None or row[3] is None or row[4] != "tenant":
+            raise ConfigError(
+                f"{kind} has no rate per tenant: set one first (leasework limits set {kind} "
+                "--rate COUNT/PERIOD --rate-per tenant); nothing changed"
+            )
+        conn.execute(
+            Q["set_tenant_rate"],
+            {"kind": kind, "tenant": tenant, "count": count, "seconds": seconds},
+        )
+
+
+def declare_limits(conn: Conn, declared: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A worker starting: record its app's limits, {kind: declared_limits(...)} for each of its
+    kinds ({} for one with none), where they changed; an operator's overrides stay. One row per
+    statement (autocommit), so that no declaration waits on a claim that waits on it. Returns the
+    kinds whose declaration changed."""
+    if not declared:
+        return []
+    kinds = sorted(declared)
+    rows = conn.execute(Q["declared_limits"], {"kinds": kinds}).fetchall()
+    have = {str(r[0]): dict(r[1]) for r in rows}
+    changed = []
+    for kind in kinds:
+        wanted = dict(declared[kind])
+        if have.get(kind, {}) == wanted:
+            continue
+        with conn.transaction():
+            conn.execute(
+                Q["declare_limits"], {"kind": kind, "declared": orjson.dumps(wanted).decode()}
+            )
+            if not wanted:
+                conn.execute(Q["drop_empty_limits"], {"kind": kind})
+        changed.append(kind)
+    return changed
+
+
 def _refuse_unknown(conn: Conn, wanted: list[str], known: Iterable[str], action: str) -> None:
     """NotFound for the first kind that is neither in `known` (registered) nor seen in a run or a
     schedule."""
@@ -421,10 +672,15 @@ __all__ = [
     "Page",
     "delete",
     "get_run",
+    "held_back",
     "list_runs",
+    "parse_rate",
     "parse_since",
     "pause",
     "paused",
+    "reset_limits",
     "resume",
     "retry",
+    "set_limits",
+    "set_tenant_rate",
 ]

@@ -114,12 +114,15 @@ SELECT count(*)::bigint
    AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
 
 -- name: known_kinds
--- Of the kinds given, those leasework has heard of: a run or a schedule of that kind.
+-- Of the kinds given, those leasework has heard of: a run or a schedule of that kind, or one a
+-- worker declared (leasework.kinds) or that has limits.
 SELECT k
   FROM unnest(%(kinds)s::text[]) AS k
  WHERE EXISTS (SELECT 1 FROM leasework.runs r WHERE r.kind = k)
     OR EXISTS (SELECT 1 FROM leasework.schedules s WHERE s.kind = k)
     OR EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k)
+    OR EXISTS (SELECT 1 FROM leasework.kinds d WHERE d.kind = k)
+    OR EXISTS (SELECT 1 FROM leasework.kind_limits l WHERE l.kind = k)
 
 -- name: pause_kinds
 INSERT INTO leasework.paused_kinds (kind, paused_at)
@@ -161,3 +164,78 @@ SELECT t.name, t.weight, t.turn, t.priority,
 INSERT INTO leasework.tenants (name, weight) VALUES (%(name)s, %(weight)s)
 ON CONFLICT (name) DO UPDATE SET weight = EXCLUDED.weight
 RETURNING name, weight
+
+-- name: lock_limits
+-- One kind's limits row, locked until the change commits (claims of the kind wait meanwhile).
+SELECT kind, declared, overrides, rate_count, rate_per
+  FROM leasework.kind_limits
+ WHERE kind = %(kind)s
+   FOR UPDATE
+
+-- name: set_limit_overrides
+-- An operator's limits for a kind (overrides: a key with JSON null removes that limit); the row
+-- is made if the kind had none. Claims read it from their next statement on; NOTIFY wakes idle
+-- workers (a limit raised or removed may make runs claimable at once).
+INSERT INTO leasework.kind_limits AS l (kind, overrides)
+VALUES (%(kind)s, %(overrides)s::jsonb)
+ON CONFLICT (kind) DO UPDATE SET overrides = %(overrides)s::jsonb
+RETURNING l.kind, pg_notify('leasework', l.kind) IS NULL AS notified
+
+-- name: drop_empty_limits
+-- A kind neither declared nor set limits for needs no row (the claim then reads nothing for it).
+DELETE FROM leasework.kind_limits
+ WHERE kind = %(kind)s AND declared = '{}' AND overrides = '{}'
+
+-- name: set_tenant_rate
+-- An operator's rate for one tenant's runs of a kind rated per tenant (NULL: the kind's again).
+-- Written under the kind's row lock (lock_limits), as leasework.admit writes the window.
+INSERT INTO leasework.tenant_rates AS t (kind, tenant, rate_count, rate_seconds)
+VALUES (%(kind)s, %(tenant)s, %(count)s, %(seconds)s)
+ON CONFLICT (kind, tenant) DO UPDATE
+   SET rate_count = EXCLUDED.rate_count, rate_seconds = EXCLUDED.rate_seconds
+RETURNING t.kind, pg_notify('leasework', t.kind) IS NULL AS notified
+
+-- name: declared_limits
+-- The limits rows of a worker's kinds, as declared (declare_limits: written only when changed).
+SELECT kind, declared FROM leasework.kind_limits WHERE kind = ANY(%(kinds)s::text[])
+
+-- name: declare_limits
+-- A worker starting declares its app's limits for one kind (one row per statement: a statement
+-- locking several rows could wait on a claim that waits on it). NOTIFY: the limits changed.
+INSERT INTO leasework.kind_limits AS l (kind, declared) VALUES (%(kind)s, %(declared)s::jsonb)
+ON CONFLICT (kind) DO UPDATE SET declared = EXCLUDED.declared
+ WHERE l.declared IS DISTINCT FROM EXCLUDED.declared
+RETURNING l.kind, pg_notify('leasework', l.kind) IS NULL AS notified
+
+-- name: held_back
+-- What keeps a queued run from being claimed now, each rule the claim applies (README, "Flow
+-- control"; docs/state-machine.md): its due time, its kind paused, its kind at its cap
+-- (max_running: live leases), its rate's window full (the kind's, or its tenant's) and when it has
+-- room again, its tenant's group full (live leases against its kind's group_limit), an exclusive
+-- run of its tenant running, or, exclusive itself, other runs of its tenant running. Read in one
+-- snapshot; a claim may take the run a moment later (or another run first).
+SELECT r.status, r.queued_at, r.tenant, r."group", r.exclusive,
+       r.queued_at > leasework.now() AS not_due,
+       EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = r.kind) AS paused,
+       l.max_running, l.rate_count, l.rate_seconds, l.rate_per,
+       leasework.running_of_kind(r.kind, NULL, NULL) AS running,
+       leasework.rate_free_at(r.kind, r.tenant) AS rate_free_at,
+       leasework.now() AS now,
+       coalesce(l.group_limit, 1) AS group_limit,
+       (SELECT count(*) FROM leasework.runs o
+         WHERE o.tenant = r.tenant AND o."group" = r."group" AND o.id <> r.id
+           AND o.status = 'running' AND o.lease_expires_at >= leasework.now()) AS group_running,
+       (SELECT count(*) FROM leasework.runs o
+         WHERE o.tenant = r.tenant AND o.id <> r.id AND o.exclusive
+           AND o.status = 'running' AND o.lease_expires_at >= leasework.now()) AS exclusive_running,
+       (SELECT count(*) FROM leasework.runs o
+         WHERE o.tenant = r.tenant AND o.id <> r.id
+           AND o.status = 'running' AND o.lease_expires_at >= leasework.now()) AS tenant_running,
+       coalesce((SELECT t.rate_count FROM leasework.tenant_rates t
+                  WHERE t.kind = r.kind AND t.tenant = r.tenant), l.rate_count) AS tenant_rate_count,
+       coalesce((SELECT t.rate_seconds FROM leasework.tenant_rates t
+                  WHERE t.kind = r.kind AND t.tenant = r.tenant), l.rate_seconds)
+           AS tenant_rate_seconds
+  FROM leasework.runs r
+  LEFT JOIN leasework.kind_limits l ON l.kind = r.kind
+ WHERE r.id = %(id)s

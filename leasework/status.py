@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -114,6 +115,7 @@ def collect(
         documents = cur.execute(Q["status_files"]).fetchall()
         paused = cur.execute(Q["status_paused"]).fetchall()
         queued = cur.execute(Q["status_queued_kinds"]).fetchall()
+        limited = cur.execute(Q["status_limits"]).fetchall()
     taken_at = float(now_row["taken_at"]) if now_row else 0.0
     by_status: dict[str, int] = {}
     by_kind: dict[str, dict[str, int]] = {}
@@ -135,8 +137,15 @@ def collect(
         "files": {r["status"]: r["n"] for r in documents if r["what"] == "files"},
         "uploads": {r["status"]: r["n"] for r in documents if r["what"] == "uploads"},
         "paused": [_plain(p) for p in paused],
+        "limits": [_plain(r) for r in limited],
         "oldest_due": {r["kind"]: r["oldest_due"] for r in queued},
-        "unserved": unserved(workers, queued, {p["kind"] for p in paused}, heartbeat_interval),
+        # A kind held back by its limits is not "unserved": its runs wait for a place or room.
+        "unserved": unserved(
+            workers,
+            queued,
+            {p["kind"] for p in paused} | {r["kind"] for r in limited if r["held_back"]},
+            heartbeat_interval,
+        ),
         "pools": pools(workers),
     }
 
@@ -283,6 +292,116 @@ def rate_text(rate: float | None) -> str:
     return f"{rate:.1f}/s" if rate < 100 else f"{rate:.0f}/s"
 
 
+def rate_spec(count: int, seconds: float) -> str:
+    """A rate limit as written (operations.parse_rate reads it back): `100/10s`, `5/1m`."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and (seconds / size).is_integer():
+            return f"{count}/{int(seconds / size)}{unit}"
+    return f"{count}/{number_text(seconds)}s"
+
+
+def limits(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """Every kind with a limit and how full it is now (status.sql, status_limits): its effective
+    max_running, group_limit, rate (rate_count per rate_seconds) and rate_per, what its app
+    declared and what an operator set (`declared`, `overrides`), `running` (live leases),
+    `rate_used` and `rate_free_at` (its window), `due`, `held_back` (due runs no claim may take
+    now), `closed` ('capped', 'rate_limited' or None), `paused`, and `tenant_rates`."""
+    with tolerant(conn.cursor(row_factory=dict_row)) as cur:
+        return cur.execute(Q["status_limits"]).fetchall()
+
+
+def limit_lines(rows: list[dict[str, Any]], now: float | None = None) -> list[str]:
+    """Each limited kind in a line or two (80 columns): its limits (`*`: set at run time) and
+    how full each is; `now` (epoch seconds) turns when a window frees into seconds from now."""
+    out: list[str] = []
+    for r in rows:
+        mark = {k: "*" if k in (r.get("overrides") or {}) else "" for k in
+                ("max_running", "group_limit", "rate", "rate_per")}
+        parts = []
+        if r.get("max_running") is not None:
+            parts.append(f"max_running{mark['max_running']} {r['running']}/{r['max_running']}")
+        if r.get("group_limit") is not None:
+            parts.append(f"group_limit{mark['group_limit']} {r['group_limit']}")
+        if r.get("rate_count") is not None:
+            per = f" per {r['rate_per']}{mark['rate_per']}" if r.get("rate_per") else ""
+            used = r.get("rate_used")
+            whose = " (no tenant)" if r.get("rate_per") else ""
+            spec = rate_spec(r["rate_count"], r["rate_seconds"])
+            parts.append(f"rate{mark['rate']} {spec}{per}, {used} used{whose}")
+        state = []
+        if r.get("paused"):
+            state.append("paused")
+        if r.get("closed") == "capped":
+            state.append("at its cap")
+        elif r.get("closed") == "rate_limited":
+            state.append(f"rate-limited, room again {_when(r.get('rate_free_at'), now)}")
+        if r.get("held_back"):
+            state.append(f"{r['held_back']} of {r['due']} due held back")
+        elif r.get("due"):
+            state.append(f"{r['due']} due")
+        line = f"  {r['kind'][:28]}: " + "; ".join(parts)
+        out.append(line[:80])
+        if state:
+            out.append(("    " + ", ".join(state))[:80])
+        for t in r.get("tenant_rates") or []:
+            spec = rate_spec(t["rate_count"], t["rate_seconds"])
+            out.append(f"    tenant {t['tenant'][:40]}: rate* {spec}"[:80])
+    if any("*" in line for line in out):
+        out.append("  (* set at run time: `leasework limits reset KIND` for the app's)")
+    return out
+
+
+def held_back_lines(held: Sequence[dict[str, Any]], now: Any) -> list[str]:
+    """Why a queued run is not being claimed now (operations.held_back), a line per reason."""
+
+    def until(at: Any) -> str:
+        try:
+            return f"{instant_text(at)} UTC (in {duration((at - now).total_seconds())})"
+        except (TypeError, AttributeError):
+            return instant_text(at)
+
+    out = []
+    for h in held:
+        reason = h.get("reason")
+        if reason == "not_due":
+            out.append(f"not due until {until(h['until'])}")
+        elif reason == "paused":
+            out.append("its kind is paused (leasework resume KIND)")
+        elif reason == "capped":
+            out.append(f"capped: {h['running']} of {h['max_running']} running (max_running)")
+        elif reason == "rate_limited":
+            spec = rate_spec(h["rate_count"], h["rate_seconds"])
+            whose = {"tenant": "its tenant's", "no tenant": "runs without a tenant:"}.get(
+                h["per"], "its kind's"
+            )
+            out.append(f"rate-limited until {until(h['until'])}: {whose} rate {spec} is used")
+        elif reason == "group_full":
+            out.append(
+                f"group full: {h['running']} of {h['group_limit']} running in group "
+                f"{h['group']} of tenant {h['tenant']} (group_limit)"
+            )
+        elif reason == "tenant_exclusive":
+            out.append(f"an exclusive run of tenant {h['tenant']} is running")
+        elif reason == "exclusive_waits":
+            out.append(f"exclusive: waits for {h['running']} running run(s) of tenant {h['tenant']}")
+        elif reason == "waiting":
+            out.append("waiting for its key's active run to end")
+    return out
+
+
+def _when(value: datetime | str | None, now: float | None) -> str:
+    """A moment to come as `in 4s` from `now` (epoch seconds), else as instant_text."""
+    at = value
+    if isinstance(value, str):
+        try:
+            at = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if isinstance(at, datetime) and now is not None and at not in (AFTER_ALL, BEFORE_ALL):
+        return f"in {duration(at.timestamp() - now)}"
+    return instant_text(value)
+
+
 def bar(done: int, total: int | None, width: int = 20) -> str:
     """A text progress bar: `[#######.............]  35%`, or a blank one when total is unknown."""
     if not total:
@@ -345,6 +464,10 @@ def render(snap: dict[str, Any]) -> str:
         out.append(
             f"  paused: {p['kind']} ({p['queued']} queued; leasework resume {p['kind']})"[:80]
         )
+    limited = snap.get("limits") or []
+    if limited:
+        out.append("limits:")
+        out.extend(limit_lines(limited, snap.get("taken_at")))
     for u in snap.get("unserved") or []:
         who = f"{u['alive']} live worker(s) idle" if u["alive"] else "no live worker"
         out.append(

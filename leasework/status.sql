@@ -82,3 +82,48 @@ SELECT kind, count(*)::bigint AS due,
  WHERE status = 'queued' AND queued_at <= leasework.now()
  GROUP BY kind
  ORDER BY kind
+
+-- name: status_limits
+-- Every kind with a limit (leasework.kind_limits, README "Flow control") and how full it is now:
+-- `running`, its live leases (the places max_running counts); `rate_used`, the claims its rate's
+-- window counts now (the kind's; rated per tenant, those of its runs without a tenant) and
+-- `rate_free_at`, when that window has room again (now when it has); `due`, its queued runs due;
+-- `held_back`, those of them no claim may take now: every one while the kind is at its cap or its
+-- rate, else (rated per tenant) those of tenants at their rate; and the tenants an operator gave
+-- a rate of their own. `overrides` holds what was set at run time (it wins over `declared`).
+SELECT l.kind, l.max_running, l.group_limit, l.rate_count, l.rate_seconds, l.rate_per,
+       l.declared, l.overrides, f.running, f.rate_used, f.rate_free_at, f.due,
+       CASE WHEN f.full OR f.rate_full THEN f.due
+            WHEN l.rate_per IS NOT NULL AND l.rate_count IS NOT NULL THEN (
+                SELECT coalesce(sum(q.n), 0)
+                  FROM (SELECT r.tenant, count(*) AS n FROM leasework.runs r
+                         WHERE r.kind = l.kind AND r.status = 'queued'
+                           AND r.queued_at <= leasework.now() AND r.tenant IS NOT NULL
+                         GROUP BY r.tenant) q
+                 WHERE NOT leasework.tenant_rate_open(l.kind, q.tenant))
+            ELSE 0 END::bigint AS held_back,
+       CASE WHEN f.full THEN 'capped' WHEN f.rate_full THEN 'rate_limited' END AS closed,
+       EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = l.kind) AS paused,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('tenant', t.tenant,
+                                                     'rate_count', t.rate_count,
+                                                     'rate_seconds', t.rate_seconds)
+                                  ORDER BY t.tenant)
+                   FROM leasework.tenant_rates t
+                  WHERE t.kind = l.kind AND t.rate_count IS NOT NULL), '[]') AS tenant_rates
+  FROM leasework.kind_limits l,
+       LATERAL (SELECT leasework.running_of_kind(l.kind, NULL, NULL) AS running,
+                       CASE WHEN l.rate_count IS NOT NULL
+                            THEN least(leasework.rate_used(l.win, l.rate_seconds, leasework.now()),
+                                       2147483647) END AS rate_used,
+                       CASE WHEN l.rate_count IS NOT NULL
+                            THEN leasework.rate_window_free_at(l.win, l.rate_count,
+                                                               l.rate_seconds, leasework.now())
+                       END AS rate_free_at,
+                       (SELECT count(*) FROM leasework.runs r
+                         WHERE r.kind = l.kind AND r.status = 'queued'
+                           AND r.queued_at <= leasework.now()) AS due) f0,
+       LATERAL (SELECT f0.*, coalesce(f0.running >= l.max_running, false) AS full,
+                       coalesce(l.rate_per IS NULL AND f0.rate_used >= l.rate_count, false)
+                           AS rate_full) f
+ WHERE l.max_running IS NOT NULL OR l.group_limit IS NOT NULL OR l.rate_count IS NOT NULL
+ ORDER BY l.kind

@@ -98,6 +98,10 @@ class Task:
     # Its enqueues' unique window and debounce unless an enqueue says (Windows, README "Flow
     # control").
     windows: Windows = field(default_factory=Windows)
+    # Flow control across the fleet (README, "Flow control"), as its workers declare it
+    # (operations.declared_limits: max_running, group_limit, rate as [count, seconds], rate_per);
+    # empty: none. An operator's `leasework limits set` wins over it until reset.
+    limits: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 def check_kind(kind: object) -> str:

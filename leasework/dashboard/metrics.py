@@ -126,7 +126,68 @@ def families(
     )
     info.add_metric([version], 1)
     up = GaugeMetricFamily("leasework_database_up", "1 when the database answered.", value=1)
-    return [up, info, runs, oldest, oldest_by_kind, workers, finished, lost, reclaims, duration]
+    return [
+        up,
+        info,
+        runs,
+        oldest,
+        oldest_by_kind,
+        workers,
+        finished,
+        lost,
+        reclaims,
+        duration,
+        *limit_families(snap.get("limits") or []),
+    ]
+
+
+def limit_families(limits: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """Flow control (README, "Flow control"), per kind with a limit: each limit, how full it is,
+    and the due runs it holds back now (status.limits: one row per limited kind)."""
+    max_running = GaugeMetricFamily(
+        "leasework_kind_max_running",
+        "A kind's cap: runs holding a live lease at once across every host (max_running).",
+        labels=["kind"],
+    )
+    live = GaugeMetricFamily(
+        "leasework_kind_live_leases",
+        "Runs of a limited kind holding a live lease: the places its cap counts.",
+        labels=["kind"],
+    )
+    rate = GaugeMetricFamily(
+        "leasework_kind_rate_limit",
+        "A kind's rate: claims at most per leasework_kind_rate_period_seconds (per tenant when "
+        "rate_per is tenant).",
+        labels=["kind", "per"],
+    )
+    period = GaugeMetricFamily(
+        "leasework_kind_rate_period_seconds", "The period of a kind's rate.", labels=["kind"]
+    )
+    used = GaugeMetricFamily(
+        "leasework_kind_rate_used",
+        "Claims a kind's rate window counts now (rated per tenant: its runs without a tenant).",
+        labels=["kind"],
+    )
+    held = GaugeMetricFamily(
+        "leasework_rate_limited",
+        "Due queued runs no claim may take now because of a limit: reason capped (the kind at its "
+        "cap) or rate_limited (its rate's window, or its tenant's, full).",
+        labels=["kind", "reason"],
+    )
+    for r in limits:
+        kind = visible(str(r["kind"]))
+        if r.get("max_running") is not None:
+            max_running.add_metric([kind], float(r["max_running"]))
+        live.add_metric([kind], float(r.get("running") or 0))
+        if r.get("rate_count") is not None:
+            rate.add_metric([kind, str(r.get("rate_per") or "kind")], float(r["rate_count"]))
+            period.add_metric([kind], float(r["rate_seconds"]))
+            used.add_metric([kind], float(r.get("rate_used") or 0))
+        closed = r.get("closed")
+        held_back = float(r.get("held_back") or 0)
+        held.add_metric([kind, "capped"], held_back if closed == "capped" else 0.0)
+        held.add_metric([kind, "rate_limited"], 0.0 if closed == "capped" else held_back)
+    return [max_running, live, rate, period, used, held]
 
 
 def database_down(version: str = "") -> list[Metric]:

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 import orjson
 
-from ..status import instant_text, number_text
+from ..status import held_back_lines, instant_text, number_text, rate_spec
 from ..text import UNSAFE
 
 
@@ -268,6 +268,7 @@ def overview(
         _queue_section(
             snap.get("runs_by_kind") or {}, {str(p.get("kind")) for p in snap.get("paused") or []}
         ),
+        _limits_section(snap.get("limits") or []),
         _pools_section(snap.get("pools") or []),
         _workers_section(workers, v),
         _connections_section(snap.get("connections") or [], v),
@@ -324,6 +325,45 @@ def _queue_section(by_kind: Mapping[str, Mapping[str, int]], paused: set[str]) -
     ]
     headers = ["kind", *(f"#{s}" for s in STATUS_ORDER)]
     return f'<section id="queue"><h2>Runs by kind</h2>{table(headers, rows, empty="no runs")}</section>'
+
+
+def _limits_section(limits: Sequence[Mapping[str, Any]]) -> str:
+    """Each kind with a limit (README, "Flow control"): its cap and how full, its group limit, its
+    rate and the claims its window counts, the due runs held back; `*` set at run time (they win
+    over the app's until `leasework limits reset`). Nothing when no kind has a limit."""
+    if not limits:
+        return ""
+    rows = []
+    for r in limits:
+        set_now = r.get("overrides") or {}
+
+        def mark(name: str, set_now: Mapping[str, Any] = set_now) -> str:
+            return "*" if name in set_now else ""
+
+        cap = (
+            f"{r.get('running')} of {r['max_running']}{mark('max_running')}"
+            if r.get("max_running") is not None
+            else ""
+        )
+        group = f"{r['group_limit']}{mark('group_limit')}" if r.get("group_limit") else ""
+        rate = ""
+        if r.get("rate_count") is not None:
+            per = f" per {r['rate_per']}" if r.get("rate_per") else ""
+            rate = f"{rate_spec(r['rate_count'], r['rate_seconds'])}{mark('rate')}{per}"
+            rate += f" ({r.get('rate_used')} used)"
+        state = {"capped": "at its cap", "rate_limited": "rate-limited"}.get(
+            str(r.get("closed")), ""
+        )
+        held = f"{r.get('held_back')} of {r.get('due')}" if r.get("due") else "0"
+        rows.append(
+            [esc(r.get("kind")), esc(cap), esc(group), esc(rate), esc(state), esc(held)]
+        )
+    headers = ["kind", "running / max_running", "group_limit", "rate", "now", "due held back"]
+    return (
+        '<section id="limits"><h2>Limits</h2>'
+        + table(headers, rows, empty="no limits")
+        + '<p class="muted">* set at run time (leasework limits reset KIND)</p></section>'
+    )
 
 
 def _pools_section(pools: Sequence[Mapping[str, Any]]) -> str:
@@ -512,6 +552,9 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
         fields.append(("debounced", esc(merged)))
     if run.get("unique_at") is not None:  # README "Unique windows"
         fields.append(("unique window since (UTC)", esc(when(run.get("unique_at")))))
+    held = held_back_lines(run.get("held_back") or [], now)
+    if held:
+        fields.append(("held back", "<br>".join(esc(line) for line in held)))
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{value}</dd>" for k, value in fields)
     parts = [
         f'<section id="run"><h2>Run #{esc(rid)}</h2><dl>{dl}</dl></section>',
@@ -815,11 +858,14 @@ def kinds_page(
     paused: Sequence[Mapping[str, Any]],
     registered: Iterable[str] = (),
     v: View = PLAIN,
+    limits: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The `/kinds` page: every kind (registered with the app, or seen in a run) with its runs by
-    status and whether it is paused; with actions on, pause or resume."""
+    status, whether it is paused and its limits (README, "Flow control"); with actions on, pause
+    or resume, and set its limits at run time or reset them."""
     paused_at = {str(p.get("kind")): p.get("paused_at") for p in paused}
-    kinds = sorted({*by_kind, *paused_at, *registered})
+    limited = {str(r.get("kind")): r for r in limits}
+    kinds = sorted({*by_kind, *paused_at, *registered, *limited})
     rows = []
     for kind in kinds:
         per = by_kind.get(kind) or {}
@@ -828,18 +874,75 @@ def kinds_page(
         if is_paused and paused_at[kind]:
             state += f' <span class="muted">since {esc(when(paused_at[kind]))}</span>'
         link = f'<a href="{esc(v.url("/runs"))}?{esc(urlencode({"kind": kind}))}">{esc(kind)}</a>'
+        mine = limited.get(kind)
         rows.append(
             [link, state]
             + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
-            + ([kind_action(kind, is_paused, v, back="/kinds")] if v.actions else [])
+            + [esc(_limits_text(mine)) if mine else '<span class="muted">none</span>']
+            + (
+                [kind_action(kind, is_paused, v, back="/kinds") + limits_form(kind, mine, v)]
+                if v.actions
+                else []
+            )
         )
-    headers = ["kind", "state", *(f"#{s}" for s in STATUS_ORDER), *(["action"] if v.actions else [])]
+    headers = [
+        "kind",
+        "state",
+        *(f"#{s}" for s in STATUS_ORDER),
+        "limits",
+        *(["action"] if v.actions else []),
+    ]
     note = (
         '<p class="muted">a paused kind is claimed by no worker (batch claims and reclaims '
         "included) until it is resumed; runs already running finish</p>"
     )
     section = f'<section id="kinds"><h2>Kinds</h2>{note}{table(headers, rows, empty="no kinds")}</section>'
     return layout("kinds", section, refresh=None, v=v)
+
+
+def _limits_text(r: Mapping[str, Any]) -> str:
+    """A kind's limits in one line; `*` set at run time."""
+    set_now = r.get("overrides") or {}
+    parts = []
+    if r.get("max_running") is not None:
+        parts.append(f"max_running {r['max_running']}" + ("*" if "max_running" in set_now else ""))
+    if r.get("group_limit") is not None:
+        parts.append(f"group_limit {r['group_limit']}" + ("*" if "group_limit" in set_now else ""))
+    if r.get("rate_count") is not None:
+        per = f" per {r['rate_per']}" if r.get("rate_per") else ""
+        star = "*" if "rate" in set_now else ""
+        parts.append(f"rate {rate_spec(r['rate_count'], r['rate_seconds'])}{star}{per}")
+    return ", ".join(parts)
+
+
+def limits_form(kind: str, limits: Mapping[str, Any] | None, v: View) -> str:
+    """Set a kind's limits at run time (each field left empty is left as it is; `none` removes
+    that limit), and reset them when something was set."""
+    if v.csrf is None:
+        return ""
+    hidden = "".join(
+        f'<input type="hidden" name="{esc(k)}" value="{esc(value)}">'
+        for k, value in {"csrf": v.csrf, "back": "/kinds", "kind": kind}.items()
+    )
+    inputs = "".join(
+        f'<input name="{name}" placeholder="{esc(hint)}">'
+        for name, hint in (
+            ("max_running", "max_running"),
+            ("group_limit", "group_limit"),
+            ("rate", "rate 100/10s"),
+            ("rate_per", "rate_per"),
+        )
+    )
+    form = (
+        f'<form class="action" data-action="limits" method="post" '
+        f'action="{esc(v.url("/kinds/limits"))}">{hidden}{inputs}'
+        '<button type="submit">set limits</button></form>'
+    )
+    if limits and limits.get("overrides"):
+        form += action_form(
+            v, "/kinds/reset-limits", "reset limits", back="/kinds", fields={"kind": kind}
+        )
+    return form
 
 
 def schedules_page(rows: Sequence[Mapping[str, Any]], v: View = PLAIN) -> str:

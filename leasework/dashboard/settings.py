@@ -14,7 +14,7 @@ class DashboardSettings:
     dashboard_actions: bool = field(
         default=False,
         metadata=doc(
-            "the dashboard offers cancel, retry, delete, pause and resume (POST forms with a CSRF "
-            "token); off: read-only (`leasework dashboard --actions` turns it on)"
+            "the dashboard offers cancel, retry, delete, pause, resume and a kind's limits (POST "
+            "forms with a CSRF token); off: read-only (`leasework dashboard --actions` turns it on)"
         ),
     )

@@ -1,5 +1,5 @@
 """The dashboard as a WSGI application: every page, /metrics, /healthz and, when enabled, the
-operator's actions (cancel, retry, delete, pause, resume) as POST forms with a CSRF token.
+operator's actions (cancel, retry, delete, pause, resume, a kind's limits) as POST forms with a CSRF token.
 
 `leasework dashboard` serves it (server.py); `wsgi_app()` returns it for mounting inside your own
 web application, behind your own authentication, under any path prefix (SCRIPT_NAME starts every
@@ -55,7 +55,7 @@ TOKEN_LENGTH = (16, 4096)
 
 _RUN_PATH = re.compile(r"^/runs/([0-9]{1,19})/?$")
 _RUN_ACTION = re.compile(r"^/runs/([0-9]{1,19})/(cancel|retry|delete)$")
-_KIND_ACTION = re.compile(r"^/kinds/(pause|resume)$")
+_KIND_ACTION = re.compile(r"^/kinds/(pause|resume|limits|reset-limits)$")
 _BACK = re.compile(r"^/(?!/)[^\x00-\x20\x7f\\]{0,1000}$")
 
 # No script anywhere; styles only from our own stylesheet; forms only to ourselves; not framed.
@@ -371,7 +371,11 @@ class DashboardApp:
         with self.session() as conn:
             snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
         return pages.kinds_page(
-            snap.get("runs_by_kind") or {}, snap.get("paused") or [], self.app.kinds(), v
+            snap.get("runs_by_kind") or {},
+            snap.get("paused") or [],
+            self.app.kinds(),
+            v,
+            limits=snap.get("limits") or [],
         )
 
     def schedules(self, v: pages.View = pages.PLAIN) -> str:
@@ -389,6 +393,8 @@ class DashboardApp:
         with self.session() as conn:
             row = operations.get_run(conn, run_id)
             now = operations.db_now(conn)
+            if row is not None:
+                row["held_back"] = operations.held_back(conn, run_id)
         if row is None:
             return None
         return pages.run_page(row, now=now, v=v)
@@ -448,7 +454,7 @@ class DashboardApp:
             kind = form.get("kind") or ""
             if not kind or len(kind) > 200:
                 raise BadRequest("kind must be 1-200 characters; nothing changed")
-            message = self.act_on_kind(kind_match.group(1), kind)
+            message = self.act_on_kind(kind_match.group(1), kind, form)
             if not _BACK.match(back):
                 back = "/kinds"
         log.event(
@@ -523,8 +529,20 @@ class DashboardApp:
             self.app.delete(conn, [run_id])
             return f"run {run_id} deleted"
 
-    def act_on_kind(self, action: str, kind: str) -> str:
+    def act_on_kind(self, action: str, kind: str, form: Mapping[str, str] | None = None) -> str:
         with self.session(write=True) as conn:
+            if action == "limits":
+                changes = limit_changes(form or {})
+                operations.set_limits(conn, kind, known=self.app.kinds(), **changes)
+                shown = ", ".join(
+                    f"{name} {'none' if value is None else value}" for name, value in changes.items()
+                )
+                return f"kind {kind}: {shown} (set at run time, until reset)"
+            if action == "reset-limits":
+                gone = operations.reset_limits(conn, kind)
+                if not gone:
+                    return f"kind {kind}: no limit was set at run time"
+                return f"kind {kind}: {', '.join(gone)} reset: the app's declared limits hold"
             if action == "pause":
                 newly = self.app.pause(conn, kind)
                 if not newly:
@@ -626,7 +644,7 @@ def wsgi_app(
     authentication) under any prefix: every link, form and redirect starts with SCRIPT_NAME.
 
     `dsn` (else `config.dsn`; without either the usual configuration: LEASEWORK_* variables, a
-    config file, DATABASE_URL); `actions=True` enables cancel, retry, delete, pause and resume
+    config file, DATABASE_URL); `actions=True` enables cancel, retry, delete, pause, resume and limits
     (default: config `dashboard_actions`); `app`: your App (task attempt budgets, known kinds);
     `token`: require one on every request as `leasework dashboard` does beyond loopback;
     `secret`: the CSRF key, to share between several processes serving it (16+ bytes)."""
@@ -638,3 +656,27 @@ def wsgi_app(
         db.check_dsn(dsn)
         config = dataclasses.replace(config, dsn=dsn)
     return DashboardApp(config, app=app, actions=actions, token=token, secret=secret)
+
+
+def limit_changes(form: Mapping[str, str]) -> dict[str, Any]:
+    """The limits a /kinds/limits form sets: each field left empty is left as it is, `none`
+    removes that limit; max_running and group_limit are whole numbers (operations.set_limits
+    checks every value's range). ConfigError, one line, for a field that is neither."""
+    changes: dict[str, Any] = {}
+    for name in operations.LIMIT_NAMES:
+        value = (form.get(name) or "").strip()
+        if not value:
+            continue
+        if value.lower() == "none":
+            changes[name] = None
+        elif name in ("max_running", "group_limit"):
+            if not (value.isascii() and value.isdigit()):
+                raise ConfigError(f"{name} must be a whole number or none, got {value[:40]!r}")
+            changes[name] = int(value)
+        else:
+            changes[name] = value
+    if not changes:
+        raise ConfigError(
+            f"no limit given: fill in one of {', '.join(operations.LIMIT_NAMES)}; nothing changed"
+        )
+    return changes

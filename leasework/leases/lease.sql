@@ -54,6 +54,23 @@
 -- serves are never walked, whatever their number. It holds for every branch, batch claims and
 -- reclaims included; a running run finishes.
 --
+-- Flow control (migration 0023, README "Flow control"): `rules` reads the limits of the kinds
+-- asked for (leasework.kind_limits: no row, and nothing more to read, for a kind without one).
+-- A kind at its cap or its rate's limit in the statement's snapshot (leasework.kind_open: a hint)
+-- leaves `live`, so its runs are not walked and a tenant's other kinds' runs come first; a kind
+-- rated per tenant leaves the walk of a tenant whose window is full (tenant_rate_open, a hint
+-- too); a group admits as many runs as its kind's group_limit (the walk's NOT EXISTS ends in
+-- OFFSET group_limit - 1; limiter_conflict counts the same with a fresh snapshot). When a kind
+-- asked for has a cap or a rate, `candidates` (every branch's picks) go through leasework.admit,
+-- which decides: it locks the limited kinds' rows (in kind order; a claim of such a kind waits
+-- for the one before it to commit), counts live leases and reads the windows with a fresh
+-- snapshot, takes the candidates in claim order while each fits (the run being sealed with this
+-- claim, %(finishing)s of %(worker)s, holding no place), and records them in the windows. Taking
+-- that lock after the scans is safe only because a statement that seals a run seals it before it
+-- claims (finish_and_claim): a scan keeps a lock on a row it skipped (FOR UPDATE's re-check), and
+-- a claim holding a kind's row must never wait for such a lock held by a claim waiting for it.
+-- A kind with a cap or a rate is never claimed by the quick statements (quick_claim).
+--
 -- Turns (migration 0016): runs with a tenant are taken tenant by tenant, in the order of
 -- leasework.tenants' (priority, turn, name), walking only tenants with queued runs (`priority`
 -- is that of a tenant's best queued run, NULL when it has none), each one's best claimable run
@@ -73,17 +90,28 @@
 -- full (a hash anti-join over a sequential scan) for every tenant walked, and its cost estimate
 -- was high enough for JIT compilation, 0.7 s per claim (bench/README.md, issue 29). Per row, as
 -- a probe of runs_running_tenanted, they cost what they read.
-WITH live AS MATERIALIZED (
-    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
+WITH rules AS MATERIALIZED (
+    SELECT l.kind, coalesce(l.group_limit, 1) AS group_limit,
+           l.rate_per IS NOT NULL AND l.rate_count IS NOT NULL AS per_tenant,
+           l.max_running IS NOT NULL OR l.rate_count IS NOT NULL AS limited,
+           leasework.kind_open(l, %(finishing)s::bigint, %(worker)s) AS open
+      FROM leasework.kind_limits l
+     WHERE l.kind = ANY(%(kinds)s::text[])
+), live AS MATERIALIZED (
+    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds
+                 EXCEPT SELECT kind FROM rules WHERE NOT open) k,
+           EXISTS (SELECT 1 FROM rules WHERE limited) AS limited
 ), tenanted_queued AS MATERIALIZED (
     SELECT p.* FROM (
-    SELECT c.id, t.name AS tenant, c.priority, c.queued_at
+    SELECT c.id, t.name AS tenant, c.priority, c.queued_at, c.kind
       FROM leasework.tenants t, LATERAL (
         SELECT h.*
-          FROM unnest((SELECT k FROM live)::text[]) AS k(kind), LATERAL (
-            SELECT r.id, r.priority, r.queued_at
+          FROM unnest((SELECT k FROM live)::text[]) AS k(kind)
+          LEFT JOIN rules g ON g.kind = k.kind, LATERAL (
+            SELECT r.id, r.priority, r.queued_at, r.kind
               FROM leasework.runs r
-             WHERE r.tenant = t.name AND r.kind = k.kind
+             WHERE (g.per_tenant IS NOT TRUE OR leasework.tenant_rate_open(k.kind, t.name))
+               AND r.tenant = t.name AND r.kind = k.kind
                AND coalesce((SELECT h.queued_at <= leasework.now() FROM leasework.runs h
                               WHERE h.tenant = t.name AND h.kind = k.kind AND h.status = 'queued'
                               ORDER BY h.priority, h.queued_at, h.id LIMIT 1)
@@ -97,7 +125,7 @@ WITH live AS MATERIALIZED (
                        AND o.id <> r.id
                        AND o.lease_expires_at >= leasework.now()
                        AND (o.exclusive OR r.exclusive OR o."group" = r."group")
-                    OFFSET 0)
+                    OFFSET CASE WHEN r.exclusive THEN 0 ELSE coalesce(g.group_limit, 1) - 1 END)
              ORDER BY r.priority, r.queued_at, r.id
              LIMIT 1
                FOR UPDATE OF r SKIP LOCKED) h
@@ -114,7 +142,7 @@ WITH live AS MATERIALIZED (
      WHERE NOT leasework.limiter_conflict(p.id)
      LIMIT %(limit)s
 ), tenanted_expired AS MATERIALIZED (
-    SELECT r.id, r.tenant, r.priority, r.queued_at
+    SELECT r.id, r.tenant, r.priority, r.queued_at, r.kind
       FROM leasework.runs r
       JOIN leasework.tenants t ON t.name = r.tenant
      WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()
@@ -125,7 +153,7 @@ WITH live AS MATERIALIZED (
      LIMIT %(limit)s
        FOR UPDATE OF r, t SKIP LOCKED
 ), tenanted AS (
-    SELECT DISTINCT ON (c.tenant) c.id, c.tenant, c.priority, c.queued_at
+    SELECT DISTINCT ON (c.tenant) c.id, c.tenant, c.priority, c.queued_at, c.kind
       FROM (SELECT * FROM tenanted_queued
             UNION ALL
             SELECT * FROM tenanted_expired WHERE NOT leasework.limiter_conflict(id)) c
@@ -138,7 +166,7 @@ WITH live AS MATERIALIZED (
     -- past every entry a snapshot still held back. Two workers draining a batch kind made it
     -- quadratic: one claim of 100 ran for 60 s (its own snapshot holding the entries back) while
     -- the other worker drained on alone.
-    SELECT c.id, NULL::text AS tenant, c.priority, c.queued_at
+    SELECT c.id, NULL::text AS tenant, c.priority, c.queued_at, k.kind
       FROM (SELECT k.kind, leasework.due_priority(k.kind, NULL) AS due
               FROM unnest((SELECT k FROM live)::text[]) AS k(kind) OFFSET 0) k, LATERAL (
         SELECT r.id, r.priority, r.queued_at
@@ -150,7 +178,7 @@ WITH live AS MATERIALIZED (
          LIMIT %(limit)s
            FOR UPDATE OF r SKIP LOCKED) c
 ), untenanted_expired AS MATERIALIZED (
-    SELECT r.id, r.tenant, r.priority, r.queued_at
+    SELECT r.id, r.tenant, r.priority, r.queued_at, r.kind
       FROM leasework.runs r
      WHERE r.tenant IS NULL
        AND r.status = 'running' AND r.lease_expires_at < leasework.now()
@@ -160,13 +188,22 @@ WITH live AS MATERIALIZED (
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
+), candidates AS MATERIALIZED (
+    SELECT * FROM tenanted
+    UNION ALL
+    SELECT * FROM untenanted_queued
+    UNION ALL
+    SELECT * FROM untenanted_expired
+), admitted AS MATERIALIZED (
+    SELECT leasework.admit(array_agg(id ORDER BY priority, queued_at, id),
+                           array_agg(kind ORDER BY priority, queued_at, id),
+                           array_agg(tenant ORDER BY priority, queued_at, id),
+                           %(limit)s, %(finishing)s::bigint, %(worker)s) AS ids
+      FROM candidates
 ), chosen AS MATERIALIZED (
     SELECT id, tenant
-      FROM (SELECT * FROM tenanted
-            UNION ALL
-            SELECT * FROM untenanted_queued
-            UNION ALL
-            SELECT * FROM untenanted_expired) u
+      FROM candidates
+     WHERE NOT (SELECT limited FROM live) OR id = ANY((SELECT ids FROM admitted)::bigint[])
      ORDER BY priority, queued_at, id
      LIMIT %(limit)s
 ), served AS (
@@ -360,14 +397,17 @@ RETURNING status
 -- (lease.finish_and_claim). Sealing a tenanted run on its own instead cost a commit per job: a
 -- queue spread over 1,000 tenants ran at 0.44 x an untenanted one (bench/claim_flatness.py).
 -- One row always: `finished` (1: sealed, 0: the run was no longer ours and nothing was written
--- for it), then the claimed run's columns, all NULL when nothing was claimed.
+-- for it), then the claimed run's columns, all NULL when nothing was claimed. The seal is made
+-- first (`finished` is the outer side of the nested loop, which an `ON true` join keeps), then
+-- the claim: a claim that locks a limited kind's row (leasework.admit) must not then wait to
+-- seal a run another claim's scan holds a lock on while it waits for that row (claim_runs).
 WITH finished AS (
 <finish_run>
 ), claimed AS (
 <claim_runs>
 )
-SELECT (SELECT count(*) FROM finished) AS finished, c.*
-  FROM (SELECT) AS one
+SELECT f.n AS finished, c.*
+  FROM (SELECT count(*) AS n FROM finished) f
   LEFT JOIN claimed c ON true
 
 -- name: finish_and_claim_queued
@@ -435,7 +475,8 @@ RETURNING r.id = %(id)s::bigint AS sealed,
 -- name: quick_claim
 -- finish_and_claim_queued's claim (its <quick_claim>), for a worker of several kinds: claim_runs'
 -- untenanted_queued branch at the sealed run's priority, after the sealed run's (queued_at, id),
--- over the kinds polled less the paused ones. A fragment of that statement, not a statement.
+-- over the kinds polled less the paused ones and those with a cap or a rate (leasework.kind_limits:
+-- only claim_runs admits their runs). A fragment of that statement, not a statement.
 SELECT c.id
   FROM unnest(%(kinds)s::text[]) AS k(kind), LATERAL (
     SELECT r.id, r.priority, r.queued_at
@@ -450,6 +491,8 @@ SELECT c.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED) c
  WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)
+   AND NOT EXISTS (SELECT 1 FROM leasework.kind_limits l WHERE l.kind = k.kind
+                      AND (l.max_running IS NOT NULL OR l.rate_count IS NOT NULL))
  ORDER BY c.priority, c.queued_at, c.id
  LIMIT %(limit)s
 
@@ -465,6 +508,9 @@ SELECT r.id
                                 WHERE s.id = %(id)s::bigint), %(id)s::bigint)
    AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p
                     WHERE p.kind = (%(kinds)s::text[])[1])
+   AND NOT EXISTS (SELECT 1 FROM leasework.kind_limits l
+                    WHERE l.kind = (%(kinds)s::text[])[1]
+                      AND (l.max_running IS NOT NULL OR l.rate_count IS NOT NULL))
  ORDER BY r.priority, r.queued_at, r.id
  LIMIT %(limit)s
    FOR UPDATE OF r SKIP LOCKED
@@ -711,21 +757,34 @@ SELECT lease_expires_at
 -- name: next_due
 -- Seconds from now until a run of %(kinds)s may next be claimed or settled without anyone saying
 -- so, by what the table holds now: the first queued_at (a delayed run, a retry's backoff; or
--- one due already that the claim did not take, a row another session holds or a tenant held back:
--- 0 or less, so the idle worker polls every poll_interval) and the first lease_expires_at still
--- ahead (a run whose worker may be dead: reclaimed, or ended, once it passes). NULL: nothing, until something new arrives, which NOTIFYs (enqueue,
--- requeue, release, retry, resume, promotion, the supervisor's fast release). Paused kinds count
--- for nothing (resume NOTIFYs). Read by an idle worker after a claim found nothing, to know how
--- long it may sleep (workers/idle.py). Queued runs per live kind (and per tenant in the turns),
--- through leasework.next_due_at: one look-up per priority present, however many runs are delayed.
+-- one due already that the claim did not take, a row another session holds, a tenant held back
+-- or a kind at its cap: 0 or less, so the idle worker polls every poll_interval) and the first
+-- lease_expires_at still ahead (a run whose worker may be dead: reclaimed, or ended, once it
+-- passes). A kind with a rate (leasework.kind_limits) counts its runs due no sooner than its
+-- window has room again (leasework.rate_free_at: the kind's, or per tenant the tenant's), so
+-- workers idle while every due run is rate-limited sleep until the window frees, rather than
+-- poll. NULL: nothing, until something new arrives, which NOTIFYs (enqueue,
+-- requeue, release, retry, resume, promotion, the supervisor's fast release, a limit changed).
+-- Paused kinds count for nothing (resume NOTIFYs). Read by an idle worker after a claim found
+-- nothing, to know how long it may sleep (workers/idle.py). Queued runs per live kind (and per
+-- tenant in the turns), through leasework.next_due_at: one look-up per priority present, however
+-- many runs are delayed.
 WITH live AS MATERIALIZED (
-    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k
+    SELECT ARRAY(SELECT unnest(%(kinds)s::text[]) EXCEPT SELECT kind FROM leasework.paused_kinds) k,
+           ARRAY(SELECT l.kind FROM leasework.kind_limits l
+                  WHERE l.kind = ANY(%(kinds)s::text[]) AND l.rate_count IS NOT NULL) rated
 )
 SELECT extract(epoch FROM least(
-           (SELECT min(leasework.next_due_at(k.kind, NULL))
-              FROM unnest((SELECT k FROM live)::text[]) AS k(kind)),
-           (SELECT min(leasework.next_due_at(k.kind, t.name))
-              FROM leasework.tenants t, unnest((SELECT k FROM live)::text[]) AS k(kind)
+           (SELECT min(CASE WHEN d.at IS NOT NULL AND k.kind = ANY((SELECT rated FROM live)::text[])
+                            THEN greatest(d.at, leasework.rate_free_at(k.kind, NULL))
+                            ELSE d.at END)
+              FROM unnest((SELECT k FROM live)::text[]) AS k(kind),
+                   LATERAL (SELECT leasework.next_due_at(k.kind, NULL) AS at) d),
+           (SELECT min(CASE WHEN d.at IS NOT NULL AND k.kind = ANY((SELECT rated FROM live)::text[])
+                            THEN greatest(d.at, leasework.rate_free_at(k.kind, t.name))
+                            ELSE d.at END)
+              FROM leasework.tenants t, unnest((SELECT k FROM live)::text[]) AS k(kind),
+                   LATERAL (SELECT leasework.next_due_at(k.kind, t.name) AS at) d
              WHERE t.priority IS NOT NULL),
            (SELECT min(r.lease_expires_at)
               FROM leasework.runs r

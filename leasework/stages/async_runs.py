@@ -14,6 +14,7 @@ from ..leases import lease
 from ..tasks import DEFAULT_CONCURRENCY, Registry
 from ..workers import idle
 from ..workers.stage import Site
+from .runs import declare_limits
 
 
 class AsyncRunsStage:
@@ -26,6 +27,7 @@ class AsyncRunsStage:
         self.config = config
         self.limit = self.slots(app.kinds(stage=self.name))
         self._due: idle.Seen = None  # when a run of its kinds is next due, as last read
+        self._declared = False  # its kinds' limits written (runs.declare_limits)
 
     @property
     def wakes(self) -> list[str]:
@@ -49,6 +51,9 @@ class AsyncRunsStage:
         handled = ax.seal()
         ax.claim_more = False
         kinds = site.claimable(self.app.kinds(stage=self.name))
+        if not self._declared:
+            declare_limits(site, self.app, self.name)
+            self._declared = True
         if kinds and not site.stopping:
             free = self.slots(kinds, site.pool) - ax.in_flight()
             room = {k: self.app.tasks[k].concurrency - ax.in_flight(k) for k in kinds}

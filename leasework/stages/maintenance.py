@@ -123,6 +123,11 @@ def fail_unknown_kinds(conn: Conn, cfg: Config, limit: int) -> int:
     return len(failed)
 
 
+def prune_rate_windows(conn: Conn, cfg: Config, limit: int) -> int:
+    """Delete tenants' rate windows that count no claim any more (maintenance.sql)."""
+    return len(conn.execute(Q["prune_rate_windows"], {"limit": limit}).fetchall())
+
+
 def _unknown_kinds_period(cfg: Config) -> float:
     # A fraction of the wait, so a run ends not long after it: between one minute and ten.
     return min(max(settings(cfg).unknown_kind_after / 4, 60.0), 600.0)
@@ -132,6 +137,7 @@ PRUNERS: tuple[Pruner, ...] = (
     Pruner("prune_runs", lambda c: settings(c).prune_interval, prune_runs),
     Pruner("prune_workers", lambda c: settings(c).workers_prune_interval, prune_workers),
     Pruner("fail_unknown_kinds", _unknown_kinds_period, fail_unknown_kinds),
+    Pruner("prune_rate_windows", lambda c: settings(c).prune_interval, prune_rate_windows),
 )
 
 # How often each worker re-declares its kinds (leasework.kinds); a kind is known while some

@@ -95,3 +95,23 @@ UPDATE leasework.runs r
   FROM doomed
  WHERE r.id = doomed.id AND r.status = 'queued'
 RETURNING r.id
+
+-- name: prune_rate_windows
+-- The windows of tenants' rates (leasework.tenant_rates, kinds rated per tenant) that count no
+-- claim any more: a row is made for every tenant a claim admits, so a kind with many tenants
+-- would keep one for each for ever. A row with a rate an operator set is kept (that is not a
+-- window's), and so is a window still counting claims (leasework.rate_used). A row a claim is
+-- writing is skipped (SKIP LOCKED); one deleted as a claim admits its tenant is made again.
+WITH doomed AS MATERIALIZED (
+    SELECT t.kind, t.tenant
+      FROM leasework.tenant_rates t
+      LEFT JOIN leasework.kind_limits l ON l.kind = t.kind
+     WHERE t.rate_count IS NULL
+       AND (l.rate_count IS NULL OR l.rate_per IS NULL
+            OR leasework.rate_used(t.win, l.rate_seconds, leasework.now()) = 0)
+     LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED
+)
+DELETE FROM leasework.tenant_rates t USING doomed d
+ WHERE t.kind = d.kind AND t.tenant = d.tenant
+RETURNING t.kind

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import log
+from .. import log, operations
 from ..config import Range, doc, section
 from ..leases import lease
 from ..leases.lease import Claim
@@ -51,6 +51,7 @@ class RunsStage:
         # The sessions whose open enqueue kept a waiting run from its promotion at the last
         # settle: each is logged once while it lasts.
         self._busy: set[int] = set()
+        self._declared = False  # its kinds' limits written (declare_limits), before any claim
 
     @property
     def wakes(self) -> list[str]:
@@ -62,6 +63,9 @@ class RunsStage:
         # claim on its own, the one riding on a seal, and a batch's (whose kind is one of these).
         kinds = site.claimable(self.app.kinds(stage=self.name))
         self._due = None
+        if not self._declared:
+            declare_limits(site, self.app, self.name)
+            self._declared = True
         # Claim and settle on the main connection: idle between runs, it spares a pool
         # check-out per claim and keeps the claim's generic plan (Connections.main).
         handled = 0
@@ -169,3 +173,15 @@ class RunsStage:
         """Seconds until a run of its kinds is next due (a delayed or retried run, a lease that
         runs out), as the last step read it; 0 (unknown) if it did not (workers/stage.py, Due)."""
         return idle.due_now(self._due, time.monotonic())
+
+
+def declare_limits(site: Site, app: Registry, stage: str) -> None:
+    """Record the limits the app declares for the kinds `stage` runs (`@app.task(kind,
+    max_running=, group_limit=, rate=, rate_per=)`; none for a kind without), before the
+    stage's first claim: every host reads them from leasework.kind_limits, so the fleet holds
+    the same ones whatever version each worker runs (the last to start wins; an operator's
+    `leasework limits set` wins over both until reset)."""
+    declared = {kind: dict(app.tasks[kind].limits) for kind in app.kinds(stage=stage)}
+    changed = operations.declare_limits(site.conns.main(), declared)
+    if changed:
+        log.event("limits_declared", kinds=changed)

@@ -274,6 +274,45 @@ def paused_kind_is_never_claimed(conn: Conn, tenant: str | None = None) -> None:
     assert sorted(c.id for c in again) == sorted([held, queued])
 
 
+def capped_kind_takes_only_its_places(conn: Conn, tenant: str | None = None) -> None:
+    """A kind capped at 2 (max_running): batch claims take only the places left, a reclaim
+    included, whatever the tenants (one run per tenant per statement)."""
+    truncate_all(conn)
+    app = make_app()
+    tenants = [f"{tenant}-{i}" if tenant else None for i in range(6)]
+    ids = [app.enqueue(conn, "job", tenant=t) for t in tenants]
+    operations.set_limits(conn, "job", known=KINDS, max_running=2)
+    first = lease.claim_runs(conn, ["job"], worker="w1", lease=LEASE, limit=1)
+    assert [c.id for c in first] == ids[:1]
+    more = lease.claim_runs(conn, ["job"], worker="w2", lease=LEASE, limit=5)
+    assert len(more) == 1, f"{1 + len(more)} runs of a kind capped at 2 were claimed"
+    expire_lease(conn, ids[0])
+    again = lease.claim_runs(conn, ["job"], worker="w3", lease=LEASE, limit=5)
+    assert [c.id for c in again] == ids[:1], "a reclaim went past the cap"
+
+
+def rated_kind_claims_only_its_rate(conn: Conn, tenant: str | None = None) -> None:
+    """A kind rated 2 per 10 s: batch claims take two, then nothing until the window frees (a
+    period and a slice on), whatever the tenants."""
+    truncate_all(conn)
+    shift_clock(conn, 0)
+    app = make_app()
+    tenants = [f"{tenant}-{i}" if tenant else None for i in range(6)]
+    for t in tenants:
+        app.enqueue(conn, "job", tenant=t)
+    operations.set_limits(conn, "job", known=KINDS, rate="2/10s")
+    got = []
+    for i in range(4):
+        got += lease.claim_runs(conn, ["job"], worker=f"w{i}", lease=LEASE, limit=5)
+    assert len(got) == 2, f"{len(got)} claims of a kind rated 2 per 10 s within its period"
+    shift_clock(conn, 10.6)
+    again = []
+    for i in range(4):
+        again += lease.claim_runs(conn, ["job"], worker=f"v{i}", lease=LEASE, limit=5)
+    assert len(again) == 2
+    shift_clock(conn, 0)
+
+
 def expire_worker_leases_expires_only_the_dead_workers_leases(
     conn: Conn, tenant: str | None = None
 ) -> None:

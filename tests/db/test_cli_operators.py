@@ -280,3 +280,102 @@ def test_tenants_lists_and_sets_a_weight(conn: Conn, cli: Any) -> None:
     one_line_exit_2(cli("tenants", "set", "acme", "--weight", "0"), "weight must be a number")
     one_line_exit_2(cli("tenants", "set", "acme", "--weight", "nan"), "weight must be a number")
     assert conn.execute("SELECT * FROM leasework.tenants").fetchall() == before
+
+
+LIMITS_APP = """
+from leasework import App
+
+app = App()
+
+
+@app.task("export", max_running=5)
+def export(ctx, payload):
+    return None
+
+
+@app.task("crm.sync", rate="100/10s", rate_per="tenant", group_limit=3)
+def crm_sync(ctx, payload):
+    return None
+"""
+
+
+def test_limits_lists_sets_and_resets_at_run_time(
+    conn: Conn, cli: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "limitsapp.py").write_text(LIMITS_APP, encoding="utf-8")
+    app = ["--app", "limitsapp:app"]
+    assert "no kind has a limit" in ok(cli("limits"))
+    ok(cli("worker", "--once", *app))  # a worker declares its app's limits before claiming
+    listed = orjson.loads(ok(cli("limits", "--json")))
+    assert [(r["kind"], r["max_running"], r["rate_count"], r["rate_per"]) for r in listed] == [
+        ("crm.sync", None, 100, "tenant"),
+        ("export", 5, None, None),
+    ]
+    text = ok(cli("limits"))
+    assert "export: max_running 0/5" in text and "crm.sync: group_limit 3; rate 100/10s" in text
+    assert "until `leasework limits reset export`" in ok(
+        cli("limits", "set", "export", "--max-running", "2", "--rate", "10/m")
+    )
+    assert "export: max_running* 0/2; rate* 10/1m" in ok(cli("limits"))
+    ok(cli("limits", "set", "crm.sync", "--tenant", "acme", "--rate", "500/10s"))
+    assert "tenant acme: rate* 500/10s" in ok(cli("limits"))
+    before = conn.execute("SELECT * FROM leasework.kind_limits ORDER BY kind").fetchall()
+    for args, says in [
+        (("export", "--max-running", "x"), "must be a whole number or none"),
+        (("export", "--max-running", "0"), "max_running must be an integer from 1"),
+        (("export", "--rate", "10/10x"), "write COUNT/PERIOD"),
+        (("export", "--rate-per", "key"), "rate_per must be 'tenant'"),
+        (("export", "--rate-per", "tenant", "--rate", "none"), "needs a rate"),
+        (("export", "--tenant", "acme", "--rate", "1/s"), "export has no rate per tenant"),
+        (("export", "--tenant", "acme", "--max-running", "1"), "give --rate"),
+        (("exprot", "--max-running", "1"), "unknown kind 'exprot'"),
+        (("export",), "no limit given"),
+    ]:
+        one_line_exit_2(cli("limits", "set", *args, *app), says)
+    one_line_exit_2(cli("limits", "reset", "export", "speed"), "unknown limit 'speed'")
+    assert conn.execute("SELECT * FROM leasework.kind_limits ORDER BY kind").fetchall() == before
+    assert "reset max_running" in ok(cli("limits", "reset", "export", "max_running"))
+    assert "export: max_running 0/5; rate* 10/1m" in ok(cli("limits"))
+    ok(cli("limits", "reset", "export"))
+    ok(cli("limits", "reset", "crm.sync", "--tenant", "acme"))
+    assert "*" not in ok(cli("limits"))
+
+
+def test_show_says_why_a_queued_run_is_not_claimed(conn: Conn, cli: Any) -> None:
+    run = conn.execute("SELECT leasework.enqueue('metered', tenant => 'acme')").fetchone()
+    grouped = conn.execute(
+        "SELECT leasework.enqueue('metered', tenant => 'acme', \"group\" => 'crm')"
+    ).fetchone()
+    assert run is not None and grouped is not None
+    conn.execute(
+        "INSERT INTO leasework.kind_limits (kind, overrides)"
+        " VALUES ('metered', '{\"max_running\": 1, \"rate\": [1, 60]}')"
+    )
+    ok(cli("limits", "set", "metered", "--group-limit", "1"))
+    assert "held:" not in ok(cli("show", str(run[0])))  # nothing holds it yet
+    # A claim of the kind recorded in its rate's window (what leasework.admit does for each one it
+    # admits), and a run of the same tenant and group running: the cap is full, the rate used,
+    # the group has its one.
+    conn.execute(
+        "SELECT leasework.admit(ARRAY[%s]::bigint[], ARRAY['metered'], ARRAY['acme'], 1, NULL,"
+        " 'w')",
+        (grouped[0] + 1000,),
+    )
+    other = conn.execute(
+        "SELECT leasework.enqueue('metered', tenant => 'acme', \"group\" => 'crm')"
+    ).fetchone()
+    assert other is not None
+    conn.execute(
+        "UPDATE leasework.runs SET status = 'running', attempts = 1, lease_owner = gen_random_uuid(),"
+        " lease_expires_at = leasework.now() + interval '1 minute', started_at = leasework.now()"
+        " WHERE id = %s",
+        (other[0],),
+    )
+    shown = ok(cli("show", str(grouped[0])))
+    assert "held:      capped: 1 of 1 running (max_running)" in shown
+    assert "rate-limited until" in shown and "rate 1/1m is used" in shown
+    assert "group full: 1 of 1 running in group crm of tenant acme (group_limit)" in shown
+    held = orjson.loads(ok(cli("show", str(grouped[0]), "--json")))["held_back"]
+    assert [h["reason"] for h in held] == ["capped", "rate_limited", "group_full"]
+    ok(cli("pause", "metered"))
+    assert "its kind is paused" in ok(cli("show", str(run[0])))

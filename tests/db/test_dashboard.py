@@ -203,6 +203,54 @@ def test_metrics_in_prometheus_format(dash: Dashboard, scenario: Scenario, conn:
     assert len(overall) == 1 and 89 <= overall[0] < 200
 
 
+def test_metrics_show_each_limit_and_the_runs_it_holds_back(dash: Dashboard, conn: Conn) -> None:
+    from leasework import operations
+    from leasework.leases import lease
+
+    conn.execute(
+        "INSERT INTO leasework.kinds (kind) VALUES ('export'), ('crm.sync');"
+        "SELECT leasework.enqueue('export') FROM generate_series(1, 3);"
+        "SELECT leasework.enqueue('crm.sync', tenant => 'acme') FROM generate_series(1, 3)"
+    )
+    operations.set_limits(conn, "export", max_running=1)
+    operations.set_limits(conn, "crm.sync", rate="1/10s", rate_per="tenant")
+    for i in range(3):
+        lease.claim_runs(conn, ["export", "crm.sync"], worker=f"w{i}", lease=30, limit=2)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(request(f"{dash.url}metrics").text)
+        for s in f.samples
+    }
+
+    def get(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert get("leasework_kind_max_running", kind="export") == 1
+    assert get("leasework_kind_live_leases", kind="export") == 1
+    assert get("leasework_rate_limited", kind="export", reason="capped") == 2
+    assert get("leasework_kind_rate_limit", kind="crm.sync", per="tenant") == 1
+    assert get("leasework_kind_rate_period_seconds", kind="crm.sync") == 10
+    assert get("leasework_rate_limited", kind="crm.sync", reason="rate_limited") == 2
+    assert get("leasework_rate_limited", kind="crm.sync", reason="capped") == 0
+    # The overview's Limits section, and a held-back run's page says why.
+    page = request(dash.url).text
+    assert '<section id="limits">' in page and "1 of 1*" in page and "1/10s* per tenant" in page
+    held = conn.execute(
+        "SELECT min(id) FROM leasework.runs WHERE kind = 'export' AND status = 'queued'"
+    ).fetchone()
+    assert held is not None
+    assert "capped: 1 of 1 running (max_running)" in request(f"{dash.url}runs/{held[0]}").text
+    if PROMTOOL is not None:
+        check = subprocess.run(
+            [PROMTOOL, "check", "metrics"],
+            input=request(f"{dash.url}metrics").text,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+
+
 PROMTOOL = shutil.which("promtool")
 
 

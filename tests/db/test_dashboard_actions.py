@@ -129,6 +129,42 @@ def test_every_action_changes_the_database_and_redirects(
     assert again.status == 303 and "kind mail was not paused" in c.get("/kinds").text
 
 
+def test_limits_are_set_and_reset_from_the_kinds_page(
+    acting: Any, scenario: tuple[Scenario, int], conn: Conn
+) -> None:
+    c = Client(acting.url)
+    page = c.get("/kinds")
+    assert 'data-action="limits"' in page.text and 'name="max_running"' in page.text
+    token = c.token("/kinds")
+    before = conn.execute("SELECT * FROM leasework.kind_limits").fetchall()
+    for extra, code, words in [
+        ({"max_running": "two"}, 409, "max_running must be a whole number or none"),
+        ({"max_running": "0"}, 409, "max_running must be an integer from 1"),
+        ({"rate": "fast"}, 409, "rate 'fast' is not valid"),
+        ({}, 409, "no limit given"),
+    ]:
+        refused = c.post("/kinds/limits", {"csrf": token, "kind": "mail", **extra})
+        assert refused.status == code, (extra, refused.status, refused.text[-400:])
+        line = re.search(r'id="error-line">([^<]*)<', refused.text)
+        assert line and words in line.group(1).replace("&#x27;", "'"), refused.text[-400:]
+    assert conn.execute("SELECT * FROM leasework.kind_limits").fetchall() == before
+    done = c.post(
+        "/kinds/limits",
+        {"csrf": token, "kind": "mail", "max_running": "2", "rate": "10/m", "group_limit": ""},
+    )
+    assert done.status == 303 and done.headers["Location"] == "/kinds"
+    row = conn.execute("SELECT max_running, rate_count, rate_seconds, group_limit"
+                       " FROM leasework.kind_limits WHERE kind = 'mail'").fetchone()  # fmt: skip
+    assert row == (2, 10, 60.0, None)
+    kinds = c.get("/kinds").text
+    assert "kind mail: max_running 2, rate 10/m" in kinds
+    assert "max_running 2*, rate 10/1m*" in kinds and 'data-action="reset-limits"' in kinds
+    done = c.post("/kinds/reset-limits", {"csrf": token, "kind": "mail"})
+    assert done.status == 303
+    assert "max_running, rate reset" in c.get("/kinds").text
+    assert conn.execute("SELECT count(*) FROM leasework.kind_limits").fetchone() == (0,)
+
+
 @pytest.mark.parametrize(
     "forge",
     [

@@ -17,6 +17,7 @@ HANDLERS = (
     "prune_workers",
     "prune_tombstones",
     "reconcile_files",
+    "prune_rate_windows",
 )
 
 
@@ -70,6 +71,7 @@ def test_each_handler_runs_once_per_period_across_workers(conn, workers):
         "prune_tombstones": 2,
         "reconcile_files": 2,
         "fail_unknown_kinds": 2,
+        "prune_rate_windows": 2,
     }
 
 

@@ -32,6 +32,7 @@ from ..conftest import truncate_all
 from .checks import (
     TENANTS,
     cancel_beats_reclaim,
+    capped_kind_takes_only_its_places,
     claim_order_is_priority_then_queued_at,
     claim_takes_only_its_kinds,
     debounce_merge_keeps_a_racing_merge,
@@ -41,6 +42,7 @@ from .checks import (
     last_attempt_is_never_reclaimed,
     paused_kind_is_never_claimed,
     promotion_skips_an_open_enqueue_of_its_tenants_key,
+    rated_kind_claims_only_its_rate,
     snooze_charges_no_attempt,
     sql_labels_refuse_every_unsafe_character,
     stale_owner_writes_nothing,
@@ -601,3 +603,32 @@ def test_window_and_debounce_mutations_are_caught(
 ) -> None:
     err = function_fails_with(conn, mutation, check)
     assert says in str(err), err
+# Flow control (migration 0023): leasework.admit with its cap off by one, and the rate's window
+# read as empty (every claim let through, as if no window were kept). The checks run on both
+# branches of the claim (runs with and without a tenant).
+CAP_OFF_BY_ONE = FunctionMutation(
+    "leasework.admit(bigint[],text[],text[],integer,bigint,text)",
+    "CONTINUE WHEN room[j] < 1;",
+    "CONTINUE WHEN room[j] < 0;",
+)
+RATE_WINDOW_IGNORED = FunctionMutation(
+    "leasework.rate_used(bigint[],double precision,timestamp with time zone)",
+    "RETURN w[44] - w[(d + 23)::integer];",
+    "RETURN 0;",
+)
+
+
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_a_cap_off_by_one_is_caught(conn: Conn, tenant: str | None) -> None:
+    err = function_fails_with(
+        conn, CAP_OFF_BY_ONE, partial(capped_kind_takes_only_its_places, tenant=tenant)
+    )
+    assert "runs of a kind capped at 2 were claimed" in str(err), err
+
+
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_a_rate_window_ignored_is_caught(conn: Conn, tenant: str | None) -> None:
+    err = function_fails_with(
+        conn, RATE_WINDOW_IGNORED, partial(rated_kind_claims_only_its_rate, tenant=tenant)
+    )
+    assert "claims of a kind rated 2 per 10 s within its period" in str(err), err

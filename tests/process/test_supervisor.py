@@ -486,3 +486,48 @@ def test_the_workers_row_follows_a_childs_run_from_claim_to_finish(
     cleared = time.monotonic() - finished_at
     assert sup.children() == [child]  # cleared by the finish, not by the child going away
     print(f"workers row: run shown {shown:.2f} s after enqueue, cleared {cleared:.2f} s after finish")
+
+
+def test_a_capped_kinds_place_frees_at_once_when_its_child_is_killed(
+    supervise: Start, pconn: Conn, app_dir: Path
+) -> None:
+    # max_running=1 set at run time on `hold`: two runs queued, one runs. Its child killed, the
+    # supervisor's fast release ends the dead child's lease (not the 6 s lease), so the place is
+    # free within a poll and the other child takes a run of the kind; never two at once.
+    from leasework import operations
+
+    operations.set_limits(pconn, "hold", known=["hold"], max_running=1)
+    sup = supervise(processes=2)
+    sup.wait_children(2)
+    first, second = _hold(pconn, app_dir), _hold(pconn, app_dir)
+    run = wait_for(lambda: _running(pconn, first, 1))
+    victim = holder_pid(run["lease_worker"])
+    live = (
+        "SELECT count(*) FROM leasework.runs WHERE kind = 'hold' AND status = 'running'"
+        " AND lease_expires_at >= leasework.now()"
+    )
+    assert [h["reason"] for h in operations.held_back(pconn, second)] == ["capped"]
+    assert pconn.execute(live).fetchone() == (1,)
+
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+
+    def taken() -> dict[str, Any] | None:
+        assert pconn.execute(live).fetchone()[0] <= 1, "two runs of a kind capped at 1"  # type: ignore[index]
+        rows = pconn.execute(
+            "SELECT id, attempts, lease_worker FROM leasework.runs WHERE kind = 'hold'"
+            " AND status = 'running' AND lease_expires_at >= leasework.now()"
+        ).fetchall()
+        mine = [r for r in rows if holder_pid(r[2]) != victim]
+        return {"id": mine[0][0], "attempts": mine[0][1]} if mine else None
+
+    again = wait_for(taken, timeout=5)
+    recovered = time.monotonic() - killed_at
+    assert recovered < 2.0, f"the place freed after {recovered:.2f} s"
+    assert again == {"id": first, "attempts": 2}  # the reclaim comes first (older), alone
+    assert get_run(pconn, second)["status"] == "queued"
+    for run_id in (first, second):
+        (app_dir / f"hold-{run_id}").unlink()
+    wait_for(lambda: get_run(pconn, second)["status"] == "succeeded", timeout=15)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(10) == 0

@@ -95,6 +95,12 @@ VALUES (1, 0, 'p', 1, 'hello', '{0.5, 0.25}');
 INSERT INTO leasework.maintenance (handler, last_run_at, runs, last_result)
 VALUES ('prune_runs', now(), 1, '{"deleted": 0}');
 INSERT INTO leasework.paused_kinds (kind) VALUES ('echo');
+INSERT INTO leasework.kind_limits (kind, declared, overrides, win)
+VALUES ('echo', '{"max_running": 2, "group_limit": 3}', '{"rate": [5, 10], "rate_per": "tenant"}',
+        leasework.rate_recorded(NULL, 10, now(), 5)),
+       ('sync', '{"rate": [1, 3600]}', '{}', leasework.rate_recorded(NULL, 3600, now(), 1));
+INSERT INTO leasework.tenant_rates (kind, tenant, rate_count, rate_seconds, win)
+VALUES ('echo', 't1', 7, 60, leasework.rate_recorded(NULL, 60, now(), 7));
 INSERT INTO leasework.counters (kind, name, label, value)
 VALUES ('echo', 'finished', 'succeeded', 4), ('echo', 'duration', '0.05', 4),
        ('echo', 'duration_sum', '', 0.1), ('echo', 'lost', 'expired', 1),
@@ -197,6 +203,10 @@ def values_for(pg_type: str) -> st.SearchStrategy[str | None]:
         return st.none() | st.just("00000000-0000-0000-0000-000000000000")
     if base == "jsonb":
         return st.sampled_from(ODD_JSON) | json_values.map(json.dumps)
+    if base == "bigint[]":  # a rate's window (its CHECK refuses what is not one)
+        window = "{500000,3534451200," + ",".join(["0"] * 41) + ",9}"
+        edges = "{30240000000,152519," + ",".join(["4611686018427387903"] * 42) + "}"
+        return st.none() | st.sampled_from(["{}", "{1,2}", window, edges])
     if base == "real[]":
         return st.none() | st.sampled_from(["{}", "{NaN,Infinity,-Infinity}", "{NULL}"])
     if base == "text[]":
@@ -220,7 +230,7 @@ SELECT c.relname::text AS table_name, a.attname::text AS column_name,
   JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
  WHERE c.relkind IN ('r', 'p')
    AND has_column_privilege(%(role)s, c.oid, a.attnum, 'UPDATE')
-   AND a.attidentity = ''
+   AND a.attidentity = '' AND a.attgenerated = ''
  ORDER BY 1, 2
 """
 
@@ -298,6 +308,7 @@ def render_every_reader(conn: Conn, dsn: str, dashboard: Dashboard) -> None:
         run_cli(dsn, "schedules", *json_flag)
         run_cli(dsn, "connections", "list", *json_flag)
         run_cli(dsn, "tenants", *json_flag)
+        run_cli(dsn, "limits", *json_flag)
     for run_id in ids:
         run_cli(dsn, "show", str(run_id))
         run_cli(dsn, "show", str(run_id), "--json")

@@ -19,8 +19,9 @@ ALLOWED_TAGS = {
     "dl", "dt", "dd", "nav", "form", "input", "button", "label", "select", "option",
 }  # fmt: skip
 ALLOWED_ATTRS = {"lang", "charset", "name", "content", "http-equiv", "rel", "href", "type", "class", "id", "value", "max", "data-card",
-                 "method", "action", "data-action", "required", "selected"}  # fmt: skip
-FORM_FIELDS = {"csrf", "back", "kind", "confirm"}
+                 "method", "action", "data-action", "required", "selected", "placeholder"}  # fmt: skip
+# A kind's limits (the /kinds page's limits form) beside the actions' own fields.
+FORM_FIELDS = {"csrf", "back", "kind", "confirm", "max_running", "group_limit", "rate", "rate_per"}
 ROOT = "/ops/lw"
 ACTIONS = pages.View(ROOT, csrf="t0ken", flash="run 1 cancelled")
 

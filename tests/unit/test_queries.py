@@ -102,7 +102,7 @@ def test_the_quick_claim_is_claim_runs_own_text() -> None:
     expected = inner.replace(b"k.kind", b"(" + KINDS + b")[1]")
     expected = expected.replace(b"SELECT r.id,r.priority,r.queued_at ", b"SELECT r.id ")
     paused = b" AND NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = (%s)[1])"
-    assert one.replace(paused % KINDS, b"") == expected + b"SKIP LOCKED"
+    assert one.replace(paused % KINDS, b"").replace(LIMITED_ONE, b"") == expected + b"SKIP LOCKED"
     for form in (lease.FINISH_AND_CLAIM_QUEUED_ONE, lease.FINISH_AND_CLAIM_LEAN_ONE):
         assert one.replace(b"%(limit)s", b"1") in form
 
@@ -127,6 +127,14 @@ def test_the_lean_quick_claim_is_the_probed_one_less_its_probe() -> None:
 
 
 LIVE, KINDS = b"(SELECT k FROM live)::text[]", b"%(kinds)s::text[]"
+# A kind with a cap or a rate is left out of the quick claim (claim_runs alone admits its runs).
+LIMITED = (
+    b"(l.max_running IS NOT NULL OR l.rate_count IS NOT NULL)"
+)
+LIMITED_ONE = (
+    b" AND NOT EXISTS (SELECT 1 FROM leasework.kind_limits l WHERE l.kind = (%(kinds)s::text[])[1]"
+    b" AND " + LIMITED + b")"
+)
 
 
 def test_the_quick_claim_leaves_paused_kinds_out_one_by_one() -> None:
@@ -135,6 +143,23 @@ def test_the_quick_claim_leaves_paused_kinds_out_one_by_one() -> None:
         b"WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)" in quick
     )
     assert LIVE not in quick
+
+
+def test_the_quick_claims_leave_limited_kinds_out() -> None:
+    # claim_runs' `rules` and leasework.admit hold a kind with a cap or a rate to it: the quick
+    # claims, which admit nothing, never take a run of one (every form, one kind or several).
+    several = (
+        b"AND NOT EXISTS (SELECT 1 FROM leasework.kind_limits l WHERE l.kind = k.kind AND "
+        + LIMITED
+        + b")"
+    )
+    for form in (lease.FINISH_AND_CLAIM_QUEUED, lease.FINISH_AND_CLAIM_LEAN):
+        assert several in form
+    for form in (lease.FINISH_AND_CLAIM_QUEUED_ONE, lease.FINISH_AND_CLAIM_LEAN_ONE):
+        assert LIMITED_ONE in form
+    assert b"max_running IS NOT NULL OR l.rate_count IS NOT NULL AS limited" in (
+        lease.Q["claim_runs"]
+    )
 
 
 def _where(text: bytes, start: bytes, end: bytes) -> set[bytes]:

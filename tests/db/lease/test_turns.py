@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from leasework import operations
@@ -185,11 +185,18 @@ RUN = st.tuples(
 )
 
 
-def model_pick(conn: Conn, live: set[str]) -> set[int]:
+def model_pick(
+    conn: Conn, live: set[str], caps: dict[str, int] | None = None,
+    group_limits: dict[str, int] | None = None,
+) -> set[int]:
     """Every run the rules allow the next one-at-a-time claim to take, by the documented order:
     runs without a tenant by (priority, queued_at, id); tenants by (their best queued run's
     priority, turn, name), the first with a claimable run giving its best claimable run; the two
-    compared by (priority, queued_at, id)."""
+    compared by (priority, queued_at, id). A run is claimable when due, of a live kind with a
+    place under its cap (`caps`: max_running per kind), and, with a tenant, when no run of its
+    tenant runs exclusively beside it and its tenant's group holds fewer runs than its kind's
+    group_limit (`group_limits`; 1 when unset)."""
+    caps, group_limits = caps or {}, group_limits or {}
     runs = conn.execute(
         'SELECT id, kind, tenant, "group", exclusive, priority, queued_at, status,'
         " status = 'queued' AND queued_at <= now() AS due FROM leasework.runs"
@@ -197,11 +204,18 @@ def model_pick(conn: Conn, live: set[str]) -> set[int]:
     running = [r for r in runs if r[7] == "running"]
 
     def blocked(r: tuple[Any, ...]) -> bool:
-        return any(
-            o[2] == r[2] and (o[4] or r[4] or (o[3] is not None and o[3] == r[3])) for o in running
-        )
+        mine = [o for o in running if o[2] == r[2]]
+        if any(o[4] or r[4] for o in mine):
+            return True
+        same = sum(1 for o in mine if o[3] is not None and o[3] == r[3])
+        return same >= group_limits.get(r[1], 1)
 
-    claimable = [r for r in runs if r[8] and r[1] in live and not (r[2] and blocked(r))]
+    def full(kind: str) -> bool:
+        return kind in caps and sum(1 for o in running if o[1] == kind) >= caps[kind]
+
+    claimable = [
+        r for r in runs if r[8] and r[1] in live and not full(r[1]) and not (r[2] and blocked(r))
+    ]
     key = lambda r: (r[5], r[6], r[0])  # noqa: E731
     untenanted = sorted((r for r in claimable if r[2] is None), key=key)
     tenants = conn.execute(
@@ -221,14 +235,34 @@ def model_pick(conn: Conn, live: set[str]) -> set[int]:
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(st.lists(RUN, min_size=1, max_size=14), st.integers(min_value=1, max_value=10))
+@given(
+    st.lists(RUN, min_size=1, max_size=14),
+    st.integers(min_value=1, max_value=10),
+    st.sampled_from([None, None, 1, 2]),  # job's max_running
+    st.sampled_from([None, None, 2, 3]),  # job's group_limit
+)
+# A group wider than one, filled past its limit if the rule were off by one; a cap of 2 across
+# tenants and runs without one.
+@example([("job", "t1", "g1", False, 0, 0.0)] * 4, 8, None, 2)
+@example([("job", t, None, False, 0, 0.0) for t in (None, "t1", "t2", None, "t3")], 6, 2, None)
 def test_the_claim_takes_what_the_rules_allow_in_the_fair_order(
-    conn: Conn, queue: list[tuple[Any, ...]], claims: int
+    conn: Conn,
+    queue: list[tuple[Any, ...]],
+    claims: int,
+    max_running: int | None,
+    group_limit: int | None,
 ) -> None:
     conn.execute(
-        "TRUNCATE leasework.runs, leasework.tenants, leasework.paused_kinds;"
+        "TRUNCATE leasework.runs, leasework.tenants, leasework.paused_kinds,"
+        " leasework.kind_limits;"
         "INSERT INTO leasework.paused_kinds (kind) VALUES ('paused')"
     )
+    if max_running or group_limit:
+        operations.set_limits(
+            conn, "job", known=["job"], max_running=max_running, group_limit=group_limit
+        )
+    caps = {"job": max_running} if max_running else {}
+    group_limits = {"job": group_limit} if group_limit else {}
     app = make_app()
     for kind, tenant, group, exclusive, priority, delay in queue:
         app.enqueue(
@@ -248,7 +282,7 @@ def test_the_claim_takes_what_the_rules_allow_in_the_fair_order(
     live = set(KINDS)
     held: list[lease.Claim] = []
     for i in range(claims):
-        allowed = model_pick(conn, live)
+        allowed = model_pick(conn, live, caps, group_limits)
         claim = claim_one(conn, f"w{i}", kinds=[*KINDS, "paused"])
         if not allowed:
             assert claim is None
@@ -257,14 +291,21 @@ def test_the_claim_takes_what_the_rules_allow_in_the_fair_order(
         held.append(claim)
         if i % 2:  # some claims end, others keep their lease (and hold back their tenant)
             assert lease.finish(conn, held.pop(0), "succeeded")
-    # Never two conflicting live leases of one tenant.
+    # Never two conflicting live leases of one tenant, nor a group past its limit.
     rows = conn.execute(
-        'SELECT tenant, "group", exclusive FROM leasework.runs'
+        'SELECT tenant, "group", exclusive, kind FROM leasework.runs'
         " WHERE status = 'running' AND tenant IS NOT NULL"
     ).fetchall()
     for i, a in enumerate(rows):
         for b in rows[i + 1 :]:
-            assert a[0] != b[0] or not (a[2] or b[2] or (a[1] is not None and a[1] == b[1]))
+            assert a[0] != b[0] or not (a[2] or b[2])
+    for tenant, group in {(r[0], r[1]) for r in rows if r[1] is not None}:
+        kinds = [r[3] for r in rows if (r[0], r[1]) == (tenant, group)]
+        assert len(kinds) <= max(group_limits.get(k, 1) for k in kinds)
+    if max_running:
+        assert sum(1 for r in conn.execute("SELECT kind FROM leasework.runs WHERE"
+                                           " status = 'running'").fetchall()
+                   if r[0] == "job") <= max_running
 
 
 def test_every_statement_that_queues_a_run_again_puts_its_tenant_back_in_the_turns(

@@ -1,0 +1,234 @@
+"""Flow control under concurrent claimers (migration 0023): several workers, each on its own
+connection, claim at the same moment, round after round, with random caps, group limits and
+rates, runs sealed and leases lost between rounds and the database clock moved on. After every
+round: never more live leases of a capped kind than its max_running, never more in a tenant's
+group than its group_limit, an exclusive run alone in its tenant. Over the whole history: in
+every span of a rate's period, however placed, no more claims than its count (per kind, or per
+tenant)."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from leasework import operations
+from leasework.leases import lease
+
+from ...conftest import expire_lease, shift_clock, truncate_all
+from ..checks import KINDS, LEASE, make_app
+
+Conn = psycopg.Connection[Any]
+RACERS = 4
+
+
+@pytest.fixture
+def racers(dsn: str) -> Iterator[list[Conn]]:
+    with ExitStack() as stack:
+        yield [stack.enter_context(psycopg.connect(dsn, autocommit=True)) for _ in range(RACERS)]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_running: int | None
+    group_limit: int | None
+    rate: tuple[int, int] | None  # (count, seconds)
+    per_tenant: bool
+
+
+LIMITS = st.builds(
+    Limits,
+    st.sampled_from([None, 1, 2, 3]),
+    st.sampled_from([None, 1, 2, 3]),
+    st.sampled_from([None, (1, 10), (2, 10), (3, 60), (5, 60)]),
+    st.booleans(),
+)
+RUN = st.tuples(
+    st.sampled_from(["job", "job", "job", "other"]),
+    st.sampled_from([None, "t1", "t2"]),
+    st.sampled_from([None, "g", "g"]),
+    st.sampled_from([False, False, False, False, True]),  # exclusive
+)
+ROUND = st.tuples(
+    st.lists(st.integers(1, 3), min_size=RACERS, max_size=RACERS),  # each racer's batch size
+    st.integers(0, 3),  # leases sealed after the round
+    st.booleans(),  # one lease lost (its worker died)
+    st.sampled_from([0, 0, 1, 4, 9, 10.6, 30, 61]),  # seconds the clock moves on
+)
+
+
+def race_round(racers: list[Conn], sizes: list[int], rnd: int) -> list[lease.Claim]:
+    """Every racer claims at once (a barrier), each with its batch size; their claims."""
+    start = threading.Barrier(len(racers))
+    got: list[list[lease.Claim]] = [[] for _ in racers]
+    errors: list[BaseException] = []
+
+    def go(i: int) -> None:
+        try:
+            start.wait(10)
+            got[i] = lease.claim_runs(
+                racers[i], KINDS, worker=f"w{rnd}.{i}", lease=LEASE, limit=sizes[i]
+            )
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(len(racers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a racer did not finish in time"
+    if errors:
+        raise errors[0]
+    return [c for claims in got for c in claims]
+
+
+def live_leases(conn: Conn) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        'SELECT kind, tenant, "group", exclusive FROM leasework.runs'
+        " WHERE status = 'running' AND lease_expires_at >= leasework.now()"
+    ).fetchall()
+
+
+def check_caps(conn: Conn, limits: Limits) -> None:
+    rows = live_leases(conn)
+    jobs = sum(1 for r in rows if r[0] == "job")
+    if limits.max_running is not None:
+        assert jobs <= limits.max_running, f"{jobs} runs of a kind capped at {limits.max_running}"
+    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for kind, tenant, group, _ in rows:
+        if tenant is not None and group is not None:
+            groups[(tenant, group)].append(kind)
+    for (tenant, group), kinds in groups.items():
+        # Each run is held to its own kind's limit: `other` has none (1), `job` group_limit.
+        allowed = max(limits.group_limit or 1 if k == "job" else 1 for k in kinds)
+        assert len(kinds) <= allowed, f"{len(kinds)} runs in {tenant}/{group} at once: {kinds}"
+    for tenant in {r[1] for r in rows if r[1] is not None}:
+        mine = [r for r in rows if r[1] == tenant]
+        assert len(mine) == 1 or not any(r[3] for r in mine), f"{tenant}: exclusive not alone"
+
+
+def check_rate(times: dict[str | None, list[datetime]], count: int, seconds: int) -> None:
+    """In every span of `seconds`, wherever it starts, at most `count` claims (per budget)."""
+    for budget, stamps in times.items():
+        stamps = sorted(stamps)
+        for i, first in enumerate(stamps):
+            within = [t for t in stamps[i:] if (t - first).total_seconds() <= seconds]
+            assert len(within) <= count, (
+                f"{len(within)} claims of budget {budget!r} within {seconds}s of {first} "
+                f"(rate {count}/{seconds}s)"
+            )
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(LIMITS, st.lists(RUN, min_size=6, max_size=24), st.lists(ROUND, min_size=3, max_size=7))
+def test_no_claim_ever_admits_a_run_past_a_cap_or_a_rate(
+    conn: Conn, racers: list[Conn], limits: Limits, queue: list[Any], rounds: list[Any]
+) -> None:
+    truncate_all(conn)
+    offset = 0.0
+    for c in [conn, *racers]:
+        shift_clock(c, offset)
+    app = make_app()
+    for kind, tenant, group, exclusive in queue:
+        app.enqueue(conn, kind, {}, tenant=tenant, group=group, exclusive=exclusive)
+    changes: dict[str, Any] = {
+        "max_running": limits.max_running,
+        "group_limit": limits.group_limit,
+        "rate": None if limits.rate is None else f"{limits.rate[0]}/{limits.rate[1]}s",
+        "rate_per": "tenant" if limits.rate is not None and limits.per_tenant else None,
+    }
+    operations.set_limits(conn, "job", known=KINDS, **changes)
+    held: list[lease.Claim] = []
+    times: dict[str | None, list[datetime]] = defaultdict(list)
+    for rnd, (sizes, seals, crash, move) in enumerate(rounds):
+        claims = race_round(racers, sizes, rnd)
+        for claim in claims:
+            if claim.kind == "job":
+                row = conn.execute(
+                    "SELECT started_at FROM leasework.runs WHERE id = %s", (claim.id,)
+                ).fetchone()
+                assert row is not None
+                budget = claim.tenant if limits.per_tenant else None
+                times[budget].append(row[0])
+        held.extend(claims)
+        check_caps(conn, limits)
+        for claim in held[:seals]:
+            lease.finish(conn, claim, "succeeded")
+        held = held[seals:]
+        if crash and held:
+            expire_lease(conn, held.pop(0).id)  # reclaimable now, through the same admission
+        offset += move
+        for c in [conn, *racers]:
+            shift_clock(c, offset)
+    if limits.rate is not None:
+        check_rate(times, *limits.rate)
+
+
+@pytest.mark.parametrize("chain", [False, True], ids=["whole", "chained"])
+def test_workers_sealing_and_claiming_a_capped_kind_never_wait_on_each_other(
+    conn: Conn, racers: list[Conn], chain: bool
+) -> None:
+    # Each racer seals its run and claims the next in one statement (finish_and_claim), as a
+    # worker does one at a time, with the lock_timeout workers run with: a claim that waited on
+    # another (they once deadlocked: a claim's scan keeps a lock on a run it skipped, which its
+    # worker was sealing while it waited for the kind's row) fails here with a lock timeout.
+    app = make_app()
+    total = 300
+    app.enqueue_many(conn, "job", [{} for _ in range(total)])
+    operations.set_limits(conn, "job", known=KINDS, max_running=3, rate="100000/1s")
+    for c in racers:
+        c.execute("SET lock_timeout = '500ms'")
+    done: list[int] = []
+    errors: list[BaseException] = []
+    over: list[int] = []
+    start = threading.Barrier(len(racers))
+
+    def drain(i: int) -> None:
+        c = racers[i]
+        kept = lease.Chain() if chain else None
+        try:
+            start.wait(10)
+            claims = lease.claim_runs(c, ["job"], worker=f"w{i}", lease=LEASE)
+            claim = claims[0] if claims else None
+            while claim is not None:
+                live = c.execute(
+                    "SELECT count(*) FROM leasework.runs WHERE kind = 'job'"
+                    " AND status = 'running' AND lease_expires_at >= leasework.now()"
+                ).fetchone()
+                if live is not None and live[0] > 3:
+                    over.append(live[0])
+                done.append(claim.id)
+                _, claim = lease.finish_and_claim(
+                    c, claim, ["job"], worker=f"w{i}", lease=LEASE, chain=kept
+                )
+                if claim is None:  # the cap was full when it asked: ask again until none is due
+                    left = c.execute(
+                        "SELECT count(*) FROM leasework.runs WHERE status = 'queued'"
+                    ).fetchone()
+                    if left and left[0]:
+                        claims = lease.claim_runs(c, ["job"], worker=f"w{i}", lease=LEASE)
+                        claim = claims[0] if claims else None
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(RACERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a racer did not finish in time"
+    assert not errors, errors[0]
+    assert not over, f"{max(over)} runs of a kind capped at 3 held live leases at once"
+    assert sorted(done) == sorted(set(done)) and len(done) == total

@@ -40,12 +40,15 @@ FINISH_AND_CLAIM = (
 
 # finish_and_claim_queued (lease.sql): one run claimed, as above. Probed: it also asks whether
 # claim_runs could take a run it cannot (due_elsewhere). Lean: only whether a kind is paused.
-_QUEUED = Q["finish_and_claim_queued"].replace(b"<quick_claim>", Q["quick_claim"])
+# A capped kind's place handed on from the sealed run to the claimed one (lease.sql, handed_on).
+_QUICK_CLAIM = Q["quick_claim"].replace(b"<handed_on>", Q["handed_on"])
+_QUICK_CLAIM_ONE = Q["quick_claim_one"].replace(b"<handed_on>", Q["handed_on"])
+_QUEUED = Q["finish_and_claim_queued"].replace(b"<quick_claim>", _QUICK_CLAIM)
 _QUEUED = _QUEUED.replace(b"%(limit)s", b"1")
 FINISH_AND_CLAIM_QUEUED = _QUEUED.replace(b"<due_elsewhere>", Q["due_elsewhere"])
 FINISH_AND_CLAIM_LEAN = _QUEUED.replace(b" <due_elsewhere>", b"")
 # The same for a worker polling one kind (quick_claim_one: no unnest and LATERAL).
-_QUEUED_ONE = Q["finish_and_claim_queued"].replace(b"<quick_claim>", Q["quick_claim_one"])
+_QUEUED_ONE = Q["finish_and_claim_queued"].replace(b"<quick_claim>", _QUICK_CLAIM_ONE)
 _QUEUED_ONE = _QUEUED_ONE.replace(b"%(limit)s", b"1")
 FINISH_AND_CLAIM_QUEUED_ONE = _QUEUED_ONE.replace(b"<due_elsewhere>", Q["due_elsewhere"])
 FINISH_AND_CLAIM_LEAN_ONE = _QUEUED_ONE.replace(b" <due_elsewhere>", b"")
@@ -78,17 +81,55 @@ def claim_runs_numbered() -> bytes:
         numbered = _claims_numbered[text] = wire.numbered(text, CLAIM_PARAMS)
     return numbered
 FINISH_AND_CLAIM_LEAN_NUMBERED = wire.numbered(FINISH_AND_CLAIM_LEAN, QUICK_PARAMS)
+
+
+def _rated(quick_claim: bytes, probed: bool) -> bytes:
+    """finish_and_claim_rated (lease.sql) for `quick_claim` (quick_claim or quick_claim_one),
+    probed or lean: its WITH, then finish_and_claim_queued's UPDATE with rated_claim for its
+    claim. The quick claim also gives the kind of the run it takes."""
+    claim = quick_claim.replace(b"<handed_on>", Q["handed_on_rated"]).replace(b"%(limit)s", b"1")
+    claim = claim.replace(b"SELECT c.id FROM unnest", b"SELECT c.id,k.kind FROM unnest", 1)
+    claim = claim.replace(b"SELECT r.id FROM leasework.runs r", b"SELECT r.id,r.kind FROM leasework.runs r", 1)
+    prefix = Q["finish_and_claim_rated"].replace(b"<quick_claim>", claim)
+    prefix = prefix.replace(b" <due_elsewhere>", b" " + Q["due_elsewhere"] if probed else b"")
+    gated = b"CASE WHEN NOT (false <due_elsewhere>) THEN (<quick_claim>) END"
+    body = Q["finish_and_claim_queued"]
+    assert gated in body and b"AS kind" not in claim
+    return prefix + b" " + body.replace(gated, Q["rated_claim"])
+
+
+FINISH_AND_CLAIM_RATED = _rated(Q["quick_claim"], probed=True)
+FINISH_AND_CLAIM_RATED_LEAN = _rated(Q["quick_claim"], probed=False)
+FINISH_AND_CLAIM_RATED_ONE = _rated(Q["quick_claim_one"], probed=True)
+FINISH_AND_CLAIM_RATED_LEAN_ONE = _rated(Q["quick_claim_one"], probed=False)
+# Whether a kind among those polled has a rate: finish_and_claim_rated is then the quick form.
+RATED_AMONG = (
+    b"SELECT EXISTS (SELECT 1 FROM leasework.kind_limits"
+    b" WHERE kind = ANY(%(kinds)s::text[]) AND rate_count IS NOT NULL)"
+)
+
+
+def _form(text: bytes, name: bytes) -> tuple[bytes, bytes, bytes]:
+    return text, name, wire.numbered(text, QUICK_PARAMS)
+
+
 # Each form's text for the cursor, and its name and numbered text for libpq, by (`probed`, one
-# kind polled).
+# kind polled, a kind polled has a rate).
 _QUICK_FORMS = {
-    (True, False): (FINISH_AND_CLAIM_QUEUED, QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED),
-    (False, False): (FINISH_AND_CLAIM_LEAN, LEAN_NAME, FINISH_AND_CLAIM_LEAN_NUMBERED),
-    (True, True): (
+    (True, False, True): _form(FINISH_AND_CLAIM_RATED, b"leasework_finish_and_claim_rated"),
+    (False, False, True): _form(FINISH_AND_CLAIM_RATED_LEAN, b"leasework_finish_and_claim_rated_lean"),
+    (True, True, True): _form(FINISH_AND_CLAIM_RATED_ONE, b"leasework_finish_and_claim_rated_one"),
+    (False, True, True): _form(
+        FINISH_AND_CLAIM_RATED_LEAN_ONE, b"leasework_finish_and_claim_rated_lean_one"
+    ),
+    (True, False, False): (FINISH_AND_CLAIM_QUEUED, QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED),
+    (False, False, False): (FINISH_AND_CLAIM_LEAN, LEAN_NAME, FINISH_AND_CLAIM_LEAN_NUMBERED),
+    (True, True, False): (
         FINISH_AND_CLAIM_QUEUED_ONE,
         QUICK_ONE_NAME,
         wire.numbered(FINISH_AND_CLAIM_QUEUED_ONE, QUICK_PARAMS),
     ),
-    (False, True): (
+    (False, True, False): (
         FINISH_AND_CLAIM_LEAN_ONE,
         LEAN_ONE_NAME,
         wire.numbered(FINISH_AND_CLAIM_LEAN_ONE, QUICK_PARAMS),
@@ -259,6 +300,7 @@ class Chain:
         "_wire",
         "lean_until",
         "probe_every",
+        "rated",
         "recheck",
         "whole_until",
     )
@@ -272,6 +314,9 @@ class Chain:
         self._raw_cursor: psycopg.RawCursor[Any] | None = None
         self._kinds: list[str] | None = None
         self._one = False  # one kind polled: the quick statement's _one form
+        # A kind polled had a rate when claim_runs last took a run the quick statement left:
+        # finish_and_claim_rated is the quick statement (it records a rated kind's claims).
+        self.rated = False
         self._kinds_text = ""
         self._wire = wire.Prepared()  # the quick statement's forms, prepared on one connection
         self._encoding = "utf-8"  # the client encoding the parameters below are sent in
@@ -331,7 +376,7 @@ class Chain:
         """Send finish_and_claim_queued (its probed or its lean form) for `params` (id, owner,
         result as JsonText or None, kinds as text, worker, lease). Returns (sealed, the claimed
         run's columns or None). Raises psycopg.Error as the cursor would."""
-        text, name, numbered = _QUICK_FORMS[probed, self._one]
+        text, name, numbered = _QUICK_FORMS[probed, self._one, self.rated]
         if not wire.direct_and_idle(conn):
             # Behind a pooler (no prepared statement outlives a transaction there) or inside the
             # caller's transaction (which psycopg's cursor keeps track of): the cursor.
@@ -454,6 +499,11 @@ def finish_and_claim(
     claims = claim_runs(conn, kinds, worker=worker, lease=lease)
     if not claims:
         chain.ran_dry()
+    else:
+        # A kind with a rate is claimed by the quick statement only in its rated form: whether
+        # one is polled, asked when claim_runs took a run (so at most once per chain.recheck).
+        row = conn.execute(RATED_AMONG, {"kinds": params["kinds"]}).fetchone()
+        chain.rated = bool(row and row[0])
     return sealed, claims[0] if claims else None
 
 

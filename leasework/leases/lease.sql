@@ -476,7 +476,8 @@ RETURNING r.id = %(id)s::bigint AS sealed,
 -- finish_and_claim_queued's claim (its <quick_claim>), for a worker of several kinds: claim_runs'
 -- untenanted_queued branch at the sealed run's priority, after the sealed run's (queued_at, id),
 -- over the kinds polled less the paused ones and those with a cap or a rate (leasework.kind_limits:
--- only claim_runs admits their runs). A fragment of that statement, not a statement.
+-- claim_runs admits their runs), but the sealed run's own kind when its place is handed on
+-- (<handed_on>, below). A fragment of that statement, not a statement.
 SELECT c.id
   FROM unnest(%(kinds)s::text[]) AS k(kind), LATERAL (
     SELECT r.id, r.priority, r.queued_at
@@ -492,7 +493,8 @@ SELECT c.id
        FOR UPDATE OF r SKIP LOCKED) c
  WHERE NOT EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = k.kind)
    AND NOT EXISTS (SELECT 1 FROM leasework.kind_limits l WHERE l.kind = k.kind
-                      AND (l.max_running IS NOT NULL OR l.rate_count IS NOT NULL))
+                      AND (l.max_running IS NOT NULL OR l.rate_count IS NOT NULL)
+                      AND NOT <handed_on>)
  ORDER BY c.priority, c.queued_at, c.id
  LIMIT %(limit)s
 
@@ -510,10 +512,79 @@ SELECT r.id
                     WHERE p.kind = (%(kinds)s::text[])[1])
    AND NOT EXISTS (SELECT 1 FROM leasework.kind_limits l
                     WHERE l.kind = (%(kinds)s::text[])[1]
-                      AND (l.max_running IS NOT NULL OR l.rate_count IS NOT NULL))
+                      AND (l.max_running IS NOT NULL OR l.rate_count IS NOT NULL)
+                      AND NOT <handed_on>)
  ORDER BY r.priority, r.queued_at, r.id
  LIMIT %(limit)s
    FOR UPDATE OF r SKIP LOCKED
+
+-- name: handed_on
+-- Whether the run claimed may take the place under its kind's cap that the run being sealed
+-- leaves (quick_claim's <handed_on>, for the kind_limits row `l` of the kind claimed): the kind
+-- has a cap and no rate (a rate must record each claim: leasework.admit), the sealed run is of
+-- that kind and still ours, locked here until this statement commits (so no reclaim can take it
+-- meanwhile, and the seal below matches it), and the kind's live leases, the sealed run's
+-- included, are no more than its cap in this statement's snapshot. The seal and the claim commit
+-- together, so the kind's count of live leases is the same before and after them: no claim that
+-- admits (leasework.admit, which locks the kind's row and counts with a fresh snapshot) can see
+-- more, and this one needs neither the kind's row nor a fresh count. A cap lowered below the
+-- live count stops the hand-on (then claim_runs admits, or not). A fragment, not a statement.
+(l.rate_count IS NULL
+ AND EXISTS (SELECT 1 FROM leasework.runs s
+              WHERE s.id = %(id)s::bigint AND s.kind = l.kind AND s.status = 'running'
+                AND s.lease_owner = %(owner)s::uuid
+                FOR UPDATE)
+ AND leasework.running_of_kind(l.kind, NULL, NULL) <= l.max_running)
+
+-- name: handed_on_rated
+-- handed_on in finish_and_claim_rated, where a kind with a rate may be claimed too: a cap's place
+-- is handed on as above (the sealed run is locked by that statement's `sealing`), and a rate has
+-- room in this statement's snapshot (a hint: `rated` below decides, under the kind's row lock).
+((l.max_running IS NULL
+  OR (EXISTS (SELECT 1 FROM leasework.runs s
+               WHERE s.id = %(id)s::bigint AND s.kind = l.kind AND s.status = 'running'
+                 AND s.lease_owner = %(owner)s::uuid)
+      AND leasework.running_of_kind(l.kind, NULL, NULL) <= l.max_running))
+ AND (l.rate_count IS NULL
+      OR leasework.rate_used(l.win, l.rate_seconds, leasework.now()) < l.rate_count))
+
+-- name: finish_and_claim_rated
+-- finish_and_claim_queued for a worker that polls a kind with a rate (lease.Chain learns it when
+-- claim_runs took a run the quick statement left): the same seal and quick claim, with a rated
+-- kind's claim recorded in its window in the same statement, so its runs need not go through
+-- claim_runs and leasework.admit one by one (bench/README.md, issue 31). In order: `sealing`
+-- locks the run being sealed if it is still ours (first, as finish_and_claim seals first: a
+-- worker holding a kind's row never waits on a run's row); `candidate` is the quick claim (its
+-- <handed_on> is handed_on_rated), gated as in the probed or lean form, and only while the seal
+-- will be made; `rated` records it in its kind's window when the kind has a rate, under the
+-- kind's row lock: a rival's claim committed meanwhile is re-read (the UPDATE's re-check), so the
+-- window's room is decided on its latest count and never passed. A candidate of a rated kind
+-- that finds no room is not claimed (it stays queued; its lock ends with the statement), and the
+-- caller claims with claim_runs as when the quick statement claims nothing. Runs without a tenant
+-- only, which take their kind's window (with rate_per, the budget runs without a tenant share).
+-- Followed by finish_and_claim_queued's UPDATE, its claim being <rated_claim>.
+WITH sealing AS MATERIALIZED (
+    SELECT s.id FROM leasework.runs s
+     WHERE s.id = %(id)s::bigint AND s.status = 'running' AND s.lease_owner = %(owner)s::uuid
+       FOR UPDATE
+), candidate AS MATERIALIZED (
+    SELECT c.id, c.kind FROM (<quick_claim>) c
+     WHERE EXISTS (SELECT 1 FROM sealing) AND NOT (false <due_elsewhere>)
+), rated AS (
+    UPDATE leasework.kind_limits x
+       SET win = leasework.rate_recorded(x.win, x.rate_seconds, leasework.now(), 1)
+      FROM candidate c
+     WHERE x.kind = c.kind AND x.rate_count IS NOT NULL
+       AND leasework.rate_used(x.win, x.rate_seconds, leasework.now()) < x.rate_count
+    RETURNING x.kind
+)
+
+-- name: rated_claim
+-- finish_and_claim_rated's claim: the candidate, if its kind has no rate or `rated` recorded it.
+(SELECT c.id FROM candidate c
+  WHERE EXISTS (SELECT 1 FROM rated)
+     OR NOT EXISTS (SELECT 1 FROM leasework.kind_limits l
+                     WHERE l.kind = c.kind AND l.rate_count IS NOT NULL))
 
 -- name: due_elsewhere
 -- finish_and_claim_queued's gate, in its probed form: whether claim_runs could take a run that

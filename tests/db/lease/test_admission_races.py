@@ -4,7 +4,9 @@ rates, runs sealed and leases lost between rounds and the database clock moved o
 round: never more live leases of a capped kind than its max_running, never more in a tenant's
 group than its group_limit, an exclusive run alone in its tenant. Over the whole history: in
 every span of a rate's period, however placed, no more claims than its count (per kind, or per
-tenant)."""
+tenant). Claims made by claim_runs, and by finish_and_claim through a Chain (the quick
+statement, which hands a capped kind's place on and, in its rated form, records a rated kind's
+claims)."""
 
 from __future__ import annotations
 
@@ -63,11 +65,22 @@ ROUND = st.tuples(
     st.integers(0, 3),  # leases sealed after the round
     st.booleans(),  # one lease lost (its worker died)
     st.sampled_from([0, 0, 1, 4, 9, 10.6, 30, 61]),  # seconds the clock moves on
+    # Racers holding a run seal it and claim the next in one statement, through a Chain (the
+    # quick statement hands a capped kind's place on), rather than claim with claim_runs.
+    st.booleans(),
 )
 
 
-def race_round(racers: list[Conn], sizes: list[int], rnd: int) -> list[lease.Claim]:
-    """Every racer claims at once (a barrier), each with its batch size; their claims."""
+def race_round(
+    racers: list[Conn],
+    sizes: list[int],
+    rnd: int,
+    sealing: list[lease.Claim | None] | None = None,
+    chains: list[lease.Chain] | None = None,
+) -> list[lease.Claim]:
+    """Every racer claims at once (a barrier), each with its batch size, or, where `sealing`
+    gives it a run, seals that run and claims one in the same statement (finish_and_claim
+    through its Chain); their claims."""
     start = threading.Barrier(len(racers))
     got: list[list[lease.Claim]] = [[] for _ in racers]
     errors: list[BaseException] = []
@@ -75,6 +88,13 @@ def race_round(racers: list[Conn], sizes: list[int], rnd: int) -> list[lease.Cla
     def go(i: int) -> None:
         try:
             start.wait(10)
+            run = sealing[i] if sealing else None
+            if run is not None and chains is not None:
+                _, nxt = lease.finish_and_claim(
+                    racers[i], run, KINDS, worker=f"w{rnd}.{i}", lease=LEASE, chain=chains[i]
+                )
+                got[i] = [nxt] if nxt is not None else []
+                return
             got[i] = lease.claim_runs(
                 racers[i], KINDS, worker=f"w{rnd}.{i}", lease=LEASE, limit=sizes[i]
             )
@@ -152,8 +172,15 @@ def test_no_claim_ever_admits_a_run_past_a_cap_or_a_rate(
     operations.set_limits(conn, "job", known=KINDS, **changes)
     held: list[lease.Claim] = []
     times: dict[str | None, list[datetime]] = defaultdict(list)
-    for rnd, (sizes, seals, crash, move) in enumerate(rounds):
-        claims = race_round(racers, sizes, rnd)
+    chains = [lease.Chain() for _ in racers]
+    for kept in chains[1::2]:
+        kept.rated = True  # the quick statement's rated form (it records a rated kind's claims)
+    for rnd, (sizes, seals, crash, move, chained) in enumerate(rounds):
+        sealing: list[lease.Claim | None] = [None] * len(racers)
+        if chained:
+            for i in range(min(len(racers), len(held))):
+                sealing[i] = held.pop(0)
+        claims = race_round(racers, sizes, rnd, sealing, chains)
         for claim in claims:
             if claim.kind == "job":
                 row = conn.execute(
@@ -177,8 +204,14 @@ def test_no_claim_ever_admits_a_run_past_a_cap_or_a_rate(
 
 
 @pytest.mark.parametrize("chain", [False, True], ids=["whole", "chained"])
+@pytest.mark.parametrize(
+    "rate",
+    # A cap alone is handed on from run to run by the chained quick statement (lease.sql,
+    # handed_on); with a rate too, every claim is admitted.
+    [pytest.param("100000/1s", id="cap-and-rate"), pytest.param(None, id="cap")],
+)
 def test_workers_sealing_and_claiming_a_capped_kind_never_wait_on_each_other(
-    conn: Conn, racers: list[Conn], chain: bool
+    conn: Conn, racers: list[Conn], chain: bool, rate: str | None
 ) -> None:
     # Each racer seals its run and claims the next in one statement (finish_and_claim), as a
     # worker does one at a time, with the lock_timeout workers run with: a claim that waited on
@@ -187,7 +220,7 @@ def test_workers_sealing_and_claiming_a_capped_kind_never_wait_on_each_other(
     app = make_app()
     total = 300
     app.enqueue_many(conn, "job", [{} for _ in range(total)])
-    operations.set_limits(conn, "job", known=KINDS, max_running=3, rate="100000/1s")
+    operations.set_limits(conn, "job", known=KINDS, max_running=3, rate=rate)
     for c in racers:
         c.execute("SET lock_timeout = '500ms'")
     done: list[int] = []
@@ -232,3 +265,46 @@ def test_workers_sealing_and_claiming_a_capped_kind_never_wait_on_each_other(
     assert not errors, errors[0]
     assert not over, f"{max(over)} runs of a kind capped at 3 held live leases at once"
     assert sorted(done) == sorted(set(done)) and len(done) == total
+
+
+def test_racing_rated_quick_claims_never_pass_the_rate(conn: Conn, racers: list[Conn]) -> None:
+    # Each racer seals and claims through the quick statement's rated form as fast as it can: the
+    # window's room each sees in its snapshot is only a hint, the kind's row decides. Exactly the
+    # rate's count is claimed, never one more.
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(200)])
+    count = 40
+    operations.set_limits(conn, "job", known=KINDS, rate=f"{count}/600s")
+    firsts = [lease.claim_runs(c, ["job"], worker=f"w{i}", lease=LEASE) for i, c in enumerate(racers)]
+    claimed: list[int] = [claims[0].id for claims in firsts if claims]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(racers))
+
+    def drain(i: int) -> None:
+        kept = lease.Chain(recheck=0.0)
+        kept.rated = True
+        claim = firsts[i][0] if firsts[i] else None
+        try:
+            start.wait(10)
+            while claim is not None:
+                _, claim = lease.finish_and_claim(
+                    racers[i], claim, ["job"], worker=f"w{i}", lease=LEASE, chain=kept
+                )
+                if claim is not None:
+                    claimed.append(claim.id)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(RACERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a racer did not finish in time"
+    assert not errors, errors[0]
+    assert len(claimed) == len(set(claimed))
+    assert len(claimed) <= count, f"{len(claimed)} claims under a rate of {count} per 600 s"
+    row = conn.execute(
+        "SELECT count(*) FROM leasework.runs WHERE kind = 'job' AND started_at IS NOT NULL"
+    ).fetchone()
+    assert row is not None and row[0] == len(claimed)

@@ -1,7 +1,7 @@
 """Concurrency caps (migration 0023): at most `max_running` runs of a kind hold a live lease across
 every claimer, a batch claim takes only the places left, a crashed run's place frees when its
-lease expires, the run sealed with a claim does not hold a place, the quick claims never take a
-capped kind's run; a tenant's group runs up to its kind's `group_limit` at once, an exclusive run
+lease expires, the run sealed with a claim does not hold a place, the quick claims hand the sealed
+run's place on to the next run of its kind and take no other capped kind's run; a tenant's group runs up to its kind's `group_limit` at once, an exclusive run
 still alone; an operator's value wins over the declared one until reset."""
 
 from __future__ import annotations
@@ -120,24 +120,108 @@ def test_a_worker_that_lost_its_lease_does_not_free_the_new_owners_place(conn: C
     assert live(conn) == 1
 
 
-def test_the_quick_claims_never_take_a_capped_kinds_run(conn: Conn) -> None:
+def quick_claim(conn: Conn, sealing: lease.Claim, kinds: list[str], one: bool) -> list[Any]:
+    """finish_and_claim_queued (probed; the form for one kind or for several) for `sealing`,
+    rolled back: its rows' (sealed, id), the sealed run's first."""
+    text = lease.FINISH_AND_CLAIM_QUEUED_ONE if one else lease.FINISH_AND_CLAIM_QUEUED
+    params = {
+        "id": sealing.id,
+        "owner": sealing.owner,
+        "result": None,
+        "kinds": kinds,
+        "worker": "w1",
+        "lease": LEASE,
+    }
+    with conn.transaction(force_rollback=True):
+        rows = conn.execute(text, params).fetchall()
+    return sorted(((r[0], r[1]) for r in rows), reverse=True)
+
+
+FORMS = [pytest.param(True, id="one-kind"), pytest.param(False, id="several-kinds")]
+
+
+@pytest.mark.parametrize("one", FORMS)
+def test_the_quick_claims_hand_the_sealed_runs_place_on_to_the_next_run_of_its_kind(
+    conn: Conn, one: bool
+) -> None:
+    # Seal and claim in one commit: the kind's live leases are as many after as before, so the
+    # quick statement takes the next run of a capped kind without the kind's row or a fresh count.
     app = make_app()
-    app.enqueue_many(conn, "job", [{} for _ in range(3)])
-    first = claim_one(conn, "w1")
+    ids = app.enqueue_many(conn, "job", [{} for _ in range(3)])
+    cap(conn, max_running=1)
+    first = claim_one(conn, "w1", ["job"])
+    assert first is not None and first.id == ids[0]
+    kinds = ["job"] if one else KINDS
+    assert quick_claim(conn, first, kinds, one) == [(True, ids[0]), (False, ids[1])]
+    # Through a Chain, as a worker drains it: each run sealed hands its place on.
+    chain, run = lease.Chain(), first
+    for expected in ids[1:]:
+        sealed, nxt = lease.finish_and_claim(conn, run, kinds, worker="w1", lease=LEASE, chain=chain)
+        assert sealed and nxt is not None and nxt.id == expected
+        assert chain.quick(float("inf")) and chain.whole_until == float("-inf"), (
+            "the quick statement claimed nothing: claim_runs took the run"
+        )
+        assert live(conn) == 1
+        run = nxt
+
+
+@pytest.mark.parametrize("one", FORMS)
+def test_the_quick_claims_hand_on_no_place_they_do_not_hold(conn: Conn, one: bool) -> None:
+    # No hand-on (the quick claim takes nothing; claim_runs admits or not) when the kind has a
+    # rate too (each claim must be recorded in its window), when the sealed run is of another
+    # kind, when the sealed run is no longer ours, or when the kind holds more live leases than
+    # its cap (lowered since).
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(4)])
+    kinds = ["job"] if one else KINDS
+    first = claim_one(conn, "w1", ["job"])
     assert first is not None
-    cap(conn, max_running=5)  # room to spare: still only claim_runs admits its runs
-    for text in (lease.FINISH_AND_CLAIM_QUEUED, lease.FINISH_AND_CLAIM_QUEUED_ONE):
-        params = {
-            "id": first.id,
-            "owner": first.owner,
-            "result": None,
-            "kinds": ["job"],
-            "worker": "w1",
-            "lease": LEASE,
-        }
-        with conn.transaction(force_rollback=True):
-            rows = conn.execute(text, params).fetchall()
-        assert [r[0] for r in rows] == [True], "the quick claim took a capped kind's run"
+
+    cap(conn, max_running=5, rate="1000/1s")
+    assert quick_claim(conn, first, kinds, one) == [(True, first.id)], "a rated kind's run"
+    cap(conn, max_running=5, rate=None)
+
+    other_id = app.enqueue(conn, "other", {})
+    other = claim_one(conn, "w2", ["other"])
+    assert other is not None and other.id == other_id
+    if not one:
+        assert [r[0] for r in quick_claim(conn, other, kinds, one)] == [True], (
+            "a capped kind's run took the place of another kind's run"
+        )
+
+    second = claim_one(conn, "w3", ["job"])
+    assert second is not None
+    cap(conn, max_running=1)  # two live leases now: over the cap
+    assert quick_claim(conn, first, kinds, one) == [(True, first.id)], "a place over the cap"
+    cap(conn, max_running=2)
+    assert [r[0] for r in quick_claim(conn, first, kinds, one)] == [True, False]
+
+    expire_lease(conn, first.id)
+    again = claim_one(conn, "w4", ["job"])
+    assert again is not None and again.id == first.id  # reclaimed: no longer w1's
+    assert quick_claim(conn, first, kinds, one) == [], "a lost lease's place handed on"
+
+
+def test_a_hand_on_waits_for_nothing_and_never_passes_a_lowered_cap(conn: Conn, dsn: str) -> None:
+    # A rival holds the kind's row (an operator lowering the cap, or leasework.admit): the
+    # hand-on does not wait on it. Once the cap below the live leases commits, no hand-on.
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(4)])
+    cap(conn, max_running=2)
+    first = claim_one(conn, "w1", ["job"])
+    second = claim_one(conn, "w2", ["job"])
+    assert first is not None and second is not None
+    with psycopg.connect(dsn) as rival:
+        rival.execute(
+            "SELECT 1 FROM leasework.kind_limits WHERE kind = 'job' FOR UPDATE"
+        )  # held until the block ends
+        conn.execute("SET lock_timeout = '2s'")
+        try:
+            assert [r[0] for r in quick_claim(conn, first, ["job"], True)] == [True, False]
+        finally:
+            conn.execute("RESET lock_timeout")
+        cap(rival, max_running=1)
+    assert quick_claim(conn, first, ["job"], True) == [(True, first.id)]
 
 
 def test_an_operators_cap_wins_over_the_declared_one_until_reset(conn: Conn) -> None:

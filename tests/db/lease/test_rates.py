@@ -228,3 +228,78 @@ def test_a_window_of_the_wrong_shape_is_refused(conn: Conn) -> None:
     ):
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute("UPDATE leasework.kind_limits SET win = %s", (bad,))
+
+
+def rated_quick(conn: Conn, sealing: lease.Claim, one: bool, probed: bool = True) -> list[int]:
+    """finish_and_claim_rated for `sealing` (committed): the id of the run it claimed, if any."""
+    if one:
+        text = lease.FINISH_AND_CLAIM_RATED_ONE if probed else lease.FINISH_AND_CLAIM_RATED_LEAN_ONE
+    else:
+        text = lease.FINISH_AND_CLAIM_RATED if probed else lease.FINISH_AND_CLAIM_RATED_LEAN
+    params = {
+        "id": sealing.id,
+        "owner": sealing.owner,
+        "result": None,
+        "kinds": ["job"] if one else KINDS,
+        "worker": "w1",
+        "lease": LEASE,
+    }
+    with conn.transaction():
+        rows = conn.execute(text, params).fetchall()
+    return [r[1] for r in rows if not r[0]]
+
+
+def window_count(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT leasework.rate_used(win, rate_seconds, leasework.now()) FROM leasework.kind_limits"
+        " WHERE kind = 'job'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("one", [True, False], ids=["one-kind", "several-kinds"])
+@pytest.mark.parametrize("probed", [True, False], ids=["probed", "lean"])
+def test_the_rated_quick_claim_records_each_claim_and_stops_at_the_rate(
+    conn: Conn, one: bool, probed: bool
+) -> None:
+    # The quick statement's rated form claims a rated kind's run itself, recording the claim in
+    # the kind's window in the same statement; at the rate it claims nothing and records nothing.
+    app = make_app()
+    ids = app.enqueue_many(conn, "job", [{} for _ in range(6)])
+    rate(conn, rate="3/10s", max_running=5)
+    first = claim_one(conn, "w1", ["job"])
+    assert first is not None and first.id == ids[0] and window_count(conn) == 1
+    got = rated_quick(conn, first, one, probed)
+    assert got == [ids[1]] and window_count(conn) == 2
+    second = lease.claim_runs(conn, ["job"], worker="w2", lease=LEASE)  # the third claim
+    assert [c.id for c in second] == [ids[2]] and window_count(conn) == 3
+    nxt = claim_one(conn, "w3", ["job"])
+    assert nxt is None
+    sealing = second[0]
+    assert rated_quick(conn, sealing, one, probed) == [], "the rated claim went past the rate"
+    assert window_count(conn) == 3
+    shift_clock(conn, 10.6)  # the window frees
+    again = claim_one(conn, "w4", ["job"])
+    assert again is not None and window_count(conn) == 1
+
+
+def test_a_chain_learns_that_a_kind_is_rated_and_claims_it_with_the_quick_statement(
+    conn: Conn,
+) -> None:
+    app = make_app()
+    ids = app.enqueue_many(conn, "job", [{} for _ in range(5)])
+    rate(conn, rate="1000/1s")
+    chain = lease.Chain(recheck=0.0)
+    first = claim_one(conn, "w1", ["job"])
+    assert first is not None and not chain.rated
+    sealed, run = lease.finish_and_claim(conn, first, ["job"], worker="w1", lease=LEASE, chain=chain)
+    # The plain quick statement leaves a rated kind out; claim_runs took it, and the chain asked.
+    assert sealed and run is not None and run.id == ids[1] and chain.rated
+    for expected in ids[2:]:
+        assert run is not None
+        fell_back_at = chain.whole_until
+        sealed, run = lease.finish_and_claim(conn, run, ["job"], worker="w1", lease=LEASE, chain=chain)
+        assert sealed and run is not None and run.id == expected
+        assert chain.whole_until == fell_back_at, "the rated quick statement claimed nothing"
+    assert window_count(conn) == 5

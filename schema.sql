@@ -1554,6 +1554,45 @@ BEGIN
 END
 $$;
 
+-- The hand-on of a cap's place (migration 0024; leases/lease.sql, handed_on): whether the quick
+-- one-at-a-time statement, sealing run `sealed` (owned by `owner`) and claiming the next run of
+-- its kind `kind` in the same commit, may give that run the sealed run's place under the kind's
+-- cap `cap`. The sealed run is locked first (it stays ours until this statement commits), then
+-- the kind's cap lock is taken shared: hand-ons never wait on each other, and leasework.admit,
+-- which takes it exclusive before it counts, waits for every hand-on in flight to commit (and
+-- they for it). Then, on a fresh clock and a fresh snapshot: the sealed run's lease is still live
+-- (an admit that committed before this one could not have counted its place as free: its clock
+-- was earlier still), and the kind's live leases, the sealed run's included, are no more than
+-- the cap (a cap lowered below them stops the hand-on). The seal and the claim commit together,
+-- so the kind's count of live leases is the same before and after them.
+CREATE OR REPLACE FUNCTION leasework.hand_on(kind text, sealed bigint, owner uuid, cap integer)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    until timestamptz;
+    fresh timestamptz;
+    n bigint;
+BEGIN
+    SELECT r.lease_expires_at INTO until
+      FROM leasework.runs r
+     WHERE r.id = hand_on.sealed AND r.kind = hand_on.kind AND r.status = 'running'
+       AND r.lease_owner = hand_on.owner
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(hashtext('leasework.cap'), hashtext(hand_on.kind));
+    fresh := leasework.now() + (clock_timestamp() - now());
+    IF until < fresh THEN
+        RETURN false;
+    END IF;
+    SELECT count(*) INTO n
+      FROM leasework.runs r
+     WHERE r.status = 'running' AND r.lease_expires_at >= fresh AND r.kind = hand_on.kind;
+    RETURN n <= hand_on.cap;
+END
+$$;
+
 -- Whether a tenant's runs of a kind rated per tenant have room for one more claim, in the
 -- claim's snapshot (the walk's hint; leasework.admit decides).
 CREATE OR REPLACE FUNCTION leasework.tenant_rate_open(kind text, tenant text)
@@ -1627,6 +1666,16 @@ DECLARE
     j integer;
     n bigint;
 BEGIN
+    -- Each capped kind's cap lock, exclusive, before its row (in the order of the locks' keys,
+    -- so that two admits never wait on each other): the hand-ons in flight (leasework.hand_on,
+    -- which hold it shared) commit first, and the counts below see them.
+    FOR n IN
+        SELECT DISTINCT hashtext(x.kind) FROM leasework.kind_limits x
+         WHERE x.kind = ANY(kinds) AND x.max_running IS NOT NULL
+         ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(hashtext('leasework.cap'), n::integer);
+    END LOOP;
     FOR l IN
         SELECT * FROM leasework.kind_limits x
          WHERE x.kind = ANY(kinds) AND (x.max_running IS NOT NULL OR x.rate_count IS NOT NULL)

@@ -521,30 +521,22 @@ SELECT r.id
 -- name: handed_on
 -- Whether the run claimed may take the place under its kind's cap that the run being sealed
 -- leaves (quick_claim's <handed_on>, for the kind_limits row `l` of the kind claimed): the kind
--- has a cap and no rate (a rate must record each claim: leasework.admit), the sealed run is of
--- that kind and still ours, locked here until this statement commits (so no reclaim can take it
--- meanwhile, and the seal below matches it), and the kind's live leases, the sealed run's
--- included, are no more than its cap in this statement's snapshot. The seal and the claim commit
--- together, so the kind's count of live leases is the same before and after them: no claim that
--- admits (leasework.admit, which locks the kind's row and counts with a fresh snapshot) can see
--- more, and this one needs neither the kind's row nor a fresh count. A cap lowered below the
--- live count stops the hand-on (then claim_runs admits, or not). A fragment, not a statement.
+-- has a cap and no rate (a rate must record each claim: leasework.admit, or the rated form
+-- below), and leasework.hand_on (schema.sql) hands the place on: the sealed run is of that kind,
+-- still ours and live, locked until this statement commits, and the kind's live leases are no
+-- more than its cap. The seal and the claim commit together, so the kind's count of live leases
+-- is the same before and after them; a claim that admits (leasework.admit) waits for the hand-ons
+-- in flight (the kind's cap lock) and counts after them. A cap lowered below the live count stops
+-- the hand-on (then claim_runs admits, or not). A fragment, not a statement.
 (l.rate_count IS NULL
- AND EXISTS (SELECT 1 FROM leasework.runs s
-              WHERE s.id = %(id)s::bigint AND s.kind = l.kind AND s.status = 'running'
-                AND s.lease_owner = %(owner)s::uuid
-                FOR UPDATE)
- AND leasework.running_of_kind(l.kind, NULL, NULL) <= l.max_running)
+ AND leasework.hand_on(l.kind, %(id)s::bigint, %(owner)s::uuid, l.max_running))
 
 -- name: handed_on_rated
 -- handed_on in finish_and_claim_rated, where a kind with a rate may be claimed too: a cap's place
--- is handed on as above (the sealed run is locked by that statement's `sealing`), and a rate has
+-- is handed on as above (leasework.hand_on, after that statement's `sealing`), and a rate has
 -- room in this statement's snapshot (a hint: `rated` below decides, under the kind's row lock).
 ((l.max_running IS NULL
-  OR (EXISTS (SELECT 1 FROM leasework.runs s
-               WHERE s.id = %(id)s::bigint AND s.kind = l.kind AND s.status = 'running'
-                 AND s.lease_owner = %(owner)s::uuid)
-      AND leasework.running_of_kind(l.kind, NULL, NULL) <= l.max_running))
+  OR leasework.hand_on(l.kind, %(id)s::bigint, %(owner)s::uuid, l.max_running))
  AND (l.rate_count IS NULL
       OR leasework.rate_used(l.win, l.rate_seconds, leasework.now()) < l.rate_count))
 

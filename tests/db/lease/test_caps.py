@@ -16,7 +16,7 @@ from leasework import operations, status
 from leasework.errors import ConfigError, NotFound
 from leasework.leases import lease
 
-from ...conftest import expire_lease, wait_for
+from ...conftest import expire_lease, shift_clock, wait_for
 from ..checks import KINDS, LEASE, claim_one, make_app
 
 Conn = psycopg.Connection[Any]
@@ -202,9 +202,9 @@ def test_the_quick_claims_hand_on_no_place_they_do_not_hold(conn: Conn, one: boo
     assert quick_claim(conn, first, kinds, one) == [], "a lost lease's place handed on"
 
 
-def test_a_hand_on_waits_for_nothing_and_never_passes_a_lowered_cap(conn: Conn, dsn: str) -> None:
-    # A rival holds the kind's row (an operator lowering the cap, or leasework.admit): the
-    # hand-on does not wait on it. Once the cap below the live leases commits, no hand-on.
+def test_a_hand_on_never_waits_on_the_kinds_row_nor_passes_a_lowered_cap(conn: Conn, dsn: str) -> None:
+    # A rival holds the kind's row (an operator lowering the cap): the hand-on does not wait
+    # on it. Once the cap below the live leases commits, no hand-on.
     app = make_app()
     app.enqueue_many(conn, "job", [{} for _ in range(4)])
     cap(conn, max_running=2)
@@ -222,6 +222,68 @@ def test_a_hand_on_waits_for_nothing_and_never_passes_a_lowered_cap(conn: Conn, 
             conn.execute("RESET lock_timeout")
         cap(rival, max_running=1)
     assert quick_claim(conn, first, ["job"], True) == [(True, first.id)]
+
+
+def test_no_hand_on_of_a_lease_that_expired(conn: Conn) -> None:
+    # Expired, its place is free to any claim that admits: the sealed run's worker may not hand
+    # it on, even before anyone reclaimed the run.
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(3)])
+    cap(conn, max_running=1)
+    first = claim_one(conn, "w1", ["job"])
+    assert first is not None
+    expire_lease(conn, first.id)
+    assert [r[0] for r in quick_claim(conn, first, ["job"], True)] == [True]
+
+
+def test_an_admit_counts_the_places_handed_on_while_it_waited(conn: Conn, dsn: str) -> None:
+    # A hand-on sees the sealed run's lease live; a claim that admits, its clock past that lease
+    # (time went on while the hand-on was in flight), would count the place as free. It waits for the hand-on in flight (the kind's cap
+    # lock) and then counts the run handed the place: nothing past the cap.
+    app = make_app()
+    ids = app.enqueue_many(conn, "job", [{} for _ in range(5)])
+    cap(conn, max_running=2)
+    first = claim_one(conn, "w1", ["job"])
+    other = claim_one(conn, "w2", ["job"])
+    assert first is not None and other is not None
+    params = {
+        "id": first.id,
+        "owner": first.owner,
+        "result": None,
+        "kinds": ["job"],
+        "worker": "w1",
+        "lease": 600.0,  # the run handed the place holds it past the rival's clock
+    }
+    got: list[list[int]] = []
+    # The first run's lease ends in a minute; the rival's clock is two minutes on: there it has
+    # expired, while every lease given now (30 s) is still live.
+    conn.execute(
+        "UPDATE leasework.runs SET lease_expires_at = leasework.now() + interval '60 seconds'"
+        " WHERE id = %s",
+        (first.id,),
+    )
+    with psycopg.connect(dsn, autocommit=True) as rival:
+        shift_clock(rival, 120)
+        conn.execute(
+            "UPDATE leasework.runs SET lease_expires_at = leasework.now() + interval '1 hour'"
+            " WHERE id = %s",
+            (other.id,),
+        )
+        with conn.transaction():
+            rows = conn.execute(lease.FINISH_AND_CLAIM_QUEUED_ONE, params).fetchall()
+            assert sorted(r[0] for r in rows) == [False, True], "no hand-on"
+
+            def admit() -> None:
+                got.append([c.id for c in lease.claim_runs(rival, ["job"], worker="w3", lease=LEASE, limit=3)])
+
+            t = threading.Thread(target=admit, daemon=True)
+            t.start()
+            t.join(1.0)
+            assert t.is_alive(), "the admit did not wait for the hand-on in flight"
+        t.join(30)
+        assert not t.is_alive()
+    assert got == [[]], f"the admit took {got} past the cap"
+    assert live(conn) == 2 and ids
 
 
 def test_an_operators_cap_wins_over_the_declared_one_until_reset(conn: Conn) -> None:

@@ -31,29 +31,40 @@ SELECT kind, extract(epoch FROM leasework.now() - min(queued_at))::float8 AS age
 -- name: metrics_counters
 -- Counters that only go up: what the runs in the table count now plus what runs that left it
 -- (pruned, deleted) or were retried handed over to leasework.counters before they did (the
--- runs_deleted trigger, retry_runs). Per kind: `finished` by outcome, the run-duration histogram
--- (`duration` per bucket, not cumulative, and `duration_sum`), `lost` leases by outcome (expired:
--- the lease ran out; crashed: the supervisor saw the worker die) and how many of those were
--- `reclaimed` (the run was claimed again after the lost attempt). A lost lease leaves a second
--- attempt or a failed, running or cancelled run, so that WHERE keeps the history scan off most
--- rows. One scan of the table per scrape, as status_counts makes. A history that is not an array
--- counts no loss, and an entry's started_at that is no timestamp no reclaim (leasework.try_instant):
--- the worker role can write any jsonb there, and a scrape must not fail on it.
+-- runs_deleted trigger, retry_runs). Per kind: `finished` by outcome, the run-duration and
+-- queue-wait histograms of finished runs (`duration` and `wait` per bucket, not cumulative, and
+-- their `_sum`; the wait is the last attempt's, from due to start), `lost` leases by outcome
+-- (expired: the lease ran out; crashed: the supervisor saw the worker die), how many of those
+-- were `reclaimed` (the run was claimed again after the lost attempt), and `attempts`, every ended
+-- attempt by outcome (leasework.attempt_outcome: each history entry, and a succeeded run's
+-- success, which its row records). One scan of the table per scrape, as status_counts makes; only
+-- the rows with a history have it expanded. A history that is not an array counts nothing, and an
+-- entry's started_at that is no timestamp no reclaim (leasework.try_instant): the worker role can
+-- write any jsonb there, and a scrape must not fail on it.
 WITH finished AS MATERIALIZED (
     SELECT kind, status,
            CASE WHEN started_at IS NOT NULL
-                THEN greatest(extract(epoch FROM finished_at - started_at), 0)::float8 END AS took
+                THEN greatest(extract(epoch FROM finished_at - started_at), 0)::float8 END AS took,
+           CASE WHEN started_at IS NOT NULL
+                THEN greatest(extract(epoch FROM started_at - queued_at), 0)::float8 END AS waited,
+           -- A success is recorded by the row, not its history (leasework.run_history).
+           status = 'succeeded'
+               AND (CASE WHEN jsonb_typeof(history) = 'array' THEN history -> -1 ->> 'outcome' END)
+                   IS DISTINCT FROM 'succeeded' AS success
       FROM leasework.runs
      WHERE finished_at IS NOT NULL
-), lost AS MATERIALIZED (
-    SELECT r.kind, e.entry ->> 'outcome' AS outcome,
-           coalesce(r.started_at > leasework.try_instant(e.entry ->> 'started_at'), false)
-               AS reclaimed
+), entries AS MATERIALIZED (
+    SELECT r.kind, r.started_at, e.entry
       FROM leasework.runs r
      CROSS JOIN LATERAL jsonb_array_elements(
          CASE WHEN jsonb_typeof(r.history) = 'array' THEN r.history ELSE '[]' END) AS e(entry)
-     WHERE (r.attempts > 1 OR r.status IN ('failed', 'running', 'cancelled'))
-       AND e.entry ->> 'outcome' IN ('expired', 'crashed')
+     WHERE r.history <> '[]'::jsonb AND jsonb_typeof(e.entry) = 'object'
+), lost AS MATERIALIZED (
+    SELECT kind, entry ->> 'outcome' AS outcome,
+           coalesce(started_at > leasework.try_instant(entry ->> 'started_at'), false)
+               AS reclaimed
+      FROM entries
+     WHERE entry ->> 'outcome' IN ('expired', 'crashed')
 ), counted AS (
     SELECT kind, 'finished' AS name, status AS label, count(*)::float8 AS value
       FROM finished GROUP BY 1, 3
@@ -63,9 +74,19 @@ WITH finished AS MATERIALIZED (
     UNION ALL
     SELECT kind, 'duration_sum', '', sum(took) FROM finished WHERE took IS NOT NULL GROUP BY 1
     UNION ALL
+    SELECT kind, 'wait', leasework.duration_bucket(waited), count(*)
+      FROM finished WHERE waited IS NOT NULL GROUP BY 1, 3
+    UNION ALL
+    SELECT kind, 'wait_sum', '', sum(waited) FROM finished WHERE waited IS NOT NULL GROUP BY 1
+    UNION ALL
     SELECT kind, 'lost', outcome, count(*) FROM lost GROUP BY 1, 3
     UNION ALL
     SELECT kind, 'reclaimed', '', count(*) FROM lost WHERE reclaimed GROUP BY 1
+    UNION ALL
+    SELECT kind, 'attempts', leasework.attempt_outcome(entry ->> 'outcome'), count(*)
+      FROM entries GROUP BY 1, 3
+    UNION ALL
+    SELECT kind, 'attempts', 'succeeded', count(*) FROM finished WHERE success GROUP BY 1
     UNION ALL
     SELECT kind, name, label, value FROM leasework.counters
 )
@@ -73,6 +94,14 @@ SELECT kind, name, label, sum(value)::float8 AS value
   FROM counted
  GROUP BY 1, 2, 3
  ORDER BY 1, 2, 3
+
+-- name: metrics_pools
+-- Live workers by pool (config `pools`; NULL: the worker has none), and how many are busy.
+SELECT pool, count(*)::bigint AS alive, count(current_run)::bigint AS busy
+  FROM leasework.workers
+ WHERE stopped_at IS NULL AND heartbeat_at > leasework.now() - make_interval(secs => %(stale)s)
+ GROUP BY pool
+ ORDER BY pool NULLS FIRST
 
 -- name: metrics_duration_buckets
 SELECT leasework.duration_buckets() AS buckets

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 import orjson
 
-from ..status import held_back_lines, instant_text, number_text, rate_spec
+from ..status import OTHER, held_back_lines, instant_text, number_text, rate_spec
 from ..text import UNSAFE
 
 
@@ -266,7 +266,9 @@ def overview(
         f'<div class="cards">{cards}</div>',
         _running_section(snap.get("running") or [], v),
         _queue_section(
-            snap.get("runs_by_kind") or {}, {str(p.get("kind")) for p in snap.get("paused") or []}
+            snap.get("runs_by_kind") or {},
+            {str(p.get("kind")) for p in snap.get("paused") or []},
+            int(snap.get("kinds_folded") or 0),
         ),
         _limits_section(snap.get("limits") or []),
         _pools_section(snap.get("pools") or []),
@@ -317,14 +319,26 @@ def _running_section(running: Sequence[Mapping[str, Any]], v: View) -> str:
     return f'<section id="running"><h2>Running</h2>{table(headers, rows, empty="nothing running")}</section>'
 
 
-def _queue_section(by_kind: Mapping[str, Mapping[str, int]], paused: set[str]) -> str:
+def _queue_section(
+    by_kind: Mapping[str, Mapping[str, int]], paused: set[str], folded: int = 0
+) -> str:
+    """Runs by kind and status; with `folded` kinds summed into `other` (config
+    `max_kinds_shown`, status.fold), that row last, saying how many."""
+    order = sorted(by_kind.items(), key=lambda kv: (folded > 0 and kv[0] == OTHER, kv[0]))
     rows = [
-        [esc(kind) + (" " + status_badge("paused") if kind in paused else "")]
+        [folded_name(kind, folded) + (" " + status_badge("paused") if kind in paused else "")]
         + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
-        for kind, per in sorted(by_kind.items())
+        for kind, per in order
     ]
     headers = ["kind", *(f"#{s}" for s in STATUS_ORDER)]
     return f'<section id="queue"><h2>Runs by kind</h2>{table(headers, rows, empty="no runs")}</section>'
+
+
+def folded_name(kind: str, folded: int) -> str:
+    """A kind's name in a table; `other`, when kinds were folded into it, with how many."""
+    if folded and kind == OTHER:
+        return f'{esc(kind)} <span class="muted">({folded:,} more kinds)</span>'
+    return esc(kind)
 
 
 def _limits_section(limits: Sequence[Mapping[str, Any]]) -> str:
@@ -859,16 +873,28 @@ def kinds_page(
     registered: Iterable[str] = (),
     v: View = PLAIN,
     limits: Sequence[Mapping[str, Any]] = (),
+    folded: int = 0,
 ) -> str:
     """The `/kinds` page: every kind (registered with the app, or seen in a run) with its runs by
     status, whether it is paused and its limits (README, "Flow control"); with actions on, pause
-    or resume, and set its limits at run time or reset them."""
+    or resume, and set its limits at run time or reset them. With `folded` kinds summed into
+    `other` (config `max_kinds_shown`), that row last, without actions."""
     paused_at = {str(p.get("kind")): p.get("paused_at") for p in paused}
     limited = {str(r.get("kind")): r for r in limits}
-    kinds = sorted({*by_kind, *paused_at, *registered, *limited})
+    kinds = sorted(
+        {*by_kind, *paused_at, *registered, *limited}, key=lambda k: (folded > 0 and k == OTHER, k)
+    )
     rows = []
     for kind in kinds:
         per = by_kind.get(kind) or {}
+        if folded and kind == OTHER:
+            rows.append(
+                [folded_name(kind, folded), ""]
+                + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
+                + [""]
+                + ([""] if v.actions else [])
+            )
+            continue
         is_paused = kind in paused_at
         state = status_badge("paused") if is_paused else status_badge("active")
         if is_paused and paused_at[kind]:

@@ -324,7 +324,11 @@ class DashboardApp:
 
     def overview(self, v: pages.View = pages.PLAIN) -> str:
         with self.session() as conn:
-            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+            snap = status.collect(
+                conn,
+                heartbeat_interval=self.cfg.heartbeat_interval,
+                max_kinds=self.cfg.max_kinds_shown,
+            )
             with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
                 recent = cur.execute(Q["dashboard_recent_runs"], {"limit": RECENT_RUNS}).fetchall()
                 now = cur.execute(Q["dashboard_clock"]).fetchone()
@@ -369,13 +373,18 @@ class DashboardApp:
 
     def kinds(self, v: pages.View = pages.PLAIN) -> str:
         with self.session() as conn:
-            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+            snap = status.collect(
+                conn,
+                heartbeat_interval=self.cfg.heartbeat_interval,
+                max_kinds=self.cfg.max_kinds_shown,
+            )
         return pages.kinds_page(
             snap.get("runs_by_kind") or {},
             snap.get("paused") or [],
             self.app.kinds(),
             v,
             limits=snap.get("limits") or [],
+            folded=int(snap.get("kinds_folded") or 0),
         )
 
     def schedules(self, v: pages.View = pages.PLAIN) -> str:
@@ -408,6 +417,7 @@ class DashboardApp:
                     snap,
                     heartbeat_interval=self.cfg.heartbeat_interval,
                     version=__version__,
+                    max_kinds=self.cfg.max_kinds_shown,
                 )
         except Unavailable:
             fams = metrics.database_down(__version__)

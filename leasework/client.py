@@ -12,6 +12,7 @@ from typing import Any, Unpack
 import psycopg
 from psycopg.types.json import Jsonb
 
+from . import tracing
 from .config import Config
 from .errors import ConfigError, LeaseworkError, NotFound, WrongConnection
 from .queries import load
@@ -395,33 +396,46 @@ class Client:
         return self._send(c, self._one(kind, payload, options))
 
     def _send(self, c: Conn, one: _One) -> Enqueued:
-        """enqueue_run, or the statements of a debounce_merge (_merged), on `c`."""
+        """enqueue_run, or the statements of a debounce_merge (_merged), on `c`; then, when the
+        caller is in a span (tracing, README "Tracing"), its traceparent into a new run."""
         if one.merge is None:
-            return _enqueued(c.execute(Q["enqueue_run"], one.params).fetchone())
-        steps = _merged(self, one)
-        query, params = next(steps)
-        while True:
-            row = c.execute(query, params).fetchone()
-            try:
-                query, params = steps.send(row)
-            except StopIteration as done:
-                result: Enqueued = done.value
-                return result
+            done = _enqueued(c.execute(Q["enqueue_run"], one.params).fetchone())
+        else:
+            steps = _merged(self, one)
+            query, params = next(steps)
+            while True:
+                row = c.execute(query, params).fetchone()
+                try:
+                    query, params = steps.send(row)
+                except StopIteration as stop:
+                    done = stop.value
+                    break
+        if tracing.AVAILABLE and not done.existing:
+            parent = tracing.traceparent()
+            if parent is not None:
+                c.execute(Q["trace_run"], {"id": done.run_id, "traceparent": parent})
+        return done
 
     async def _send_async(self, c: AConn, one: _One) -> Enqueued:
         """`_send` on an AsyncConnection: the same statements, awaited."""
         if one.merge is None:
             cur = await c.execute(Q["enqueue_run"], one.params)
-            return _enqueued(await cur.fetchone())
-        steps = _merged(self, one)
-        query, params = next(steps)
-        while True:
-            row = await (await c.execute(query, params)).fetchone()
-            try:
-                query, params = steps.send(row)
-            except StopIteration as done:
-                result: Enqueued = done.value
-                return result
+            done = _enqueued(await cur.fetchone())
+        else:
+            steps = _merged(self, one)
+            query, params = next(steps)
+            while True:
+                row = await (await c.execute(query, params)).fetchone()
+                try:
+                    query, params = steps.send(row)
+                except StopIteration as stop:
+                    done = stop.value
+                    break
+        if tracing.AVAILABLE and not done.existing:
+            parent = tracing.traceparent()
+            if parent is not None:
+                await c.execute(Q["trace_run"], {"id": done.run_id, "traceparent": parent})
+        return done
 
     def enqueue_reserved(
         self,

@@ -89,3 +89,13 @@ SELECT e.id,
                                 %(debounce_max)s::float8) AS id
        ) AS e
  ORDER BY u.n
+
+-- name: trace_run
+-- The enqueuing span's traceparent, into the run the enqueue just made (leasework.trace_run,
+-- schema.sql). Sent only when the enqueuing process has an active span (README "Tracing").
+SELECT leasework.trace_run(%(id)s::bigint, %(traceparent)s::text)
+
+-- name: run_traceparent
+-- A worker that traces reads the traceparent of the run it is about to start (not returned by
+-- the claim, which every worker pays for; README "Tracing").
+SELECT traceparent FROM leasework.runs WHERE id = %(id)s

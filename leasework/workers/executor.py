@@ -11,8 +11,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import log
+import psycopg
+
+from .. import log, tracing
 from ..config import Config
+from ..errors import Snooze
+from ..queries import load
 from ..leases.lease import Claim
 from .completer import Completer, Done
 from .connections import Connections
@@ -20,6 +24,7 @@ from .context import Context
 from .keeper import Keeper
 
 Handler = Callable[[Context, Any], Any]
+RUNS = load("leasework", "runs.sql")  # run_traceparent, read only by a worker that traces
 
 
 def log_claimed(claim: Claim, worker_id: str) -> None:
@@ -63,7 +68,38 @@ class Executor:
     def run(self, claim: Claim, handler: Handler, *, defer: list[Done] | None = None) -> str | None:
         """Run the handler under the claim's lease and have its end written (Completer.conclude,
         `defer` as there). Returns the run's new status, or None when the lease was lost and
-        nothing was written. A batch's run is held already (Keeper.hold_many)."""
+        nothing was written. A batch's run is held already (Keeper.hold_many). With tracing on
+        (README "Tracing"), under the run's spans."""
+        if tracing.AVAILABLE and tracing.enabled():
+            return self._traced(claim, handler, defer)
+        return self._run(claim, handler, defer, None)
+
+    def _traced(self, claim: Claim, handler: Handler, defer: list[Done] | None) -> str | None:
+        """`run` within the run's spans (tracing.RunSpans), under the trace of its enqueue: its
+        traceparent is read here, one statement, paid only by a worker that traces."""
+        try:
+            row = self.conns.main().execute(RUNS["run_traceparent"], {"id": claim.id}).fetchone()
+        except psycopg.Error:  # the run is still run, in a trace of its own
+            row = None
+        spans = tracing.RunSpans(
+            row[0] if row else None,
+            run_id=claim.id,
+            kind=claim.kind,
+            attempt=claim.attempts,
+            tenant=claim.tenant,
+            worker=self.worker_id,
+            claim_sent=claim.sent or time.monotonic(),
+        )
+        with spans.run() as span:
+            return self._run(claim, handler, defer, (spans, span))
+
+    def _run(
+        self,
+        claim: Claim,
+        handler: Handler,
+        defer: list[Done] | None,
+        traced: tuple[tracing.RunSpans, Any] | None,
+    ) -> str | None:
         returned: Any = None
         raised: BaseException | None = None
         fatal: BaseException | None = None  # KeyboardInterrupt, SystemExit: give the run back
@@ -98,7 +134,18 @@ class Executor:
                     ctx.signal.trip("shutdown")
                     raised = fatal = exc
             # No longer held: the keeper must not take the outcome's write for a lost lease.
-            status = self.completer.conclude(ctx, returned, raised, defer=defer)
+            if traced is None:
+                status = self.completer.conclude(ctx, returned, raised, defer=defer)
+            else:
+                spans, span = traced
+                with spans.seal():
+                    status = self.completer.conclude(ctx, returned, raised, defer=defer)
+                failed = status in ("failed", "partial") or (
+                    status == "queued" and isinstance(raised, Exception)
+                    and not isinstance(raised, Snooze)
+                )  # fmt: skip
+                outcome = {"queued": "requeued", None: "lost"}.get(status, status)
+                spans.ended(span, str(outcome), raised, failed)
             if fatal is not None:
                 raise fatal
             return status

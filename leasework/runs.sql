@@ -95,7 +95,7 @@ SELECT e.id,
 -- schema.sql). Sent only when the enqueuing process has an active span (README "Tracing").
 SELECT leasework.trace_run(%(id)s::bigint, %(traceparent)s::text)
 
--- name: run_traceparent
--- A worker that traces reads the traceparent of the run it is about to start (not returned by
--- the claim, which every worker pays for; README "Tracing").
-SELECT traceparent FROM leasework.runs WHERE id = %(id)s
+-- name: run_traceparents
+-- A worker that traces reads the traceparents of the runs it is about to start (not returned by
+-- the claim, which every worker would pay for; README "Tracing").
+SELECT id, traceparent FROM leasework.runs WHERE id = ANY(%(ids)s::bigint[])

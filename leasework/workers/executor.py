@@ -42,6 +42,18 @@ def log_claimed(claim: Claim, worker_id: str) -> None:
         )
 
 
+def traced_end(spans: tracing.RunSpans, span: Any, status: str | None, raised: Any) -> None:
+    """The run span's end (tracing.RunSpans.ended): its outcome, the run's status after the
+    attempt (`requeued` when queued again, `lost` when nothing was written); an error status
+    when the attempt failed (a run failed or partial, or requeued after it raised, a Snooze
+    aside)."""
+    failed = status in ("failed", "partial") or (
+        status == "queued" and isinstance(raised, Exception) and not isinstance(raised, Snooze)
+    )
+    outcome = {"queued": "requeued", None: "lost"}.get(status, status)
+    spans.ended(span, str(outcome), raised, failed)
+
+
 class Executor:
     def __init__(
         self,
@@ -75,23 +87,33 @@ class Executor:
         return self._run(claim, handler, defer, None)
 
     def _traced(self, claim: Claim, handler: Handler, defer: list[Done] | None) -> str | None:
-        """`run` within the run's spans (tracing.RunSpans), under the trace of its enqueue: its
-        traceparent is read here, one statement, paid only by a worker that traces."""
-        try:
-            row = self.conns.main().execute(RUNS["run_traceparent"], {"id": claim.id}).fetchone()
-        except psycopg.Error:  # the run is still run, in a trace of its own
-            row = None
-        spans = tracing.RunSpans(
-            row[0] if row else None,
-            run_id=claim.id,
-            kind=claim.kind,
-            attempt=claim.attempts,
-            tenant=claim.tenant,
-            worker=self.worker_id,
-            claim_sent=claim.sent or time.monotonic(),
-        )
+        """`run` within the run's spans (tracing.RunSpans), under the trace of its enqueue."""
+        (spans,) = self.run_spans([claim])
         with spans.run() as span:
             return self._run(claim, handler, defer, (spans, span))
+
+    def run_spans(self, claims: Sequence[Claim]) -> list[tracing.RunSpans]:
+        """The spans of each claimed run, under the trace of its enqueue: their traceparents are
+        read here, one statement, paid only by a worker that traces."""
+        try:
+            rows = self.conns.main().execute(
+                RUNS["run_traceparents"], {"ids": [c.id for c in claims]}
+            ).fetchall()
+        except psycopg.Error:  # the runs are still run, each in a trace of its own
+            rows = []
+        parents = {int(r[0]): r[1] for r in rows}
+        return [
+            tracing.RunSpans(
+                parents.get(c.id),
+                run_id=c.id,
+                kind=c.kind,
+                attempt=c.attempts,
+                tenant=c.tenant,
+                worker=self.worker_id,
+                claim_sent=c.sent or time.monotonic(),
+            )
+            for c in claims
+        ]
 
     def _run(
         self,
@@ -140,12 +162,7 @@ class Executor:
                 spans, span = traced
                 with spans.seal():
                     status = self.completer.conclude(ctx, returned, raised, defer=defer)
-                failed = status in ("failed", "partial") or (
-                    status == "queued" and isinstance(raised, Exception)
-                    and not isinstance(raised, Snooze)
-                )  # fmt: skip
-                outcome = {"queued": "requeued", None: "lost"}.get(status, status)
-                spans.ended(span, str(outcome), raised, failed)
+                traced_end(spans, span, status, raised)
             if fatal is not None:
                 raise fatal
             return status

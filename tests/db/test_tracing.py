@@ -60,6 +60,11 @@ def make_app() -> App:
         with tracer.start_as_current_span("handler work"):
             return {"ok": True}
 
+    @app.task("report_async")
+    async def report_async(ctx: Any, payload: Any) -> Any:
+        with tracer.start_as_current_span("async work"):
+            return {"ok": True}
+
     @app.task("broken", max_attempts=2)
     def broken(ctx: Context, payload: Any) -> Any:
         raise RuntimeError("it broke")
@@ -109,6 +114,25 @@ def test_the_worker_continues_the_enqueues_trace(
         "leasework.worker": "",
     }
     assert run.status.status_code == StatusCode.UNSET
+
+
+def test_an_async_run_is_traced_too(exporter: InMemorySpanExporter, conn: Conn) -> None:
+    app = make_app()
+    with otel_trace.get_tracer("web").start_as_current_span("enqueue") as request:
+        run_id = app.enqueue(conn, "report_async", {})
+    drain(app, conn)
+    spans = exporter.get_finished_spans()
+    (run,) = named(spans, "leasework.run")
+    (work,) = named(spans, "async work")
+    (seal,) = named(spans, "leasework.seal")
+    web = request.get_span_context()
+    assert run.context is not None and run.context.trace_id == web.trace_id
+    assert run.parent is not None and run.parent.span_id == web.span_id
+    assert work.parent is not None and work.parent.span_id == run.context.span_id
+    assert seal.parent is not None and seal.parent.span_id == run.context.span_id
+    attributes = run.attributes or {}
+    assert attributes["leasework.run.id"] == run_id
+    assert attributes["leasework.run.outcome"] == "succeeded"
 
 
 def test_a_failed_attempt_has_an_error_status(exporter: InMemorySpanExporter, conn: Conn) -> None:

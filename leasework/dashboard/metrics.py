@@ -56,10 +56,7 @@ def families(
     bounds = [float(b) for b in (row or {}).get("buckets") or []]
     by_kind: dict[str, dict[str, int]] = dict(snap.get("runs_by_kind") or {})
     seen = set(by_kind) | {str(r["kind"]) for r in counted}
-    if max_kinds is None:
-        shown_set = seen
-    else:
-        shown_set = shown_kinds(by_kind, max_kinds, seen)
+    shown_set = seen if max_kinds is None else shown_kinds(by_kind, max_kinds, seen)
     # A label value as every reader shows it: a kind stored before the kind rule held shows its
     # controls escaped (the exposition format escapes only backslash, quote and newline).
     label = {kind: visible(kind) if kind in shown_set else OTHER for kind in seen}

@@ -16,8 +16,8 @@ import psycopg
 from .. import log, tracing
 from ..config import Config
 from ..errors import Snooze
-from ..queries import load
 from ..leases.lease import Claim
+from ..queries import load
 from .completer import Completer, Done
 from .connections import Connections
 from .context import Context

@@ -17,18 +17,18 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
-import opentelemetry.trace as otel_trace  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+import opentelemetry.trace as otel_trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from opentelemetry.trace import StatusCode  # noqa: E402
-from opentelemetry.util._once import Once  # noqa: E402
+from opentelemetry.trace import StatusCode
+from opentelemetry.util._once import Once
 
-from leasework import App  # noqa: E402
-from leasework.testing import drain  # noqa: E402
-from leasework.workers.context import Context  # noqa: E402
+from leasework import App
+from leasework.testing import drain
+from leasework.workers.context import Context
 
 Conn = psycopg.Connection[Any]
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,9 +84,7 @@ def test_the_worker_continues_the_enqueues_trace(
     with tracer.start_as_current_span("POST /reports") as request:
         run_id = app.enqueue(conn, "report", {}, tenant="acme")
     web = request.get_span_context()
-    row = conn.execute(
-        "SELECT traceparent FROM leasework.runs WHERE id = %s", (run_id,)
-    ).fetchone()
+    row = conn.execute("SELECT traceparent FROM leasework.runs WHERE id = %s", (run_id,)).fetchone()
     assert row is not None
     assert row[0] == f"00-{web.trace_id:032x}-{web.span_id:016x}-{int(web.trace_flags):02x}"
 
@@ -140,7 +138,9 @@ def test_a_failed_attempt_has_an_error_status(exporter: InMemorySpanExporter, co
     with otel_trace.get_tracer("web").start_as_current_span("enqueue"):
         app.enqueue(conn, "broken", {})
     drain(app, conn, jump_delays=True)
-    runs = sorted(named(exporter.get_finished_spans(), "leasework.run"), key=lambda s: s.start_time or 0)
+    runs = sorted(
+        named(exporter.get_finished_spans(), "leasework.run"), key=lambda s: s.start_time or 0
+    )
     assert [(s.attributes or {}).get("leasework.run.outcome") for s in runs] == [
         "requeued",
         "failed",
@@ -171,7 +171,7 @@ def test_trace_run_takes_a_traceparent_once(conn: Conn) -> None:
     assert conn.execute("SELECT leasework.trace_run(%s, %s)", (run_id, second)).fetchone() == (
         False,
     )
-    with pytest.raises(psycopg.errors.InvalidParameterValue, match="traceparent .* is not valid"):
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"traceparent .* is not valid"):
         conn.execute("SELECT leasework.trace_run(%s, 'not-a-traceparent')", (run_id,))
     row = conn.execute("SELECT traceparent FROM leasework.runs WHERE id = %s", (run_id,)).fetchone()
     assert row == (first,)

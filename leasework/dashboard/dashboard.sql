@@ -110,3 +110,71 @@ SELECT leasework.duration_buckets() AS buckets
 -- The cancel action: the run's status, locked for the length of the action's transaction, so
 -- that a finished run is refused rather than reported as cancelled.
 SELECT status, cancel_requested_at FROM leasework.runs WHERE id = %(id)s FOR UPDATE
+
+-- name: dashboard_chart
+-- The overview's charts: per minute of the last hour (minute 0 starts 59 minutes before the
+-- current one), per kind (those of %(kinds)s; every other kind as `other`): `done`, runs that
+-- succeeded in that minute; `failed`, attempts that ended failed in it (raised, Retry, Partial,
+-- timed out, lease lost: each a history entry); `depth`, the runs queued and due at the minute's
+-- end (the last minute: now), from each run's queued_at (its latest due time) to when it started,
+-- ended unstarted, or now. Computed from the runs still in the table (pruned ones are gone; a
+-- retried run counts from its latest due time): the queued and running runs (their partial
+-- indexes) and those finished within the hour (runs_finished_at). A run's wait is grouped into
+-- its first and last minute before the minutes are counted, so the cost is the runs read, not
+-- runs times minutes.
+WITH b AS (
+    SELECT leasework.now() AS now,
+           date_trunc('minute', leasework.now()) - interval '59 minutes' AS start
+), recent AS MATERIALIZED (
+    SELECT CASE WHEN r.kind = ANY(%(kinds)s::text[]) THEN r.kind ELSE 'other' END AS kind,
+           r.status, greatest(r.queued_at, b.start - interval '1 minute') AS queued_at,
+           r.started_at, r.finished_at, r.history
+      FROM leasework.runs r, b
+     WHERE r.status IN ('queued', 'running') OR r.finished_at >= b.start
+), done AS (
+    SELECT kind, floor(extract(epoch FROM finished_at - b.start) / 60)::int AS minute,
+           count(*) AS n
+      FROM recent, b
+     WHERE status = 'succeeded' AND finished_at >= b.start AND finished_at <= b.now
+     GROUP BY 1, 2
+), failures AS (
+    SELECT r.kind, leasework.try_instant(e.entry ->> 'ended_at') AS ended
+      FROM recent r
+     CROSS JOIN LATERAL jsonb_array_elements(
+         CASE WHEN jsonb_typeof(r.history) = 'array' THEN r.history ELSE '[]' END) AS e(entry)
+     WHERE r.history <> '[]'::jsonb AND jsonb_typeof(e.entry) = 'object'
+       AND e.entry ->> 'outcome' IN ('failed', 'retry', 'partial', 'timeout', 'expired', 'crashed')
+), failed AS (
+    SELECT kind, floor(extract(epoch FROM ended - b.start) / 60)::int AS minute, count(*) AS n
+      FROM failures, b
+     WHERE ended >= b.start AND ended <= b.now
+     GROUP BY 1, 2
+), waits AS (
+    SELECT kind, queued_at,
+           CASE WHEN status = 'queued' THEN 'infinity'::timestamptz
+                WHEN started_at >= queued_at THEN started_at
+                ELSE coalesce(finished_at, 'infinity'::timestamptz) END AS until
+      FROM recent
+), spans AS (
+    -- The minutes m whose sample, start + (m + 1) minutes (the last: now), is in [queued_at, until).
+    SELECT kind,
+           greatest(0, ceil(extract(epoch FROM queued_at - b.start) / 60 - 1))::int AS first,
+           CASE WHEN until > b.now THEN 59
+                ELSE least(58, ceil(extract(epoch FROM until - b.start) / 60 - 1)::int - 1) END
+               AS last,
+           count(*) AS n
+      FROM waits, b
+     WHERE queued_at <= b.now AND until > b.start
+     GROUP BY 1, 2, 3
+), depth AS (
+    SELECT s.kind, m.minute, sum(s.n) AS n
+      FROM spans s
+      JOIN generate_series(0, 59) AS m(minute) ON m.minute BETWEEN s.first AND s.last
+     GROUP BY 1, 2
+)
+SELECT 'done' AS what, kind, minute, n::bigint AS n FROM done WHERE minute BETWEEN 0 AND 59
+UNION ALL
+SELECT 'failed', kind, minute, n::bigint FROM failed WHERE minute BETWEEN 0 AND 59
+UNION ALL
+SELECT 'depth', kind, minute, n::bigint FROM depth
+ ORDER BY 1, 2, 3

@@ -99,6 +99,12 @@ form.action button.danger { color: var(--bad); border-color: #e8b4ad; }
 form.action label { font-size: .85em; color: var(--muted); margin-right: .4em; }
 .flash { background: #e3f4ea; color: var(--ok); border: 1px solid #b9e0c8; border-radius: 6px;
          padding: .5em 1em; margin: 0 0 1em; }
+.charts { display: flex; flex-wrap: wrap; gap: 1.5em; }
+.chart h3 { font-size: .9em; font-weight: 500; color: var(--muted); margin: 0 0 .3em; }
+.chart svg.plot { display: block; }
+.chart svg.plot text { font-size: 10px; fill: var(--muted); }
+.legend { list-style: none; margin: .3em 0 0; padding: 0; font-size: .85em; max-width: 360px; }
+.legend li { display: inline-block; margin-right: .9em; white-space: nowrap; }
 """
 
 
@@ -239,6 +245,7 @@ def overview(
     oldest_queued: float | None,
     now: object,
     v: View = PLAIN,
+    charts: Series | None = None,
 ) -> str:
     """The `/` page: cards, running runs with progress bars, queue by kind, workers, connections,
     recent failures and the newest runs."""
@@ -264,6 +271,7 @@ def overview(
     parts = [
         f'<p class="muted">database time {esc(when(now))} UTC</p>',
         f'<div class="cards">{cards}</div>',
+        _charts_section(charts),
         _running_section(snap.get("running") or [], v),
         _queue_section(
             snap.get("runs_by_kind") or {},
@@ -278,6 +286,104 @@ def overview(
         _recent_section(recent, v),
     ]
     return layout("overview", "".join(parts), refresh=REFRESH_SECONDS, v=v)
+
+
+# The overview's charts (the last hour, per minute; dashboard.sql, dashboard_chart): at most
+# CHART_KINDS kinds of their own, the rest drawn as `other`, whatever max_kinds_shown says.
+CHART_KINDS = 6
+CHART_MINUTES = 60
+CHARTS = (
+    ("done", "completions per minute"),
+    ("failed", "failed attempts per minute"),
+    ("depth", "queue depth (due runs at each minute's end)"),
+)
+PALETTE = ("#2563eb", "#1f8a4c", "#c0392b", "#b7791f", "#7c3aed", "#0891b2", "#6b7385")
+Series = dict[str, dict[str, list[int]]]  # chart -> kind -> a value per minute, oldest first
+
+
+def chart_kinds(by_kind: Mapping[str, Mapping[str, int]], limit: int = CHART_KINDS) -> list[str]:
+    """The kinds the charts draw on their own: the `limit` with the most runs in the table (the
+    tables' order), never `other`."""
+    ranked = sorted(
+        (k for k in by_kind if k != OTHER), key=lambda k: (-sum(by_kind[k].values()), k)
+    )
+    return ranked[:limit]
+
+
+def chart_series(rows: Iterable[Mapping[str, Any]]) -> Series:
+    """dashboard_chart's rows (what, kind, minute, n) as a value per minute for each chart and
+    kind; minutes without a row are 0."""
+    series: Series = {what: {} for what, _ in CHARTS}
+    for r in rows:
+        minute = int(r["minute"])
+        if str(r["what"]) in series and 0 <= minute < CHART_MINUTES:
+            values = series[str(r["what"])].setdefault(str(r["kind"]), [0] * CHART_MINUTES)
+            values[minute] = int(r["n"])
+    return series
+
+
+def _charts_section(series: Series | None) -> str:
+    """Completions, failed attempts and queue depth per minute by kind over the last hour, as
+    inline SVG (no script): a line per kind, its colour in the legend with the hour's total (the
+    depth's: now)."""
+    if series is None:
+        return ""
+    charts = "".join(_chart(what, title, series.get(what) or {}) for what, title in CHARTS)
+    return (
+        '<section id="charts"><h2>Last hour</h2>'
+        f'<div class="charts">{charts}</div>'
+        '<p class="muted">from the runs still in the table; other: every kind not drawn</p>'
+        "</section>"
+    )
+
+
+def _chart(what: str, title: str, lines: Mapping[str, Sequence[int]]) -> str:
+    width, height, left, bottom, top = 360, 140, 34, 16, 6
+    inner_w, inner_h = width - left - 6, height - bottom - top
+    peak = max([1, *(max(v) for v in lines.values() if v)])
+    order = sorted(lines, key=lambda k: (k == OTHER, -sum(lines[k]), k))
+    step = inner_w / (CHART_MINUTES - 1)
+
+    def y(value: float) -> float:
+        return top + inner_h - value / peak * inner_h
+
+    parts = [
+        f'<line x1="{left}" y1="{y(0):.1f}" x2="{width - 6}" y2="{y(0):.1f}" stroke="#dde1e8"/>',
+        f'<line x1="{left}" y1="{top}" x2="{width - 6}" y2="{top}" stroke="#eef0f4"/>',
+        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{peak}</text>',
+        f'<text x="{left - 4}" y="{y(0):.1f}" text-anchor="end">0</text>',
+        f'<text x="{left}" y="{height - 3}">-60 min</text>',
+        f'<text x="{left + inner_w / 2:.1f}" y="{height - 3}" text-anchor="middle">-30</text>',
+        f'<text x="{width - 6}" y="{height - 3}" text-anchor="end">now</text>',
+    ]
+    legend = []
+    for i, kind in enumerate(order):
+        colour = PALETTE[-1] if kind == OTHER else PALETTE[i % (len(PALETTE) - 1)]
+        values = lines[kind]
+        points = " ".join(f"{left + m * step:.1f},{y(v):.1f}" for m, v in enumerate(values))
+        parts.append(
+            f'<polyline data-kind="{esc(kind)}" fill="none" stroke="{colour}" '
+            f'stroke-width="1.5" points="{points}"><title>{esc(kind)}</title></polyline>'
+        )
+        shown = values[-1] if what == "depth" else sum(values)
+        legend.append(
+            f'<li><svg width="10" height="10" aria-hidden="true"><rect width="10" height="10" '
+            f'fill="{colour}"/></svg> {esc(kind)} <span class="muted">{shown}</span></li>'
+        )
+    if not order:
+        parts.append(
+            f'<text x="{left + inner_w / 2:.1f}" y="{top + inner_h / 2:.1f}" '
+            'text-anchor="middle">nothing in the last hour</text>'
+        )
+    svg = (
+        f'<svg class="plot" data-chart="{esc(what)}" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{esc(title)}">' + "".join(parts) + "</svg>"
+    )
+    return (
+        f'<div class="chart"><h3>{esc(title)}</h3>{svg}'
+        f'<ul class="legend">{"".join(legend)}</ul></div>'
+    )
 
 
 def _running_section(running: Sequence[Mapping[str, Any]], v: View) -> str:

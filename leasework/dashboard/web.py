@@ -333,9 +333,15 @@ class DashboardApp:
                 recent = cur.execute(Q["dashboard_recent_runs"], {"limit": RECENT_RUNS}).fetchall()
                 now = cur.execute(Q["dashboard_clock"]).fetchone()
                 oldest = cur.execute(Q["metrics_oldest_queued"]).fetchall()
+            charts = chart(conn, pages.chart_kinds(snap.get("runs_by_kind") or {}))
         oldest_age = max((r["age"] for r in oldest), default=None)
         return pages.overview(
-            snap, recent, oldest_queued=oldest_age, now=now["now"] if now else None, v=v
+            snap,
+            recent,
+            oldest_queued=oldest_age,
+            now=now["now"] if now else None,
+            v=v,
+            charts=charts,
         )
 
     def runs(self, query: Mapping[str, str], v: pages.View = pages.PLAIN) -> str:
@@ -611,6 +617,14 @@ class DashboardApp:
                     raise Unavailable(f"database unavailable: {log.first_line(exc)}") from None
         finally:
             self._sessions.release()
+
+
+def chart(conn: psycopg.Connection[Any], kinds: list[str]) -> pages.Series:
+    """The overview's charts (dashboard_chart): per minute of the last hour, for each of `kinds`
+    and `other` (every other kind)."""
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        rows = cur.execute(Q["dashboard_chart"], {"kinds": kinds}).fetchall()
+    return pages.chart_series(rows)
 
 
 def _one_line(exc: Exception) -> str:

@@ -1238,7 +1238,7 @@ CREATE TABLE IF NOT EXISTS leasework.paused_kinds (
 -- trigger below) or retried (retry_runs), never on the hot path. Serves: metrics_counters.
 -- name: `finished` (label: the outcome), `duration` and `wait` (label: a bucket's upper bound or
 -- +Inf, not cumulative), `duration_sum` and `wait_sum` (label ''), `lost` (label: expired or
--- crashed), `reclaimed`, `attempts` (label: leasework.attempt_outcome).
+-- crashed), `reclaimed`, `attempts` (label: leasework.attempt_outcome), `debounced` (label '').
 CREATE TABLE IF NOT EXISTS leasework.counters (
     kind  text NOT NULL,
     name  text NOT NULL,
@@ -1281,15 +1281,16 @@ $$;
 
 -- Adds what the runs in `gone` (a jsonb array of runs rows) counted to leasework.counters: their
 -- finish (terminal runs: outcome, duration and queue wait) and, with `losses` (their history
--- leaves too), the lost leases in their history, how many of those were reclaimed, and every
--- ended attempt by outcome (leasework.attempt_outcome). Called by the delete trigger and by
--- retry_runs (tally_retried, which keeps the history: `losses` false).
+-- leaves too), the lost leases in their history, how many of those were reclaimed, every
+-- ended attempt by outcome (leasework.attempt_outcome) and the enqueues a debounce merged into
+-- them. Called by the delete trigger and by retry_runs (tally_retried, which keeps the row's
+-- history and debounce_count: `losses` false).
 CREATE OR REPLACE FUNCTION leasework.add_to_counters(gone jsonb, losses boolean) RETURNS void
 LANGUAGE sql VOLATILE AS $$
     WITH g AS (
         SELECT * FROM jsonb_to_recordset(gone) AS x(kind text, status text, attempts int,
                    queued_at timestamptz, started_at timestamptz, finished_at timestamptz,
-                   history jsonb)
+                   history jsonb, debounce_count int)
     ), terminal AS (
         SELECT kind, status, extract(epoch FROM finished_at - started_at)::float8 AS took,
                extract(epoch FROM started_at - queued_at)::float8 AS waited
@@ -1330,6 +1331,9 @@ LANGUAGE sql VOLATILE AS $$
          WHERE losses AND status = 'succeeded'
            AND (CASE WHEN jsonb_typeof(history) = 'array' THEN history -> -1 ->> 'outcome' END)
                IS DISTINCT FROM 'succeeded'
+        UNION ALL
+        SELECT kind, 'debounced', '', debounce_count - 1 FROM g
+         WHERE losses AND debounce_count > 1
     )
     INSERT INTO leasework.counters AS c (kind, name, label, value)
     SELECT kind, name, label, sum(value) FROM added GROUP BY 1, 2, 3
@@ -1345,7 +1349,8 @@ BEGIN
         (SELECT coalesce(jsonb_agg(jsonb_build_object(
                     'kind', kind, 'status', status, 'attempts', attempts,
                     'queued_at', queued_at, 'started_at', started_at,
-                    'finished_at', finished_at, 'history', history)),
+                    'finished_at', finished_at, 'history', history,
+                    'debounce_count', debounce_count)),
                 '[]'::jsonb)
            FROM gone),
         true);

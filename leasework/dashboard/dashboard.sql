@@ -37,12 +37,13 @@ SELECT kind, extract(epoch FROM leasework.now() - min(queued_at))::float8 AS age
 -- (expired: the lease ran out; crashed: the supervisor saw the worker die), how many of those
 -- were `reclaimed` (the run was claimed again after the lost attempt), and `attempts`, every ended
 -- attempt by outcome (leasework.attempt_outcome: each history entry, and a succeeded run's
--- success, which its row records). One scan of the table per scrape, as status_counts makes; only
--- the rows with a history have it expanded. A history that is not an array counts nothing, and an
+-- success, which its row records), and `debounced`, the enqueues a debounce merged into a
+-- pending run (its debounce_count past the first). One scan of the table per scrape, as
+-- status_counts makes; only the rows with a history have it expanded. A history that is not an array counts nothing, and an
 -- entry's started_at that is no timestamp no reclaim (leasework.try_instant): the worker role can
 -- write any jsonb there, and a scrape must not fail on it.
 WITH finished AS MATERIALIZED (
-    SELECT kind, status,
+    SELECT kind, status, finished_at IS NOT NULL AS ended, debounce_count - 1 AS debounced,
            CASE WHEN started_at IS NOT NULL
                 THEN greatest(extract(epoch FROM finished_at - started_at), 0)::float8 END AS took,
            CASE WHEN started_at IS NOT NULL
@@ -52,7 +53,7 @@ WITH finished AS MATERIALIZED (
                AND (CASE WHEN jsonb_typeof(history) = 'array' THEN history -> -1 ->> 'outcome' END)
                    IS DISTINCT FROM 'succeeded' AS success
       FROM leasework.runs
-     WHERE finished_at IS NOT NULL
+     WHERE finished_at IS NOT NULL OR debounce_count > 1
 ), entries AS MATERIALIZED (
     SELECT r.kind, r.started_at, e.entry
       FROM leasework.runs r
@@ -67,17 +68,21 @@ WITH finished AS MATERIALIZED (
      WHERE entry ->> 'outcome' IN ('expired', 'crashed')
 ), counted AS (
     SELECT kind, 'finished' AS name, status AS label, count(*)::float8 AS value
-      FROM finished GROUP BY 1, 3
+      FROM finished WHERE ended GROUP BY 1, 3
     UNION ALL
     SELECT kind, 'duration', leasework.duration_bucket(took), count(*)
-      FROM finished WHERE took IS NOT NULL GROUP BY 1, 3
+      FROM finished WHERE ended AND took IS NOT NULL GROUP BY 1, 3
     UNION ALL
-    SELECT kind, 'duration_sum', '', sum(took) FROM finished WHERE took IS NOT NULL GROUP BY 1
+    SELECT kind, 'duration_sum', '', sum(took)
+      FROM finished WHERE ended AND took IS NOT NULL GROUP BY 1
     UNION ALL
     SELECT kind, 'wait', leasework.duration_bucket(waited), count(*)
-      FROM finished WHERE waited IS NOT NULL GROUP BY 1, 3
+      FROM finished WHERE ended AND waited IS NOT NULL GROUP BY 1, 3
     UNION ALL
-    SELECT kind, 'wait_sum', '', sum(waited) FROM finished WHERE waited IS NOT NULL GROUP BY 1
+    SELECT kind, 'wait_sum', '', sum(waited)
+      FROM finished WHERE ended AND waited IS NOT NULL GROUP BY 1
+    UNION ALL
+    SELECT kind, 'debounced', '', sum(debounced) FROM finished WHERE debounced > 0 GROUP BY 1
     UNION ALL
     SELECT kind, 'lost', outcome, count(*) FROM lost GROUP BY 1, 3
     UNION ALL

@@ -140,6 +140,11 @@ def families(
         "Lost attempts whose run was claimed again by a worker.",
         labels=["kind"],
     )
+    debounced = CounterMetricFamily(
+        "leasework_debounced",
+        "Enqueues a debounce merged into a pending run of the kind (its first enqueue aside).",
+        labels=["kind"],
+    )
     duration = HistogramMetricFamily(
         "leasework_run_duration_seconds",
         "From the start of a run's last attempt to its end, for finished runs, by kind.",
@@ -168,6 +173,7 @@ def families(
         for outcome in ("expired", "crashed"):
             lost.add_metric([name, outcome], values.get((name, "lost", outcome), 0.0))
         reclaims.add_metric([name], values.get((name, "reclaimed", ""), 0.0))
+        debounced.add_metric([name], values.get((name, "debounced", ""), 0.0))
         duration.add_metric([name], *buckets(name, "duration"))
         wait.add_metric([name], *buckets(name, "wait"))
 
@@ -198,6 +204,7 @@ def families(
         attempts,
         lost,
         reclaims,
+        debounced,
         duration,
         wait,
         *limit_families(snap.get("limits") or []),

@@ -26,15 +26,16 @@ $$;
 
 -- Adds what the runs in `gone` (a jsonb array of runs rows) counted to leasework.counters: their
 -- finish (terminal runs: outcome, duration and queue wait) and, with `losses` (their history
--- leaves too), the lost leases in their history, how many of those were reclaimed, and every
--- ended attempt by outcome (leasework.attempt_outcome). Called by the delete trigger and by
--- retry_runs (tally_retried, which keeps the history: `losses` false).
+-- leaves too), the lost leases in their history, how many of those were reclaimed, every
+-- ended attempt by outcome (leasework.attempt_outcome) and the enqueues a debounce merged into
+-- them. Called by the delete trigger and by retry_runs (tally_retried, which keeps the row's
+-- history and debounce_count: `losses` false).
 CREATE OR REPLACE FUNCTION leasework.add_to_counters(gone jsonb, losses boolean) RETURNS void
 LANGUAGE sql VOLATILE AS $$
     WITH g AS (
         SELECT * FROM jsonb_to_recordset(gone) AS x(kind text, status text, attempts int,
                    queued_at timestamptz, started_at timestamptz, finished_at timestamptz,
-                   history jsonb)
+                   history jsonb, debounce_count int)
     ), terminal AS (
         SELECT kind, status, extract(epoch FROM finished_at - started_at)::float8 AS took,
                extract(epoch FROM started_at - queued_at)::float8 AS waited
@@ -75,6 +76,9 @@ LANGUAGE sql VOLATILE AS $$
          WHERE losses AND status = 'succeeded'
            AND (CASE WHEN jsonb_typeof(history) = 'array' THEN history -> -1 ->> 'outcome' END)
                IS DISTINCT FROM 'succeeded'
+        UNION ALL
+        SELECT kind, 'debounced', '', debounce_count - 1 FROM g
+         WHERE losses AND debounce_count > 1
     )
     INSERT INTO leasework.counters AS c (kind, name, label, value)
     SELECT kind, name, label, sum(value) FROM added GROUP BY 1, 2, 3
@@ -90,7 +94,8 @@ BEGIN
         (SELECT coalesce(jsonb_agg(jsonb_build_object(
                     'kind', kind, 'status', status, 'attempts', attempts,
                     'queued_at', queued_at, 'started_at', started_at,
-                    'finished_at', finished_at, 'history', history)),
+                    'finished_at', finished_at, 'history', history,
+                    'debounce_count', debounce_count)),
                 '[]'::jsonb)
            FROM gone),
         true);

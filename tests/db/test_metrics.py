@@ -133,6 +133,15 @@ def test_attempts_and_queue_wait_by_kind_survive_pruning_and_retries(dsn: str, c
     check_mail(samples)
 
 
+def test_debounce_merges_are_counted(dsn: str, conn: Conn) -> None:
+    for _ in range(4):  # one run, three merges
+        conn.execute("SELECT leasework.enqueue('digest', key => 'u1', debounce => 60)")
+    conn.execute("SELECT leasework.enqueue('digest', key => 'u2', debounce => 60)")
+    assert metric(scrape(dsn)[1])("leasework_debounced_total", kind="digest") == 3
+    conn.execute("DELETE FROM leasework.runs")  # pruned: kept
+    assert metric(scrape(dsn)[1])("leasework_debounced_total", kind="digest") == 3
+
+
 def test_live_workers_by_pool(dsn: str, conn: Conn) -> None:
     (run,) = conn.execute("INSERT INTO leasework.runs (kind) VALUES ('x') RETURNING id").fetchone()
     presence.upsert_worker(conn, "w1", "h", 1, None, ("reports", ["report"]))

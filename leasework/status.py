@@ -534,10 +534,10 @@ def render(snap: dict[str, Any]) -> str:
         out.extend(limit_lines(limited, snap.get("taken_at")))
     for u in snap.get("unserved") or []:
         who = f"{u['alive']} live worker(s) idle" if u["alive"] else "no live worker"
-        what = "kinds" if u["kind"] == OTHER and snap.get("kinds_folded") else "kind"
+        what = "these kinds" if u["kind"] == OTHER and snap.get("kinds_folded") else "this kind"
         out.append(
             f"  warning: {u['kind']}: {u['due']} run(s) due for {duration(u['oldest_due'])}, "
-            f"{who}: no worker serves this {what}?"
+            f"{who}: no worker serves {what}?"
         )
     if snap["running"]:
         out.append("")

@@ -5,6 +5,7 @@ point answers a constant and nothing is done per job. Imports nothing of leasewo
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,14 @@ except ImportError:  # the extra is not installed: tracing is off, at no cost
 
 AVAILABLE: bool = _trace is not None
 TRACER = "leasework"
+# Whether the API keeps its provider where enabled() can read it without get_tracer_provider()
+# (then unset means none, unless the environment names one to load).
+_GLOBAL = _trace is not None and hasattr(_trace, "_TRACER_PROVIDER")
+_NAMED_IN_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+# The API's providers that record nothing: the default (a proxy until one is set) and the no-op.
+_SILENT: tuple[type, ...] = (
+    (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider) if _trace is not None else ()
+)
 
 
 def traceparent() -> str | None:
@@ -38,8 +47,13 @@ def enabled() -> bool:
     traceparent and makes no span)."""
     if _trace is None:
         return False
-    provider = _trace.get_tracer_provider()
-    return not isinstance(provider, _trace.ProxyTracerProvider | _trace.NoOpTracerProvider)
+    if _GLOBAL:
+        # The API's global, read as it is: get_tracer_provider() looks in os.environ at each
+        # call while none is set (a microsecond a run, for nothing).
+        provider = _trace._TRACER_PROVIDER
+        if provider is None and not _NAMED_IN_ENV:
+            return False
+    return not isinstance(_trace.get_tracer_provider(), _SILENT)
 
 
 class RunSpans:

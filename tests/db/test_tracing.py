@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ from opentelemetry.util._once import Once
 from leasework import App
 from leasework.testing import drain
 from leasework.workers.context import Context
+from leasework.workers.worker import Worker
+
+from ..conftest import wait_for
 
 Conn = psycopg.Connection[Any]
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,3 +208,29 @@ def test_without_opentelemetry_nothing_is_traced(dsn: str, conn: Conn) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(None,)"
+
+
+def test_a_worker_traces_run_after_run(
+    exporter: InMemorySpanExporter, conn: Conn, make_worker: Callable[..., Worker]
+) -> None:
+    """A worker's own loop, one run at a time (each success sealed with the next claim, through
+    lease.Chain): every run traced under its enqueue's span, and sealed."""
+    app = make_app()
+    with otel_trace.get_tracer("web").start_as_current_span("batch") as request:
+        ids = [app.enqueue(conn, "report", {}) for _ in range(5)]
+    worker = make_worker(app)
+
+    def sealed() -> bool:
+        worker.poll()
+        row = conn.execute(
+            "SELECT count(*) FROM leasework.runs WHERE id = ANY(%s) AND status = 'succeeded'",
+            (ids,),
+        ).fetchone()
+        return row == (5,)
+
+    wait_for(sealed)
+    runs = named(exporter.get_finished_spans(), "leasework.run")
+    assert sorted((s.attributes or {})["leasework.run.id"] for s in runs) == ids
+    trace_id = request.get_span_context().trace_id
+    assert {s.context.trace_id for s in runs if s.context} == {trace_id}
+    assert {(s.attributes or {})["leasework.run.outcome"] for s in runs} == {"succeeded"}

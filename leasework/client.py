@@ -497,7 +497,7 @@ class Client:
         if not many.encoded:
             return []
         if many.windows.any:
-            return self._each(c, many)
+            return self._trace_many(c, self._each(c, many))
         if many.common["tenant"] is not None:
             c.execute(Q["ensure_tenant"], {"tenant": many.common["tenant"]})
         if many.keys is not None:
@@ -511,6 +511,15 @@ class Client:
                 for row in many.copy_rows(ids, due[0]):
                     copy.write_row(row)
         c.execute(Q["notify"], {"kind": kind})
+        return self._trace_many(c, ids)
+
+    @staticmethod
+    def _trace_many(c: Conn, ids: list[int]) -> list[int]:
+        """The runs `enqueue_many` made, given the caller's traceparent when it is in a span
+        (README "Tracing"): one statement more then, none otherwise."""
+        parent = tracing.traceparent() if tracing.AVAILABLE and ids else None
+        if parent is not None:
+            c.execute(Q["trace_runs"], {"ids": ids, "traceparent": parent})
         return ids
 
     async def enqueue_many_async(
@@ -527,7 +536,7 @@ class Client:
         if not many.encoded:
             return []
         if many.windows.any:
-            return await self._each_async(c, many)
+            return await self._trace_many_async(c, await self._each_async(c, many))
         if many.common["tenant"] is not None:
             await c.execute(Q["ensure_tenant"], {"tenant": many.common["tenant"]})
         if many.keys is not None:
@@ -542,6 +551,14 @@ class Client:
                 for row in many.copy_rows(ids, due[0]):
                     await copy.write_row(row)
         await c.execute(Q["notify"], {"kind": kind})
+        return await self._trace_many_async(c, ids)
+
+    @staticmethod
+    async def _trace_many_async(c: AConn, ids: list[int]) -> list[int]:
+        """`_trace_many` on an AsyncConnection."""
+        parent = tracing.traceparent() if tracing.AVAILABLE and ids else None
+        if parent is not None:
+            await c.execute(Q["trace_runs"], {"ids": ids, "traceparent": parent})
         return ids
 
     def _each(self, c: Conn, many: _Many) -> list[int]:

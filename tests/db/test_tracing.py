@@ -156,6 +156,23 @@ def test_a_failed_attempt_has_an_error_status(exporter: InMemorySpanExporter, co
     assert len({s.context.trace_id for s in runs if s.context}) == 1
 
 
+def test_enqueue_many_keeps_the_trace_too(exporter: InMemorySpanExporter, conn: Conn) -> None:
+    app = make_app()
+    with otel_trace.get_tracer("web").start_as_current_span("import") as request:
+        copied = app.enqueue_many(conn, "report", [{}, {}])
+        keyed = app.enqueue_many(conn, "report", [{}, {}], keys=["a", "b"])
+    untraced = app.enqueue_many(conn, "report", [{}])
+    web = request.get_span_context()
+    parent = f"00-{web.trace_id:032x}-{web.span_id:016x}-{int(web.trace_flags):02x}"
+    rows = dict(
+        conn.execute(
+            "SELECT id, traceparent FROM leasework.runs WHERE id = ANY(%s)",
+            (copied + keyed + untraced,),
+        ).fetchall()
+    )
+    assert rows == {**dict.fromkeys(copied + keyed, parent), untraced[0]: None}
+
+
 def test_without_a_span_the_run_has_no_parent(exporter: InMemorySpanExporter, conn: Conn) -> None:
     app = make_app()
     run_id = app.enqueue(conn, "report", {})

@@ -160,6 +160,9 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     unique_at           leasework.instant,
     debounce_count      integer,
     debounce_deadline   leasework.instant,
+    -- The W3C traceparent of the span that enqueued the run, when tracing was on there
+    -- (leasework.trace_run, below; README "Tracing"); NULL otherwise. (Migration 0025.)
+    traceparent         text,
     -- The status and the columns that go with it, one rule (leasework.run_state_valid, above).
     CONSTRAINT runs_state_valid CHECK (
         leasework.run_state_valid(status, lease_owner, lease_expires_at, finished_at))
@@ -1233,8 +1236,9 @@ CREATE TABLE IF NOT EXISTS leasework.paused_kinds (
 -- rows left the table (pruned or deleted) or were retried. /metrics adds the runs still in the
 -- table to these, so pruning never lowers a count. Written only when runs are deleted (the
 -- trigger below) or retried (retry_runs), never on the hot path. Serves: metrics_counters.
--- name: `finished` (label: the outcome), `duration` (label: a bucket's upper bound or +Inf,
--- not cumulative), `duration_sum` (label ''), `lost` (label: expired or crashed), `reclaimed`.
+-- name: `finished` (label: the outcome), `duration` and `wait` (label: a bucket's upper bound or
+-- +Inf, not cumulative), `duration_sum` and `wait_sum` (label ''), `lost` (label: expired or
+-- crashed), `reclaimed`, `attempts` (label: leasework.attempt_outcome), `debounced` (label '').
 CREATE TABLE IF NOT EXISTS leasework.counters (
     kind  text NOT NULL,
     name  text NOT NULL,
@@ -1243,7 +1247,7 @@ CREATE TABLE IF NOT EXISTS leasework.counters (
     PRIMARY KEY (kind, name, label)
 );
 
--- The upper bounds (seconds) of the run-duration histogram: one place, read by /metrics too.
+-- The upper bounds (seconds) of the run-duration and queue-wait histograms: one place, read by /metrics too.
 CREATE OR REPLACE FUNCTION leasework.duration_buckets() RETURNS float8[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT ARRAY[0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800, 3600, 10800]::float8[];
@@ -1256,26 +1260,53 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                       WHERE b >= seconds), '+Inf');
 $$;
 
+-- An ended attempt's outcome as /metrics counts it (leasework_attempts_total), from its history
+-- entry's `outcome` (leasework.history_entry): fixed once the entry is written, so the counter
+-- only goes up. `failed` is an attempt that raised (or a Fail, or a Partial), whether or not its
+-- run was retried; `retried` is one whose handler raised Retry; expired and crashed leases are
+-- `lost`. (Migration 0025.)
+CREATE OR REPLACE FUNCTION leasework.attempt_outcome(outcome text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE outcome
+               WHEN 'succeeded' THEN 'succeeded'
+               WHEN 'retry' THEN 'retried'
+               WHEN 'timeout' THEN 'timed_out'
+               WHEN 'cancelled' THEN 'cancelled'
+               WHEN 'released' THEN 'released'
+               WHEN 'snoozed' THEN 'snoozed'
+               WHEN 'expired' THEN 'lost'
+               WHEN 'crashed' THEN 'lost'
+               ELSE 'failed' END;
+$$;
+
 -- Adds what the runs in `gone` (a jsonb array of runs rows) counted to leasework.counters: their
--- finish (terminal runs: outcome and duration) and, with `losses`, the lost leases in their
--- history and how many of those were reclaimed. Called by the delete trigger and by retry_runs.
+-- finish (terminal runs: outcome, duration and queue wait) and, with `losses` (their history
+-- leaves too), the lost leases in their history, how many of those were reclaimed, every
+-- ended attempt by outcome (leasework.attempt_outcome) and the enqueues a debounce merged into
+-- them. Called by the delete trigger and by retry_runs (tally_retried, which keeps the row's
+-- history and debounce_count: `losses` false).
 CREATE OR REPLACE FUNCTION leasework.add_to_counters(gone jsonb, losses boolean) RETURNS void
 LANGUAGE sql VOLATILE AS $$
     WITH g AS (
         SELECT * FROM jsonb_to_recordset(gone) AS x(kind text, status text, attempts int,
-                   started_at timestamptz, finished_at timestamptz, history jsonb)
+                   queued_at timestamptz, started_at timestamptz, finished_at timestamptz,
+                   history jsonb, debounce_count int)
     ), terminal AS (
-        SELECT kind, status, extract(epoch FROM finished_at - started_at)::float8 AS took
+        SELECT kind, status, extract(epoch FROM finished_at - started_at)::float8 AS took,
+               extract(epoch FROM started_at - queued_at)::float8 AS waited
           FROM g WHERE status IN ('succeeded', 'partial', 'failed', 'cancelled')
-    ), lost AS (
-        SELECT g.kind, e.entry ->> 'outcome' AS outcome,
-               coalesce(g.started_at > leasework.try_instant(e.entry ->> 'started_at'), false)
-                   AS reclaimed
+    ), entries AS (
+        SELECT g.kind, g.started_at, e.entry
           FROM g CROSS JOIN LATERAL jsonb_array_elements(
                    CASE WHEN jsonb_typeof(g.history) = 'array' THEN g.history ELSE '[]' END
                ) AS e(entry)
          WHERE losses AND jsonb_typeof(e.entry) = 'object'
-           AND e.entry ->> 'outcome' IN ('expired', 'crashed')
+    ), lost AS (
+        SELECT kind, entry ->> 'outcome' AS outcome,
+               coalesce(started_at > leasework.try_instant(entry ->> 'started_at'), false)
+                   AS reclaimed
+          FROM entries
+         WHERE entry ->> 'outcome' IN ('expired', 'crashed')
     ), added AS (
         SELECT kind, 'finished' AS name, status AS label, 1::float8 AS value FROM terminal
         UNION ALL
@@ -1284,9 +1315,25 @@ LANGUAGE sql VOLATILE AS $$
         UNION ALL
         SELECT kind, 'duration_sum', '', greatest(took, 0) FROM terminal WHERE took IS NOT NULL
         UNION ALL
+        SELECT kind, 'wait', leasework.duration_bucket(greatest(waited, 0)), 1
+          FROM terminal WHERE waited IS NOT NULL
+        UNION ALL
+        SELECT kind, 'wait_sum', '', greatest(waited, 0) FROM terminal WHERE waited IS NOT NULL
+        UNION ALL
         SELECT kind, 'lost', outcome, 1 FROM lost
         UNION ALL
         SELECT kind, 'reclaimed', '', 1 FROM lost WHERE reclaimed
+        UNION ALL
+        SELECT kind, 'attempts', leasework.attempt_outcome(entry ->> 'outcome'), 1 FROM entries
+        UNION ALL
+        -- A success is recorded by the row, not its history (leasework.run_history).
+        SELECT kind, 'attempts', 'succeeded', 1 FROM g
+         WHERE losses AND status = 'succeeded'
+           AND (CASE WHEN jsonb_typeof(history) = 'array' THEN history -> -1 ->> 'outcome' END)
+               IS DISTINCT FROM 'succeeded'
+        UNION ALL
+        SELECT kind, 'debounced', '', debounce_count - 1 FROM g
+         WHERE losses AND debounce_count > 1
     )
     INSERT INTO leasework.counters AS c (kind, name, label, value)
     SELECT kind, name, label, sum(value) FROM added GROUP BY 1, 2, 3
@@ -1301,7 +1348,9 @@ BEGIN
     PERFORM leasework.add_to_counters(
         (SELECT coalesce(jsonb_agg(jsonb_build_object(
                     'kind', kind, 'status', status, 'attempts', attempts,
-                    'started_at', started_at, 'finished_at', finished_at, 'history', history)),
+                    'queued_at', queued_at, 'started_at', started_at,
+                    'finished_at', finished_at, 'history', history,
+                    'debounce_count', debounce_count)),
                 '[]'::jsonb)
            FROM gone),
         true);
@@ -1741,3 +1790,28 @@ BEGIN
     RETURN taken;
 END
 $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Tracing (migration 0025; README "Tracing"): the enqueuing span's W3C traceparent, written into
+-- a run the enqueue just made, only when the enqueuing process has an active span (so an enqueue
+-- without tracing sends nothing more, and leasework.enqueue is unchanged). The worker reads it
+-- back only when its own tracing is on. SECURITY DEFINER, so that the enqueue role, which has no
+-- privilege on the tables, may call it: it sets a traceparent of the right shape once, on a
+-- queued or waiting run that has none, and nothing else.
+CREATE OR REPLACE FUNCTION leasework.trace_run(run_id bigint, traceparent text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF trace_run.traceparent IS NULL
+       OR trace_run.traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'traceparent %s is not valid: use the W3C form 00-<32 hex>-<16 hex>-<2 hex>',
+            left(trace_run.traceparent, 80));
+    END IF;
+    UPDATE leasework.runs r SET traceparent = trace_run.traceparent
+     WHERE r.id = trace_run.run_id AND r.status IN ('queued', 'waiting')
+       AND r.traceparent IS NULL;
+    RETURN FOUND;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION leasework.trace_run(bigint, text) FROM PUBLIC;

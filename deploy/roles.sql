@@ -66,4 +66,6 @@ GRANT EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boole
 -- The first half of a debounce_merge (a pending payload of a key this role could debounce).
 GRANT EXECUTE ON FUNCTION leasework.debounce_pending(text, text, text) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.cancel(bigint) TO leasework_enqueue;
+-- The enqueuing span's traceparent, written into the run it just made (README "Tracing").
+GRANT EXECUTE ON FUNCTION leasework.trace_run(bigint, text) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.now() TO leasework_enqueue;

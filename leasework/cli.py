@@ -1078,7 +1078,10 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
         db.check_schema(conn)
         while True:
             snapshot = status.collect(
-                conn, heartbeat_interval=cfg.heartbeat_interval, previous=snapshot
+                conn,
+                heartbeat_interval=cfg.heartbeat_interval,
+                previous=snapshot,
+                max_kinds=cfg.max_kinds_shown,
             )
             if args.json:
                 sys.stdout.write(json_text(snapshot, indent=args.watch is None) + "\n")

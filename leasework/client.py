@@ -12,6 +12,7 @@ from typing import Any, Unpack
 import psycopg
 from psycopg.types.json import Jsonb
 
+from . import tracing
 from .config import Config
 from .errors import ConfigError, LeaseworkError, NotFound, WrongConnection
 from .queries import load
@@ -395,33 +396,46 @@ class Client:
         return self._send(c, self._one(kind, payload, options))
 
     def _send(self, c: Conn, one: _One) -> Enqueued:
-        """enqueue_run, or the statements of a debounce_merge (_merged), on `c`."""
+        """enqueue_run, or the statements of a debounce_merge (_merged), on `c`; then, when the
+        caller is in a span (tracing, README "Tracing"), its traceparent into a new run."""
         if one.merge is None:
-            return _enqueued(c.execute(Q["enqueue_run"], one.params).fetchone())
-        steps = _merged(self, one)
-        query, params = next(steps)
-        while True:
-            row = c.execute(query, params).fetchone()
-            try:
-                query, params = steps.send(row)
-            except StopIteration as done:
-                result: Enqueued = done.value
-                return result
+            done = _enqueued(c.execute(Q["enqueue_run"], one.params).fetchone())
+        else:
+            steps = _merged(self, one)
+            query, params = next(steps)
+            while True:
+                row = c.execute(query, params).fetchone()
+                try:
+                    query, params = steps.send(row)
+                except StopIteration as stop:
+                    done = stop.value
+                    break
+        if tracing.AVAILABLE and not done.existing:
+            parent = tracing.traceparent()
+            if parent is not None:
+                c.execute(Q["trace_run"], {"id": done.run_id, "traceparent": parent})
+        return done
 
     async def _send_async(self, c: AConn, one: _One) -> Enqueued:
         """`_send` on an AsyncConnection: the same statements, awaited."""
         if one.merge is None:
             cur = await c.execute(Q["enqueue_run"], one.params)
-            return _enqueued(await cur.fetchone())
-        steps = _merged(self, one)
-        query, params = next(steps)
-        while True:
-            row = await (await c.execute(query, params)).fetchone()
-            try:
-                query, params = steps.send(row)
-            except StopIteration as done:
-                result: Enqueued = done.value
-                return result
+            done = _enqueued(await cur.fetchone())
+        else:
+            steps = _merged(self, one)
+            query, params = next(steps)
+            while True:
+                row = await (await c.execute(query, params)).fetchone()
+                try:
+                    query, params = steps.send(row)
+                except StopIteration as stop:
+                    done = stop.value
+                    break
+        if tracing.AVAILABLE and not done.existing:
+            parent = tracing.traceparent()
+            if parent is not None:
+                await c.execute(Q["trace_run"], {"id": done.run_id, "traceparent": parent})
+        return done
 
     def enqueue_reserved(
         self,
@@ -483,7 +497,7 @@ class Client:
         if not many.encoded:
             return []
         if many.windows.any:
-            return self._each(c, many)
+            return self._trace_many(c, self._each(c, many))
         if many.common["tenant"] is not None:
             c.execute(Q["ensure_tenant"], {"tenant": many.common["tenant"]})
         if many.keys is not None:
@@ -497,6 +511,15 @@ class Client:
                 for row in many.copy_rows(ids, due[0]):
                     copy.write_row(row)
         c.execute(Q["notify"], {"kind": kind})
+        return self._trace_many(c, ids)
+
+    @staticmethod
+    def _trace_many(c: Conn, ids: list[int]) -> list[int]:
+        """The runs `enqueue_many` made, given the caller's traceparent when it is in a span
+        (README "Tracing"): one statement more then, none otherwise."""
+        parent = tracing.traceparent() if tracing.AVAILABLE and ids else None
+        if parent is not None:
+            c.execute(Q["trace_runs"], {"ids": ids, "traceparent": parent})
         return ids
 
     async def enqueue_many_async(
@@ -513,7 +536,7 @@ class Client:
         if not many.encoded:
             return []
         if many.windows.any:
-            return await self._each_async(c, many)
+            return await self._trace_many_async(c, await self._each_async(c, many))
         if many.common["tenant"] is not None:
             await c.execute(Q["ensure_tenant"], {"tenant": many.common["tenant"]})
         if many.keys is not None:
@@ -528,6 +551,14 @@ class Client:
                 for row in many.copy_rows(ids, due[0]):
                     await copy.write_row(row)
         await c.execute(Q["notify"], {"kind": kind})
+        return await self._trace_many_async(c, ids)
+
+    @staticmethod
+    async def _trace_many_async(c: AConn, ids: list[int]) -> list[int]:
+        """`_trace_many` on an AsyncConnection."""
+        parent = tracing.traceparent() if tracing.AVAILABLE and ids else None
+        if parent is not None:
+            await c.execute(Q["trace_runs"], {"ids": ids, "traceparent": parent})
         return ids
 
     def _each(self, c: Conn, many: _Many) -> list[int]:

@@ -65,12 +65,13 @@ SELECT DISTINCT u.tenant, u.key
 
 -- name: tally_retried
 -- A retried run leaves its terminal status: what it counted as finished moves to
--- leasework.counters first, so runs_finished_total never goes down (its lost leases stay with
--- the row, which keeps its history).
+-- leasework.counters first, so runs_finished_total (and the duration and queue-wait histograms)
+-- never goes down (its lost leases and attempts stay with the row, which keeps its history).
 SELECT leasework.add_to_counters(
            coalesce(jsonb_agg(jsonb_build_object(
-               'kind', kind, 'status', status, 'attempts', attempts, 'started_at', started_at,
-               'finished_at', finished_at, 'history', history)), '[]'::jsonb),
+               'kind', kind, 'status', status, 'attempts', attempts, 'queued_at', queued_at,
+               'started_at', started_at, 'finished_at', finished_at, 'history', history)),
+               '[]'::jsonb),
            false)
   FROM leasework.runs
  WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('failed', 'cancelled', 'partial')

@@ -89,3 +89,18 @@ SELECT e.id,
                                 %(debounce_max)s::float8) AS id
        ) AS e
  ORDER BY u.n
+
+-- name: trace_run
+-- The enqueuing span's traceparent, into the run the enqueue just made (leasework.trace_run,
+-- schema.sql). Sent only when the enqueuing process has an active span (README "Tracing").
+SELECT leasework.trace_run(%(id)s::bigint, %(traceparent)s::text)
+
+-- name: trace_runs
+-- The same for the runs an enqueue_many made.
+SELECT count(*) FILTER (WHERE leasework.trace_run(id, %(traceparent)s::text))
+  FROM unnest(%(ids)s::bigint[]) AS id
+
+-- name: run_traceparents
+-- A worker that traces reads the traceparents of the runs it is about to start (not returned by
+-- the claim, which every worker would pay for; README "Tracing").
+SELECT id, traceparent FROM leasework.runs WHERE id = ANY(%(ids)s::bigint[])

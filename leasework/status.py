@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -98,12 +98,14 @@ def collect(
     *,
     heartbeat_interval: float = 15.0,
     previous: dict[str, Any] | None = None,
+    max_kinds: int | None = None,
 ) -> dict[str, Any]:
     """The snapshot behind `leasework status`, `--json` and the dashboard: JSON-ready data.
 
     Each running run carries `rate` (units per second) and `eta` (seconds), or None while
     unknown. Given the `previous` snapshot, the rate is measured between the two; otherwise it
     is the attempt's average, known only for a first attempt (a resumed attempt starts part way).
+    With `max_kinds` (config `max_kinds_shown`), the kinds past it are summed into `other` (fold).
     """
     with tolerant(conn.cursor(row_factory=dict_row)) as cur:
         now_row = cur.execute(Q["status_now"]).fetchone()
@@ -126,7 +128,7 @@ def collect(
     elapsed = taken_at - float((previous or {}).get("taken_at") or 0.0)
     for r in running:
         r["rate"], r["eta"] = progress_rate(r, before.get((r["id"], r["attempts"])), elapsed)
-    return {
+    snap = {
         "taken_at": taken_at,
         "workers": [_plain(w) for w in workers],
         "runs_by_status": by_status,
@@ -147,6 +149,66 @@ def collect(
             heartbeat_interval,
         ),
         "pools": pools(workers),
+    }
+    return snap if max_kinds is None else fold(snap, max_kinds)
+
+
+# Where the kinds past `max_kinds_shown` are summed (fold, /metrics' kind label). A kind named
+# `other` is always summed there too, so that no label, line or row is ever given twice.
+OTHER = "other"
+
+
+def shown_kinds(
+    by_kind: dict[str, dict[str, int]], limit: int, also: Iterable[str] = ()
+) -> set[str]:
+    """The kinds that get a line (a label) of their own: of those in `by_kind` and `also` (none
+    of their runs in the table), the `limit` with the most runs in the table (`runs_by_kind`),
+    ties by name; never one named `other`."""
+    ranked = sorted(
+        {k for k in (*by_kind, *also) if k != OTHER},
+        key=lambda k: (-sum(by_kind.get(k, {}).values()), k),
+    )
+    return set(ranked[:limit])
+
+
+def fold(snap: dict[str, Any], limit: int) -> dict[str, Any]:
+    """`snap` with its per-kind parts bounded: runs by kind, the oldest due per kind and the
+    unserved warnings of the kinds past the `limit` with the most runs (shown_kinds) summed into
+    one `other` (its oldest due: the oldest of theirs); `kinds_folded` says how many kinds were."""
+    by_kind: dict[str, dict[str, int]] = snap["runs_by_kind"]
+    everything = set(by_kind) | set(snap["oldest_due"]) | {u["kind"] for u in snap["unserved"]}
+    shown = shown_kinds(by_kind, limit, everything)
+    folded = everything - shown
+    if not folded:
+        return {**snap, "kinds_folded": 0}
+    runs: dict[str, dict[str, int]] = {k: v for k, v in by_kind.items() if k in shown}
+    other: dict[str, int] = {}
+    for kind in folded:
+        for st, n in by_kind.get(kind, {}).items():
+            other[st] = other.get(st, 0) + n
+    if other:
+        runs[OTHER] = other
+    oldest = {k: v for k, v in snap["oldest_due"].items() if k in shown}
+    ages = [v for k, v in snap["oldest_due"].items() if k in folded]
+    if ages:
+        oldest[OTHER] = max(ages)
+    unserved_rows = [u for u in snap["unserved"] if u["kind"] in shown]
+    rest = [u for u in snap["unserved"] if u["kind"] in folded]
+    if rest:
+        unserved_rows.append(
+            {
+                "kind": OTHER,
+                "due": sum(u["due"] for u in rest),
+                "oldest_due": max(u["oldest_due"] for u in rest),
+                "alive": max(u["alive"] for u in rest),
+            }
+        )
+    return {
+        **snap,
+        "runs_by_kind": runs,
+        "oldest_due": oldest,
+        "unserved": unserved_rows,
+        "kinds_folded": len(folded),
     }
 
 
@@ -443,9 +505,11 @@ def render(snap: dict[str, Any]) -> str:
         ("runs: " if i == 0 else "      ") + line.replace("\u00a0", " ")
         for i, line in enumerate(wrapped)
     )
-    for kind, per in sorted(snap["runs_by_kind"].items()):
+    for kind, per in sorted(snap["runs_by_kind"].items(), key=lambda kv: kv[0] == OTHER):
         live = " ".join(f"{s}={per[s]}" for s in order if per.get(s))
         out.append(f"  {kind[:30]:<30} {live}"[:80])
+    if snap.get("kinds_folded"):
+        out.append(f"  (other: {snap['kinds_folded']:,} more kinds summed; max_kinds_shown)")
     files, uploads = snap.get("files") or {}, snap.get("uploads") or {}
     if files or uploads:
         out.append(
@@ -470,9 +534,10 @@ def render(snap: dict[str, Any]) -> str:
         out.extend(limit_lines(limited, snap.get("taken_at")))
     for u in snap.get("unserved") or []:
         who = f"{u['alive']} live worker(s) idle" if u["alive"] else "no live worker"
+        what = "these kinds" if u["kind"] == OTHER and snap.get("kinds_folded") else "this kind"
         out.append(
             f"  warning: {u['kind']}: {u['due']} run(s) due for {duration(u['oldest_due'])}, "
-            f"{who}: no worker serves this kind?"
+            f"{who}: no worker serves {what}?"
         )
     if snap["running"]:
         out.append("")

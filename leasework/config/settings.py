@@ -111,6 +111,15 @@ class Config:
     heartbeat_interval: float = field(
         default=15.0, metadata=doc("seconds between worker heartbeats", range=Range(0.1, 3600))
     )
+    max_kinds_shown: int = field(
+        default=30,
+        metadata=doc(
+            "kinds that get a line of their own in `leasework status`, the dashboard's tables and "
+            "charts and a `kind` label in /metrics: those with the most runs in the table; the "
+            "rest are summed into one `other` (each kind shown adds about 4 KB to a scrape; README \"Metrics\")",
+            range=Range(1, 10_000),
+        ),
+    )
     lock_timeout: float = field(
         default=0.5,
         metadata=doc(

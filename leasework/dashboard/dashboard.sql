@@ -31,41 +31,67 @@ SELECT kind, extract(epoch FROM leasework.now() - min(queued_at))::float8 AS age
 -- name: metrics_counters
 -- Counters that only go up: what the runs in the table count now plus what runs that left it
 -- (pruned, deleted) or were retried handed over to leasework.counters before they did (the
--- runs_deleted trigger, retry_runs). Per kind: `finished` by outcome, the run-duration histogram
--- (`duration` per bucket, not cumulative, and `duration_sum`), `lost` leases by outcome (expired:
--- the lease ran out; crashed: the supervisor saw the worker die) and how many of those were
--- `reclaimed` (the run was claimed again after the lost attempt). A lost lease leaves a second
--- attempt or a failed, running or cancelled run, so that WHERE keeps the history scan off most
--- rows. One scan of the table per scrape, as status_counts makes. A history that is not an array
--- counts no loss, and an entry's started_at that is no timestamp no reclaim (leasework.try_instant):
--- the worker role can write any jsonb there, and a scrape must not fail on it.
+-- runs_deleted trigger, retry_runs). Per kind: `finished` by outcome, the run-duration and
+-- queue-wait histograms of finished runs (`duration` and `wait` per bucket, not cumulative, and
+-- their `_sum`; the wait is the last attempt's, from due to start), `lost` leases by outcome
+-- (expired: the lease ran out; crashed: the supervisor saw the worker die), how many of those
+-- were `reclaimed` (the run was claimed again after the lost attempt), and `attempts`, every ended
+-- attempt by outcome (leasework.attempt_outcome: each history entry, and a succeeded run's
+-- success, which its row records), and `debounced`, the enqueues a debounce merged into a
+-- pending run (its debounce_count past the first). One scan of the table per scrape, as
+-- status_counts makes; only the rows with a history have it expanded. A history that is not an array counts nothing, and an
+-- entry's started_at that is no timestamp no reclaim (leasework.try_instant): the worker role can
+-- write any jsonb there, and a scrape must not fail on it.
 WITH finished AS MATERIALIZED (
-    SELECT kind, status,
+    SELECT kind, status, finished_at IS NOT NULL AS ended, debounce_count - 1 AS debounced,
            CASE WHEN started_at IS NOT NULL
-                THEN greatest(extract(epoch FROM finished_at - started_at), 0)::float8 END AS took
+                THEN greatest(extract(epoch FROM finished_at - started_at), 0)::float8 END AS took,
+           CASE WHEN started_at IS NOT NULL
+                THEN greatest(extract(epoch FROM started_at - queued_at), 0)::float8 END AS waited,
+           -- A success is recorded by the row, not its history (leasework.run_history).
+           status = 'succeeded'
+               AND (CASE WHEN jsonb_typeof(history) = 'array' THEN history -> -1 ->> 'outcome' END)
+                   IS DISTINCT FROM 'succeeded' AS success
       FROM leasework.runs
-     WHERE finished_at IS NOT NULL
-), lost AS MATERIALIZED (
-    SELECT r.kind, e.entry ->> 'outcome' AS outcome,
-           coalesce(r.started_at > leasework.try_instant(e.entry ->> 'started_at'), false)
-               AS reclaimed
+     WHERE finished_at IS NOT NULL OR debounce_count > 1
+), entries AS MATERIALIZED (
+    SELECT r.kind, r.started_at, e.entry
       FROM leasework.runs r
      CROSS JOIN LATERAL jsonb_array_elements(
          CASE WHEN jsonb_typeof(r.history) = 'array' THEN r.history ELSE '[]' END) AS e(entry)
-     WHERE (r.attempts > 1 OR r.status IN ('failed', 'running', 'cancelled'))
-       AND e.entry ->> 'outcome' IN ('expired', 'crashed')
+     WHERE r.history <> '[]'::jsonb AND jsonb_typeof(e.entry) = 'object'
+), lost AS MATERIALIZED (
+    SELECT kind, entry ->> 'outcome' AS outcome,
+           coalesce(started_at > leasework.try_instant(entry ->> 'started_at'), false)
+               AS reclaimed
+      FROM entries
+     WHERE entry ->> 'outcome' IN ('expired', 'crashed')
 ), counted AS (
     SELECT kind, 'finished' AS name, status AS label, count(*)::float8 AS value
-      FROM finished GROUP BY 1, 3
+      FROM finished WHERE ended GROUP BY 1, 3
     UNION ALL
     SELECT kind, 'duration', leasework.duration_bucket(took), count(*)
-      FROM finished WHERE took IS NOT NULL GROUP BY 1, 3
+      FROM finished WHERE ended AND took IS NOT NULL GROUP BY 1, 3
     UNION ALL
-    SELECT kind, 'duration_sum', '', sum(took) FROM finished WHERE took IS NOT NULL GROUP BY 1
+    SELECT kind, 'duration_sum', '', sum(took)
+      FROM finished WHERE ended AND took IS NOT NULL GROUP BY 1
+    UNION ALL
+    SELECT kind, 'wait', leasework.duration_bucket(waited), count(*)
+      FROM finished WHERE ended AND waited IS NOT NULL GROUP BY 1, 3
+    UNION ALL
+    SELECT kind, 'wait_sum', '', sum(waited)
+      FROM finished WHERE ended AND waited IS NOT NULL GROUP BY 1
+    UNION ALL
+    SELECT kind, 'debounced', '', sum(debounced) FROM finished WHERE debounced > 0 GROUP BY 1
     UNION ALL
     SELECT kind, 'lost', outcome, count(*) FROM lost GROUP BY 1, 3
     UNION ALL
     SELECT kind, 'reclaimed', '', count(*) FROM lost WHERE reclaimed GROUP BY 1
+    UNION ALL
+    SELECT kind, 'attempts', leasework.attempt_outcome(entry ->> 'outcome'), count(*)
+      FROM entries GROUP BY 1, 3
+    UNION ALL
+    SELECT kind, 'attempts', 'succeeded', count(*) FROM finished WHERE success GROUP BY 1
     UNION ALL
     SELECT kind, name, label, value FROM leasework.counters
 )
@@ -74,6 +100,14 @@ SELECT kind, name, label, sum(value)::float8 AS value
  GROUP BY 1, 2, 3
  ORDER BY 1, 2, 3
 
+-- name: metrics_pools
+-- Live workers by pool (config `pools`; NULL: the worker has none), and how many are busy.
+SELECT pool, count(*)::bigint AS alive, count(current_run)::bigint AS busy
+  FROM leasework.workers
+ WHERE stopped_at IS NULL AND heartbeat_at > leasework.now() - make_interval(secs => %(stale)s)
+ GROUP BY pool
+ ORDER BY pool NULLS FIRST
+
 -- name: metrics_duration_buckets
 SELECT leasework.duration_buckets() AS buckets
 
@@ -81,3 +115,71 @@ SELECT leasework.duration_buckets() AS buckets
 -- The cancel action: the run's status, locked for the length of the action's transaction, so
 -- that a finished run is refused rather than reported as cancelled.
 SELECT status, cancel_requested_at FROM leasework.runs WHERE id = %(id)s FOR UPDATE
+
+-- name: dashboard_chart
+-- The overview's charts: per minute of the last hour (minute 0 starts 59 minutes before the
+-- current one), per kind (those of %(kinds)s; every other kind as `other`): `done`, runs that
+-- succeeded in that minute; `failed`, attempts that ended failed in it (raised, Retry, Partial,
+-- timed out, lease lost: each a history entry); `depth`, the runs queued and due at the minute's
+-- end (the last minute: now), from each run's queued_at (its latest due time) to when it started,
+-- ended unstarted, or now. Computed from the runs still in the table (pruned ones are gone; a
+-- retried run counts from its latest due time): the queued and running runs (their partial
+-- indexes) and those finished within the hour (runs_finished_at). A run's wait is grouped into
+-- its first and last minute before the minutes are counted, so the cost is the runs read, not
+-- runs times minutes.
+WITH b AS (
+    SELECT leasework.now() AS now,
+           date_trunc('minute', leasework.now()) - interval '59 minutes' AS start
+), recent AS MATERIALIZED (
+    SELECT CASE WHEN r.kind = ANY(%(kinds)s::text[]) THEN r.kind ELSE 'other' END AS kind,
+           r.status, greatest(r.queued_at, b.start - interval '1 minute') AS queued_at,
+           r.started_at, r.finished_at, r.history
+      FROM leasework.runs r, b
+     WHERE r.status IN ('queued', 'running') OR r.finished_at >= b.start
+), done AS (
+    SELECT kind, floor(extract(epoch FROM finished_at - b.start) / 60)::int AS minute,
+           count(*) AS n
+      FROM recent, b
+     WHERE status = 'succeeded' AND finished_at >= b.start AND finished_at <= b.now
+     GROUP BY 1, 2
+), failures AS (
+    SELECT r.kind, leasework.try_instant(e.entry ->> 'ended_at') AS ended
+      FROM recent r
+     CROSS JOIN LATERAL jsonb_array_elements(
+         CASE WHEN jsonb_typeof(r.history) = 'array' THEN r.history ELSE '[]' END) AS e(entry)
+     WHERE r.history <> '[]'::jsonb AND jsonb_typeof(e.entry) = 'object'
+       AND e.entry ->> 'outcome' IN ('failed', 'retry', 'partial', 'timeout', 'expired', 'crashed')
+), failed AS (
+    SELECT kind, floor(extract(epoch FROM ended - b.start) / 60)::int AS minute, count(*) AS n
+      FROM failures, b
+     WHERE ended >= b.start AND ended <= b.now
+     GROUP BY 1, 2
+), waits AS (
+    SELECT kind, queued_at,
+           CASE WHEN status = 'queued' THEN 'infinity'::timestamptz
+                WHEN started_at >= queued_at THEN started_at
+                ELSE coalesce(finished_at, 'infinity'::timestamptz) END AS until
+      FROM recent
+), spans AS (
+    -- The minutes m whose sample, start + (m + 1) minutes (the last: now), is in [queued_at, until).
+    SELECT kind,
+           greatest(0, ceil(extract(epoch FROM queued_at - b.start) / 60 - 1))::int AS first,
+           CASE WHEN until > b.now THEN 59
+                ELSE least(58, ceil(extract(epoch FROM until - b.start) / 60 - 1)::int - 1) END
+               AS last,
+           count(*) AS n
+      FROM waits, b
+     WHERE queued_at <= b.now AND until > b.start
+     GROUP BY 1, 2, 3
+), depth AS (
+    SELECT s.kind, m.minute, sum(s.n) AS n
+      FROM spans s
+      JOIN generate_series(0, 59) AS m(minute) ON m.minute BETWEEN s.first AND s.last
+     GROUP BY 1, 2
+)
+SELECT 'done' AS what, kind, minute, n::bigint AS n FROM done WHERE minute BETWEEN 0 AND 59
+UNION ALL
+SELECT 'failed', kind, minute, n::bigint FROM failed WHERE minute BETWEEN 0 AND 59
+UNION ALL
+SELECT 'depth', kind, minute, n::bigint FROM depth
+ ORDER BY 1, 2, 3

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
 from ..queries import load
+from ..status import OTHER, shown_kinds
 from ..text import visible
 
 Q = load("leasework.dashboard", "dashboard.sql")
@@ -27,6 +28,10 @@ Q = load("leasework.dashboard", "dashboard.sql")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
 OUTCOMES = ("succeeded", "partial", "failed", "cancelled")
+# leasework.attempt_outcome (schema.sql): how an attempt ended.
+ATTEMPT_OUTCOMES = (
+    "succeeded", "failed", "retried", "timed_out", "cancelled", "released", "snoozed", "lost"
+)
 
 
 def families(
@@ -35,27 +40,41 @@ def families(
     *,
     heartbeat_interval: float,
     version: str = "",
+    max_kinds: int | None = None,
 ) -> list[Metric]:
-    """Every metric family for one scrape. `snap` is `status.collect()`'s snapshot (runs by kind
-    and status, the oldest due run per kind); the rest comes from dashboard.sql."""
+    """Every metric family for one scrape. `snap` is `status.collect()`'s snapshot, unfolded (runs
+    by kind and status, the oldest due run per kind); the rest comes from dashboard.sql. With
+    `max_kinds` (config `max_kinds_shown`), the kinds past the `max_kinds` with the most runs in
+    the table (status.shown_kinds) are summed under kind="other": the size of a scrape is bounded
+    whatever the number of kinds."""
+    stale = {"stale": heartbeat_interval * 2}
     with conn.cursor(row_factory=dict_row) as cur:
-        w = cur.execute(Q["metrics_workers"], {"stale": heartbeat_interval * 2}).fetchone() or {}
+        w = cur.execute(Q["metrics_workers"], stale).fetchone() or {}
+        pooled = cur.execute(Q["metrics_pools"], stale).fetchall()
         counted = cur.execute(Q["metrics_counters"]).fetchall()
         row = cur.execute(Q["metrics_duration_buckets"]).fetchone()
     bounds = [float(b) for b in (row or {}).get("buckets") or []]
-    by_kind: Mapping[str, Mapping[str, int]] = snap.get("runs_by_kind") or {}
-    kinds = sorted(set(by_kind) | {str(r["kind"]) for r in counted})
+    by_kind: dict[str, dict[str, int]] = dict(snap.get("runs_by_kind") or {})
+    seen = set(by_kind) | {str(r["kind"]) for r in counted}
+    shown_set = seen if max_kinds is None else shown_kinds(by_kind, max_kinds, seen)
     # A label value as every reader shows it: a kind stored before the kind rule held shows its
     # controls escaped (the exposition format escapes only backslash, quote and newline).
-    shown = {kind: visible(kind) for kind in kinds}
+    label = {kind: visible(kind) if kind in shown_set else OTHER for kind in seen}
+    labels = sorted(set(label.values()))
 
+    def add(into: dict[Any, float], key: Any, value: float) -> None:
+        into[key] = into.get(key, 0.0) + value
+
+    per_status: dict[tuple[str, str], float] = {}
+    for kind, per in by_kind.items():
+        for status in STATUSES:
+            add(per_status, (label[kind], status), float(per.get(status, 0)))
     runs = GaugeMetricFamily(
         "leasework_runs", "Runs in the table by kind and status.", labels=["kind", "status"]
     )
-    for kind in kinds:
-        per = by_kind.get(kind, {})
+    for name in labels:
         for status in STATUSES:
-            runs.add_metric([shown[kind], status], per.get(status, 0))
+            runs.add_metric([name, status], per_status.get((name, status), 0.0))
 
     oldest_due: Mapping[str, float] = snap.get("oldest_due") or {}
     oldest = GaugeMetricFamily(
@@ -63,13 +82,17 @@ def families(
         "How long the oldest due queued run has waited (0 when none is waiting).",
         value=max([0.0, *(max(0.0, a) for a in oldest_due.values())]),
     )
+    ages: dict[str, float] = {}
+    for kind, age in oldest_due.items():
+        name = label.get(kind, OTHER)
+        ages[name] = max(ages.get(name, 0.0), max(0.0, float(age)))
     oldest_by_kind = GaugeMetricFamily(
         "leasework_kind_oldest_queued_age_seconds",
         "How long the oldest due queued run of each kind has waited (0 when none is waiting).",
         labels=["kind"],
     )
-    for kind in kinds:
-        oldest_by_kind.add_metric([shown[kind]], max(0.0, float(oldest_due.get(kind, 0.0))))
+    for name in labels:
+        oldest_by_kind.add_metric([name], ages.get(name, 0.0))
 
     alive = int(w.get("alive") or 0)
     workers = GaugeMetricFamily(
@@ -80,13 +103,30 @@ def families(
     )
     workers.add_metric(["alive"], alive)
     workers.add_metric(["gone"], int(w.get("total") or 0) - alive)
+    pools = GaugeMetricFamily(
+        "leasework_pool_workers",
+        "Live workers by pool (config pools; pool=\"\" for workers without one) and state: "
+        "busy (holding a run) or idle.",
+        labels=["pool", "state"],
+    )
+    for r in pooled:
+        pool = visible(str(r["pool"])) if r["pool"] is not None else ""
+        pools.add_metric([pool, "busy"], float(r["busy"]))
+        pools.add_metric([pool, "idle"], float(r["alive"] - r["busy"]))
 
-    values: dict[tuple[str, str, str], float] = {
-        (str(r["kind"]), str(r["name"]), str(r["label"])): float(r["value"]) for r in counted
-    }
+    values: dict[tuple[str, str, str], float] = {}
+    for r in counted:
+        add(values, (label[str(r["kind"])], str(r["name"]), str(r["label"])), float(r["value"]))
     finished = CounterMetricFamily(
         "leasework_runs_finished",
         "Runs that finished, by kind and outcome (retried runs count each time they finish).",
+        labels=["kind", "outcome"],
+    )
+    attempts = CounterMetricFamily(
+        "leasework_attempts",
+        "Ended attempts by kind and outcome: succeeded, failed (raised, Fail or Partial; retried "
+        "or not), retried (raised Retry), timed_out, cancelled, released (given back at "
+        "shutdown), snoozed, lost (the lease expired or the worker crashed).",
         labels=["kind", "outcome"],
     )
     lost = CounterMetricFamily(
@@ -100,43 +140,73 @@ def families(
         "Lost attempts whose run was claimed again by a worker.",
         labels=["kind"],
     )
+    debounced = CounterMetricFamily(
+        "leasework_debounced",
+        "Enqueues a debounce merged into a pending run of the kind (its first enqueue aside).",
+        labels=["kind"],
+    )
     duration = HistogramMetricFamily(
         "leasework_run_duration_seconds",
         "From the start of a run's last attempt to its end, for finished runs, by kind.",
         labels=["kind"],
     )
-    for kind in kinds:
-        for outcome in OUTCOMES:
-            finished.add_metric(
-                [shown[kind], outcome], values.get((kind, "finished", outcome), 0.0)
-            )
-        for outcome in ("expired", "crashed"):
-            lost.add_metric([shown[kind], outcome], values.get((kind, "lost", outcome), 0.0))
-        reclaims.add_metric([shown[kind]], values.get((kind, "reclaimed", ""), 0.0))
-        cumulative, buckets = 0.0, []
+    wait = HistogramMetricFamily(
+        "leasework_queue_wait_seconds",
+        "From when a finished run's last attempt was due to when it started, by kind.",
+        labels=["kind"],
+    )
+
+    def buckets(name: str, what: str) -> tuple[list[tuple[str, float]], float]:
+        cumulative, out = 0.0, []
         for bound in bounds:
-            cumulative += values.get((kind, "duration", f"{bound:g}"), 0.0)
-            buckets.append((f"{bound:g}", cumulative))
-        cumulative += values.get((kind, "duration", "+Inf"), 0.0)
-        buckets.append(("+Inf", cumulative))
-        duration.add_metric([shown[kind]], buckets, values.get((kind, "duration_sum", ""), 0.0))
+            cumulative += values.get((name, what, f"{bound:g}"), 0.0)
+            out.append((f"{bound:g}", cumulative))
+        cumulative += values.get((name, what, "+Inf"), 0.0)
+        out.append(("+Inf", cumulative))
+        return out, values.get((name, what + "_sum", ""), 0.0)
+
+    for name in labels:
+        for outcome in OUTCOMES:
+            finished.add_metric([name, outcome], values.get((name, "finished", outcome), 0.0))
+        for outcome in ATTEMPT_OUTCOMES:
+            attempts.add_metric([name, outcome], values.get((name, "attempts", outcome), 0.0))
+        for outcome in ("expired", "crashed"):
+            lost.add_metric([name, outcome], values.get((name, "lost", outcome), 0.0))
+        reclaims.add_metric([name], values.get((name, "reclaimed", ""), 0.0))
+        debounced.add_metric([name], values.get((name, "debounced", ""), 0.0))
+        duration.add_metric([name], *buckets(name, "duration"))
+        wait.add_metric([name], *buckets(name, "wait"))
 
     info = GaugeMetricFamily(
         "leasework_build_info", "The leasework version serving these metrics.", labels=["version"]
     )
     info.add_metric([version], 1)
     up = GaugeMetricFamily("leasework_database_up", "1 when the database answered.", value=1)
+    kinds = GaugeMetricFamily(
+        "leasework_kinds",
+        "Kinds seen (in the table or the counters): shown with a label of their own, or folded "
+        "into kind=\"other\" (config max_kinds_shown).",
+        labels=["state"],
+    )
+    folded = sum(1 for kind in seen if label[kind] == OTHER)
+    kinds.add_metric(["shown"], len(seen) - folded)
+    kinds.add_metric(["folded"], folded)
     return [
         up,
         info,
+        kinds,
         runs,
         oldest,
         oldest_by_kind,
         workers,
+        pools,
         finished,
+        attempts,
         lost,
         reclaims,
+        debounced,
         duration,
+        wait,
         *limit_families(snap.get("limits") or []),
     ]
 

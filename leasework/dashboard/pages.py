@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 import orjson
 
-from ..status import held_back_lines, instant_text, number_text, rate_spec
+from ..status import OTHER, held_back_lines, instant_text, number_text, rate_spec
 from ..text import UNSAFE
 
 
@@ -99,6 +99,12 @@ form.action button.danger { color: var(--bad); border-color: #e8b4ad; }
 form.action label { font-size: .85em; color: var(--muted); margin-right: .4em; }
 .flash { background: #e3f4ea; color: var(--ok); border: 1px solid #b9e0c8; border-radius: 6px;
          padding: .5em 1em; margin: 0 0 1em; }
+.charts { display: flex; flex-wrap: wrap; gap: 1.5em; }
+.chart h3 { font-size: .9em; font-weight: 500; color: var(--muted); margin: 0 0 .3em; }
+.chart svg.plot { display: block; }
+.chart svg.plot text { font-size: 10px; fill: var(--muted); }
+.legend { list-style: none; margin: .3em 0 0; padding: 0; font-size: .85em; max-width: 360px; }
+.legend li { display: inline-block; margin-right: .9em; white-space: nowrap; }
 """
 
 
@@ -239,6 +245,7 @@ def overview(
     oldest_queued: float | None,
     now: object,
     v: View = PLAIN,
+    charts: Series | None = None,
 ) -> str:
     """The `/` page: cards, running runs with progress bars, queue by kind, workers, connections,
     recent failures and the newest runs."""
@@ -264,9 +271,12 @@ def overview(
     parts = [
         f'<p class="muted">database time {esc(when(now))} UTC</p>',
         f'<div class="cards">{cards}</div>',
+        _charts_section(charts),
         _running_section(snap.get("running") or [], v),
         _queue_section(
-            snap.get("runs_by_kind") or {}, {str(p.get("kind")) for p in snap.get("paused") or []}
+            snap.get("runs_by_kind") or {},
+            {str(p.get("kind")) for p in snap.get("paused") or []},
+            int(snap.get("kinds_folded") or 0),
         ),
         _limits_section(snap.get("limits") or []),
         _pools_section(snap.get("pools") or []),
@@ -276,6 +286,104 @@ def overview(
         _recent_section(recent, v),
     ]
     return layout("overview", "".join(parts), refresh=REFRESH_SECONDS, v=v)
+
+
+# The overview's charts (the last hour, per minute; dashboard.sql, dashboard_chart): at most
+# CHART_KINDS kinds of their own, the rest drawn as `other`, whatever max_kinds_shown says.
+CHART_KINDS = 6
+CHART_MINUTES = 60
+CHARTS = (
+    ("done", "completions per minute"),
+    ("failed", "failed attempts per minute"),
+    ("depth", "queue depth (due runs at each minute's end)"),
+)
+PALETTE = ("#2563eb", "#1f8a4c", "#c0392b", "#b7791f", "#7c3aed", "#0891b2", "#6b7385")
+Series = dict[str, dict[str, list[int]]]  # chart -> kind -> a value per minute, oldest first
+
+
+def chart_kinds(by_kind: Mapping[str, Mapping[str, int]], limit: int = CHART_KINDS) -> list[str]:
+    """The kinds the charts draw on their own: the `limit` with the most runs in the table (the
+    tables' order), never `other`."""
+    ranked = sorted(
+        (k for k in by_kind if k != OTHER), key=lambda k: (-sum(by_kind[k].values()), k)
+    )
+    return ranked[:limit]
+
+
+def chart_series(rows: Iterable[Mapping[str, Any]]) -> Series:
+    """dashboard_chart's rows (what, kind, minute, n) as a value per minute for each chart and
+    kind; minutes without a row are 0."""
+    series: Series = {what: {} for what, _ in CHARTS}
+    for r in rows:
+        minute = int(r["minute"])
+        if str(r["what"]) in series and 0 <= minute < CHART_MINUTES:
+            values = series[str(r["what"])].setdefault(str(r["kind"]), [0] * CHART_MINUTES)
+            values[minute] = int(r["n"])
+    return series
+
+
+def _charts_section(series: Series | None) -> str:
+    """Completions, failed attempts and queue depth per minute by kind over the last hour, as
+    inline SVG (no script): a line per kind, its colour in the legend with the hour's total (the
+    depth's: now)."""
+    if series is None:
+        return ""
+    charts = "".join(_chart(what, title, series.get(what) or {}) for what, title in CHARTS)
+    return (
+        '<section id="charts"><h2>Last hour</h2>'
+        f'<div class="charts">{charts}</div>'
+        '<p class="muted">from the runs still in the table; other: every kind not drawn</p>'
+        "</section>"
+    )
+
+
+def _chart(what: str, title: str, lines: Mapping[str, Sequence[int]]) -> str:
+    width, height, left, bottom, top = 360, 140, 34, 16, 6
+    inner_w, inner_h = width - left - 6, height - bottom - top
+    peak = max([1, *(max(v) for v in lines.values() if v)])
+    order = sorted(lines, key=lambda k: (k == OTHER, -sum(lines[k]), k))
+    step = inner_w / (CHART_MINUTES - 1)
+
+    def y(value: float) -> float:
+        return top + inner_h - value / peak * inner_h
+
+    parts = [
+        f'<line x1="{left}" y1="{y(0):.1f}" x2="{width - 6}" y2="{y(0):.1f}" stroke="#dde1e8"/>',
+        f'<line x1="{left}" y1="{top}" x2="{width - 6}" y2="{top}" stroke="#eef0f4"/>',
+        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{peak}</text>',
+        f'<text x="{left - 4}" y="{y(0):.1f}" text-anchor="end">0</text>',
+        f'<text x="{left}" y="{height - 3}">-60 min</text>',
+        f'<text x="{left + inner_w / 2:.1f}" y="{height - 3}" text-anchor="middle">-30</text>',
+        f'<text x="{width - 6}" y="{height - 3}" text-anchor="end">now</text>',
+    ]
+    legend = []
+    for i, kind in enumerate(order):
+        colour = PALETTE[-1] if kind == OTHER else PALETTE[i % (len(PALETTE) - 1)]
+        values = lines[kind]
+        points = " ".join(f"{left + m * step:.1f},{y(v):.1f}" for m, v in enumerate(values))
+        parts.append(
+            f'<polyline data-kind="{esc(kind)}" fill="none" stroke="{colour}" '
+            f'stroke-width="1.5" points="{points}"><title>{esc(kind)}</title></polyline>'
+        )
+        shown = values[-1] if what == "depth" else sum(values)
+        legend.append(
+            f'<li><svg width="10" height="10" aria-hidden="true"><rect width="10" height="10" '
+            f'fill="{colour}"/></svg> {esc(kind)} <span class="muted">{shown}</span></li>'
+        )
+    if not order:
+        parts.append(
+            f'<text x="{left + inner_w / 2:.1f}" y="{top + inner_h / 2:.1f}" '
+            'text-anchor="middle">nothing in the last hour</text>'
+        )
+    svg = (
+        f'<svg class="plot" data-chart="{esc(what)}" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{esc(title)}">' + "".join(parts) + "</svg>"
+    )
+    return (
+        f'<div class="chart"><h3>{esc(title)}</h3>{svg}'
+        f'<ul class="legend">{"".join(legend)}</ul></div>'
+    )
 
 
 def _running_section(running: Sequence[Mapping[str, Any]], v: View) -> str:
@@ -317,14 +425,26 @@ def _running_section(running: Sequence[Mapping[str, Any]], v: View) -> str:
     return f'<section id="running"><h2>Running</h2>{table(headers, rows, empty="nothing running")}</section>'
 
 
-def _queue_section(by_kind: Mapping[str, Mapping[str, int]], paused: set[str]) -> str:
+def _queue_section(
+    by_kind: Mapping[str, Mapping[str, int]], paused: set[str], folded: int = 0
+) -> str:
+    """Runs by kind and status; with `folded` kinds summed into `other` (config
+    `max_kinds_shown`, status.fold), that row last, saying how many."""
+    order = sorted(by_kind.items(), key=lambda kv: (folded > 0 and kv[0] == OTHER, kv[0]))
     rows = [
-        [esc(kind) + (" " + status_badge("paused") if kind in paused else "")]
+        [folded_name(kind, folded) + (" " + status_badge("paused") if kind in paused else "")]
         + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
-        for kind, per in sorted(by_kind.items())
+        for kind, per in order
     ]
     headers = ["kind", *(f"#{s}" for s in STATUS_ORDER)]
     return f'<section id="queue"><h2>Runs by kind</h2>{table(headers, rows, empty="no runs")}</section>'
+
+
+def folded_name(kind: str, folded: int) -> str:
+    """A kind's name in a table; `other`, when kinds were folded into it, with how many."""
+    if folded and kind == OTHER:
+        return f'{esc(kind)} <span class="muted">({folded:,} more kinds)</span>'
+    return esc(kind)
 
 
 def _limits_section(limits: Sequence[Mapping[str, Any]]) -> str:
@@ -859,16 +979,28 @@ def kinds_page(
     registered: Iterable[str] = (),
     v: View = PLAIN,
     limits: Sequence[Mapping[str, Any]] = (),
+    folded: int = 0,
 ) -> str:
     """The `/kinds` page: every kind (registered with the app, or seen in a run) with its runs by
     status, whether it is paused and its limits (README, "Flow control"); with actions on, pause
-    or resume, and set its limits at run time or reset them."""
+    or resume, and set its limits at run time or reset them. With `folded` kinds summed into
+    `other` (config `max_kinds_shown`), that row last, without actions."""
     paused_at = {str(p.get("kind")): p.get("paused_at") for p in paused}
     limited = {str(r.get("kind")): r for r in limits}
-    kinds = sorted({*by_kind, *paused_at, *registered, *limited})
+    kinds = sorted(
+        {*by_kind, *paused_at, *registered, *limited}, key=lambda k: (folded > 0 and k == OTHER, k)
+    )
     rows = []
     for kind in kinds:
         per = by_kind.get(kind) or {}
+        if folded and kind == OTHER:
+            rows.append(
+                [folded_name(kind, folded), ""]
+                + [esc(per.get(s, 0) or "") for s in STATUS_ORDER]
+                + [""]
+                + ([""] if v.actions else [])
+            )
+            continue
         is_paused = kind in paused_at
         state = status_badge("paused") if is_paused else status_badge("active")
         if is_paused and paused_at[kind]:

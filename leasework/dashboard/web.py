@@ -324,14 +324,24 @@ class DashboardApp:
 
     def overview(self, v: pages.View = pages.PLAIN) -> str:
         with self.session() as conn:
-            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+            snap = status.collect(
+                conn,
+                heartbeat_interval=self.cfg.heartbeat_interval,
+                max_kinds=self.cfg.max_kinds_shown,
+            )
             with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
                 recent = cur.execute(Q["dashboard_recent_runs"], {"limit": RECENT_RUNS}).fetchall()
                 now = cur.execute(Q["dashboard_clock"]).fetchone()
                 oldest = cur.execute(Q["metrics_oldest_queued"]).fetchall()
+            charts = chart(conn, pages.chart_kinds(snap.get("runs_by_kind") or {}))
         oldest_age = max((r["age"] for r in oldest), default=None)
         return pages.overview(
-            snap, recent, oldest_queued=oldest_age, now=now["now"] if now else None, v=v
+            snap,
+            recent,
+            oldest_queued=oldest_age,
+            now=now["now"] if now else None,
+            v=v,
+            charts=charts,
         )
 
     def runs(self, query: Mapping[str, str], v: pages.View = pages.PLAIN) -> str:
@@ -369,13 +379,18 @@ class DashboardApp:
 
     def kinds(self, v: pages.View = pages.PLAIN) -> str:
         with self.session() as conn:
-            snap = status.collect(conn, heartbeat_interval=self.cfg.heartbeat_interval)
+            snap = status.collect(
+                conn,
+                heartbeat_interval=self.cfg.heartbeat_interval,
+                max_kinds=self.cfg.max_kinds_shown,
+            )
         return pages.kinds_page(
             snap.get("runs_by_kind") or {},
             snap.get("paused") or [],
             self.app.kinds(),
             v,
             limits=snap.get("limits") or [],
+            folded=int(snap.get("kinds_folded") or 0),
         )
 
     def schedules(self, v: pages.View = pages.PLAIN) -> str:
@@ -408,6 +423,7 @@ class DashboardApp:
                     snap,
                     heartbeat_interval=self.cfg.heartbeat_interval,
                     version=__version__,
+                    max_kinds=self.cfg.max_kinds_shown,
                 )
         except Unavailable:
             fams = metrics.database_down(__version__)
@@ -601,6 +617,14 @@ class DashboardApp:
                     raise Unavailable(f"database unavailable: {log.first_line(exc)}") from None
         finally:
             self._sessions.release()
+
+
+def chart(conn: psycopg.Connection[Any], kinds: list[str]) -> pages.Series:
+    """The overview's charts (dashboard_chart): per minute of the last hour, for each of `kinds`
+    and `other` (every other kind)."""
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        rows = cur.execute(Q["dashboard_chart"], {"kinds": kinds}).fetchall()
+    return pages.chart_series(rows)
 
 
 def _one_line(exc: Exception) -> str:

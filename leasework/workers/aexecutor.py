@@ -20,12 +20,12 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from .. import db, log
+from .. import db, log, tracing
 from ..errors import Aborted
 from ..leases.lease import Claim
 from .acontext import AsyncContext
 from .completer import Done
-from .executor import Executor, log_claimed
+from .executor import Executor, log_claimed, traced_end
 from .keeper import Held
 
 AsyncHandler = Callable[[AsyncContext, Any], Coroutine[Any, Any, Any]]
@@ -173,6 +173,12 @@ class AsyncExecutor:
             return 0
         loop = self.get_loop()
         self.keeper.hold_many(claims, sent=min(c.sent for c in claims))
+        traced = tracing.AVAILABLE and tracing.enabled()
+        spans = (
+            dict(zip((c.id for c in claims), self.executor.run_spans(claims), strict=True))
+            if traced
+            else {}
+        )
         started = 0
         for claim in claims:
             held = self.keeper.holding(claim)  # its block is the task's (_run)
@@ -188,13 +194,35 @@ class AsyncExecutor:
             self.running[claim.id] = ctx
             log_claimed(claim, self.worker_id)
             ctx.task = loop.create_task(
-                self._run(ctx, held, handler_for(claim.kind)), name=f"leasework-run-{claim.id}"
+                self._run(ctx, held, handler_for(claim.kind), spans.get(claim.id)),
+                name=f"leasework-run-{claim.id}",
             )
             started += 1
         self.executor.beat(None)  # the supervisor knows the runs before their handlers start
         return started
 
-    async def _run(self, ctx: AsyncContext, held: Held, handler: AsyncHandler) -> None:
+    async def _run(
+        self,
+        ctx: AsyncContext,
+        held: Held,
+        handler: AsyncHandler,
+        spans: tracing.RunSpans | None = None,
+    ) -> None:
+        """The run's task; with tracing on, within its spans (tracing.RunSpans: each task has its
+        own copy of the context, so the run span is current for its handler only)."""
+        if spans is None:
+            await self._attempt(ctx, held, handler, None)
+            return
+        with spans.run() as span:
+            await self._attempt(ctx, held, handler, (spans, span))
+
+    async def _attempt(
+        self,
+        ctx: AsyncContext,
+        held: Held,
+        handler: AsyncHandler,
+        traced: tuple[tracing.RunSpans, Any] | None,
+    ) -> None:
         claim = ctx.claim
         returned: Any = None
         raised: BaseException | None = None
@@ -223,7 +251,12 @@ class AsyncExecutor:
                     with suppress(ValueError):
                         log.RUN.reset(token)
             # Successes wait in `done` for the stage's next step, which seals them together.
-            self.completer.conclude(ctx, returned, raised, defer=self.done)
+            if traced is None:
+                self.completer.conclude(ctx, returned, raised, defer=self.done)
+            else:
+                with traced[0].seal():
+                    status = self.completer.conclude(ctx, returned, raised, defer=self.done)
+                traced_end(*traced, status, raised)
             if fatal is not None:
                 raise fatal
         finally:

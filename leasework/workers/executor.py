@@ -11,15 +11,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import log
+import psycopg
+
+from .. import log, tracing
 from ..config import Config
+from ..errors import Snooze
 from ..leases.lease import Claim
+from ..queries import load
 from .completer import Completer, Done
 from .connections import Connections
 from .context import Context
 from .keeper import Keeper
 
 Handler = Callable[[Context, Any], Any]
+RUNS = load("leasework", "runs.sql")  # run_traceparent, read only by a worker that traces
 
 
 def log_claimed(claim: Claim, worker_id: str) -> None:
@@ -35,6 +40,18 @@ def log_claimed(claim: Claim, worker_id: str) -> None:
             attempt=claim.attempts,
             worker=worker_id,
         )
+
+
+def traced_end(spans: tracing.RunSpans, span: Any, status: str | None, raised: Any) -> None:
+    """The run span's end (tracing.RunSpans.ended): its outcome, the run's status after the
+    attempt (`requeued` when queued again, `lost` when nothing was written); an error status
+    when the attempt failed (a run failed or partial, or requeued after it raised, a Snooze
+    aside)."""
+    failed = status in ("failed", "partial") or (
+        status == "queued" and isinstance(raised, Exception) and not isinstance(raised, Snooze)
+    )
+    outcome = {"queued": "requeued", None: "lost"}.get(status, status)
+    spans.ended(span, str(outcome), raised, failed)
 
 
 class Executor:
@@ -63,7 +80,48 @@ class Executor:
     def run(self, claim: Claim, handler: Handler, *, defer: list[Done] | None = None) -> str | None:
         """Run the handler under the claim's lease and have its end written (Completer.conclude,
         `defer` as there). Returns the run's new status, or None when the lease was lost and
-        nothing was written. A batch's run is held already (Keeper.hold_many)."""
+        nothing was written. A batch's run is held already (Keeper.hold_many). With tracing on
+        (README "Tracing"), under the run's spans."""
+        if tracing.AVAILABLE and tracing.enabled():
+            return self._traced(claim, handler, defer)
+        return self._run(claim, handler, defer, None)
+
+    def _traced(self, claim: Claim, handler: Handler, defer: list[Done] | None) -> str | None:
+        """`run` within the run's spans (tracing.RunSpans), under the trace of its enqueue."""
+        (spans,) = self.run_spans([claim])
+        with spans.run() as span:
+            return self._run(claim, handler, defer, (spans, span))
+
+    def run_spans(self, claims: Sequence[Claim]) -> list[tracing.RunSpans]:
+        """The spans of each claimed run, under the trace of its enqueue: their traceparents are
+        read here, one statement, paid only by a worker that traces."""
+        try:
+            rows = self.conns.main().execute(
+                RUNS["run_traceparents"], {"ids": [c.id for c in claims]}
+            ).fetchall()
+        except psycopg.Error:  # the runs are still run, each in a trace of its own
+            rows = []
+        parents = {int(r[0]): r[1] for r in rows}
+        return [
+            tracing.RunSpans(
+                parents.get(c.id),
+                run_id=c.id,
+                kind=c.kind,
+                attempt=c.attempts,
+                tenant=c.tenant,
+                worker=self.worker_id,
+                claim_sent=c.sent or time.monotonic(),
+            )
+            for c in claims
+        ]
+
+    def _run(
+        self,
+        claim: Claim,
+        handler: Handler,
+        defer: list[Done] | None,
+        traced: tuple[tracing.RunSpans, Any] | None,
+    ) -> str | None:
         returned: Any = None
         raised: BaseException | None = None
         fatal: BaseException | None = None  # KeyboardInterrupt, SystemExit: give the run back
@@ -98,7 +156,13 @@ class Executor:
                     ctx.signal.trip("shutdown")
                     raised = fatal = exc
             # No longer held: the keeper must not take the outcome's write for a lost lease.
-            status = self.completer.conclude(ctx, returned, raised, defer=defer)
+            if traced is None:
+                status = self.completer.conclude(ctx, returned, raised, defer=defer)
+            else:
+                spans, span = traced
+                with spans.seal():
+                    status = self.completer.conclude(ctx, returned, raised, defer=defer)
+                traced_end(spans, span, status, raised)
             if fatal is not None:
                 raise fatal
             return status

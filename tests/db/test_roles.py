@@ -284,3 +284,34 @@ def test_an_owner_with_createrole_makes_the_missing_roles(owners):
             " has_table_privilege(%s, 'leasework.runs', 'SELECT')",
             (worker, enqueue),
         ).fetchone() == (True, False)
+
+
+# -- Tracing (README "Tracing"): the enqueue role writes its span's traceparent into its run --------
+
+
+def test_the_enqueue_role_keeps_its_trace_in_its_run(conn, roles):
+    """Through leasework.trace_run, which deploy/roles.sql grants it: the Python enqueue inside a
+    span writes its traceparent; the function sets it once, on a queued run, and nothing else."""
+    trace = pytest.importorskip("opentelemetry.trace")
+    app = _app()
+    span = trace.NonRecordingSpan(
+        trace.SpanContext(0xAB, 0xCD, is_remote=False, trace_flags=trace.TraceFlags(1))
+    )
+    with psycopg.connect(roles("leasework_enqueue"), autocommit=True) as web:
+        with trace.use_span(span):
+            traced = app.enqueue(web, "work", {})
+        plain = app.enqueue(web, "work", {})
+        other = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+        # not a second time, and not on a run that is no longer queued
+        assert web.execute("SELECT leasework.trace_run(%s, %s)", (traced, other)).fetchone() == (
+            False,
+        )
+        conn.execute("UPDATE leasework.runs SET status = 'cancelled', finished_at = now()"
+                     " WHERE id = %s", (plain,))  # fmt: skip
+        assert web.execute("SELECT leasework.trace_run(%s, %s)", (plain, other)).fetchone() == (
+            False,
+        )
+    stored = conn.execute(
+        "SELECT id, traceparent FROM leasework.runs WHERE id = ANY(%s)", ([traced, plain],)
+    ).fetchall()
+    assert dict(stored) == {traced: f"00-{0xAB:032x}-{0xCD:016x}-01", plain: None}

@@ -18,6 +18,7 @@ from .errors import ConfigError, LeaseworkError, UnknownKind
 from .handles import TaskHandle, check_handler, is_async, prepare_handler
 from .queries import load
 from .stages.async_runs import AsyncRunsStage
+from .stages.deps import DepsStage
 from .stages.maintenance import MaintenanceSettings, MaintenanceStage, Pruner
 from .stages.runs import RunsSettings, RunsStage
 from .stages.schedule import ScheduleSettings, ScheduleStage
@@ -351,7 +352,7 @@ class App(Client):
 
     def stages(self, config: Config | None = None) -> list[Stage]:
         """The stages a worker of this app polls, in order: schedule, runs, async (when a task
-        is `async def`), each family's, maintenance."""
+        is `async def`), each family's, deps (runs waiting for others), maintenance."""
         config = config or self.config
         unknown = config.unknown(self.sections())
         if unknown:  # a key of a section neither the config nor this app knows: a misspelling
@@ -377,6 +378,7 @@ class App(Client):
             stages.append(AsyncRunsStage(self, config))
         for family in families:
             stages.extend(family.stages(config))
+        stages.append(DepsStage())
         pruners = [p for family in families for p in family.pruners()]
         stages.append(MaintenanceStage(config, extra=pruners, kinds=self.kinds()))
         return stages

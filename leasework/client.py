@@ -20,9 +20,11 @@ from .tasks import (
     Enqueued,
     EnqueueOptions,
     ManyOptions,
+    After,
     Merge,
     Windows,
     accept_options,
+    check_after,
     check_attempts,
     check_key,
     check_kind,
@@ -96,6 +98,7 @@ class _Many:
     keys: list[str | None] | None
     windows: Windows
     payloads: Sequence[Any]  # as given (a debounce_merge merges these)
+    after: After = After()  # the runs every payload's run waits for (README "Workflows")
 
     def keyed_params(self) -> dict[str, Any]:
         return {**self.common, "payloads": [p.decode() for p in self.encoded], "keys": self.keys}
@@ -115,6 +118,22 @@ class _Many:
                 "merge_seen": None,
             }
             yield _One(params, self.windows.debounce_merge, body)
+
+    def waiting(self, client: Client) -> Iterator[_One]:
+        """Each payload as an enqueue of one run that waits for `after` (enqueue_after)."""
+        for payload in self.payloads:
+            body = payload if payload is not None else {}
+            params = {
+                **self.common,
+                "key": None,
+                "exclusive": False,
+                "payload": Jsonb(body, dumps=client._dumps),
+                "merge_into": None,
+                "merge_seen": None,
+                "after": self.after.parents,
+                "on_parent_failure": self.after.on_parent_failure,
+            }
+            yield _One(params)
 
     def copy_rows(self, ids: Sequence[int], due: Any) -> Iterator[tuple[Any, ...]]:
         c = self.common
@@ -210,6 +229,12 @@ def _merged(client: Client, one: _One) -> Generator[Step, Any, Enqueued]:
     )
 
 
+def _statement(one: _One) -> str:
+    """enqueue_run, or enqueue_after for a run that waits for others: a run without them sends
+    the statement it always sent."""
+    return Q["enqueue_after"] if "after" in one.params else Q["enqueue_run"]
+
+
 def _check_run_id(run_id: object) -> int:
     if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id < 2**63:
         raise ConfigError(f"run id must be a positive 64-bit integer, got {run_id!r}")
@@ -289,6 +314,12 @@ class Client:
             kind=kind,
             task=defaults.windows,
         )
+        after = check_after(options)
+        if after.parents is not None and (opts.key is not None or opts.exclusive or windows.any):
+            raise ConfigError(
+                "after cannot be combined with key, exclusive, unique_for or debounce: a run "
+                f"that waits for other runs holds no key (enqueue {kind!r} without them)"
+            )
         params = {
             "kind": kind,
             "key": opts.key,
@@ -307,6 +338,9 @@ class Client:
             "merge_into": None,
             "merge_seen": None,
         }
+        if after.parents is not None:  # the statement of a run that waits (enqueue_after)
+            params["after"] = after.parents
+            params["on_parent_failure"] = after.on_parent_failure
         self._dumps(body)  # refuse before touching the database
         return _One(params, windows.debounce_merge, body)
 
@@ -344,6 +378,12 @@ class Client:
                 else "",
                 task=defaults.windows,
             )
+        after = check_after(options)
+        if after.parents is not None and (any(k is not None for k in keys or ()) or windows.any):
+            raise ConfigError(
+                "after cannot be combined with keys, unique_for or debounce: a run that waits "
+                f"for other runs holds no key (enqueue {kind!r} without them)"
+            )
         common = {
             "kind": kind,
             "tenant": opts.tenant,
@@ -357,7 +397,7 @@ class Client:
             "debounce": windows.debounce,
             "debounce_max": windows.debounce_max,
         }
-        return _Many(common, encoded, checked_keys, windows, given)
+        return _Many(common, encoded, checked_keys, windows, given, after)
 
     # -- enqueue --------------------------------------------------------------------------------
 
@@ -397,7 +437,7 @@ class Client:
     def _send(self, c: Conn, one: _One) -> Enqueued:
         """enqueue_run, or the statements of a debounce_merge (_merged), on `c`."""
         if one.merge is None:
-            return _enqueued(c.execute(Q["enqueue_run"], one.params).fetchone())
+            return _enqueued(c.execute(_statement(one), one.params).fetchone())
         steps = _merged(self, one)
         query, params = next(steps)
         while True:
@@ -411,7 +451,7 @@ class Client:
     async def _send_async(self, c: AConn, one: _One) -> Enqueued:
         """`_send` on an AsyncConnection: the same statements, awaited."""
         if one.merge is None:
-            cur = await c.execute(Q["enqueue_run"], one.params)
+            cur = await c.execute(_statement(one), one.params)
             return _enqueued(await cur.fetchone())
         steps = _merged(self, one)
         query, params = next(steps)
@@ -482,6 +522,8 @@ class Client:
         many = self._many(kind, payloads, options)
         if not many.encoded:
             return []
+        if many.after.parents is not None:
+            return [self._send(c, one).run_id for one in many.waiting(self)]
         if many.windows.any:
             return self._each(c, many)
         if many.common["tenant"] is not None:
@@ -512,6 +554,8 @@ class Client:
         many = self._many(kind, payloads, options)
         if not many.encoded:
             return []
+        if many.after.parents is not None:
+            return [(await self._send_async(c, one)).run_id for one in many.waiting(self)]
         if many.windows.any:
             return await self._each_async(c, many)
         if many.common["tenant"] is not None:

@@ -89,3 +89,14 @@ SELECT e.id,
                                 %(debounce_max)s::float8) AS id
        ) AS e
  ORDER BY u.n
+
+-- name: enqueue_after
+-- enqueue_run for a run that waits for others (README "Workflows"): leasework.enqueue with
+-- `after` and `on_parent_failure` (leasework.enqueue_blocked, schema.sql); no key, exclusive or
+-- window (refused). A run without `after` is sent by enqueue_run, unchanged.
+SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, NULL::text, %(tenant)s::text,
+                         %(group)s::text, false, %(priority)s::integer, %(delay)s::float8,
+                         %(max_attempts)s::integer, %(lease)s::float8, %(timeout)s::float8,
+                         after => %(after)s::bigint[],
+                         on_parent_failure => %(on_parent_failure)s::text) AS id,
+       'false' AS existing

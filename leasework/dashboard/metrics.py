@@ -25,7 +25,16 @@ from ..text import visible
 Q = load("leasework.dashboard", "dashboard.sql")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
+STATUSES = (
+    "blocked",
+    "waiting",
+    "queued",
+    "running",
+    "succeeded",
+    "partial",
+    "failed",
+    "cancelled",
+)
 OUTCOMES = ("succeeded", "partial", "failed", "cancelled")
 
 

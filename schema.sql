@@ -583,7 +583,8 @@ CREATE TRIGGER runs_parent_ended
 -- row, so nobody can wait on it); every other unended parent gets a row in run_deps_ended, which
 -- the deps stage reads after this commits: it marks the parent, and decides this run if the
 -- parent ended meanwhile (its end may have committed before this run was visible).
--- `on_parent_failure`: 'cancel' (default) or 'run'.
+-- `on_parent_failure`: 'cancel' (default), 'run', or 'batch' (run anyway, and the parents are
+-- the members of the batch whose callback this run is: leasework.join_batch, below).
 CREATE OR REPLACE FUNCTION leasework.enqueue_blocked(
     kind text, payload jsonb, key text, tenant text, "group" text, exclusive boolean,
     priority integer, delay double precision, max_attempts integer,
@@ -603,12 +604,12 @@ DECLARE
 BEGIN
     IF enqueue_blocked.on_parent_failure IS NULL THEN
         enqueue_blocked.on_parent_failure := 'cancel';
-    ELSIF enqueue_blocked.on_parent_failure NOT IN ('cancel', 'run') THEN
+    ELSIF enqueue_blocked.on_parent_failure NOT IN ('cancel', 'run', 'batch') THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
-            'on_parent_failure must be ''cancel'' or ''run'', got %s',
+            'on_parent_failure must be ''cancel'', ''run'' or ''batch'', got %s',
             quote_literal(left(enqueue_blocked.on_parent_failure, 80)));
     END IF;
-    anyway := enqueue_blocked.on_parent_failure = 'run';
+    anyway := enqueue_blocked.on_parent_failure IN ('run', 'batch');
     IF enqueue_blocked.after IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'on_parent_failure needs after: the runs this run waits for';
@@ -653,8 +654,9 @@ BEGIN
             CASE WHEN new_status = 'cancelled'
                  THEN format('run %s, which it waited for, ended %s', bad.id, bad.status) END)
     RETURNING id INTO run_id;
-    INSERT INTO leasework.run_deps (child, parent, anyway)
-    SELECT DISTINCT run_id, a, anyway FROM unnest(enqueue_blocked.after) AS a;
+    INSERT INTO leasework.run_deps (child, parent, anyway, member)
+    SELECT DISTINCT run_id, a, anyway, enqueue_blocked.on_parent_failure = 'batch'
+      FROM unnest(enqueue_blocked.after) AS a;
     IF open_count > 0 THEN
         UPDATE leasework.runs r SET has_dependents = true
          WHERE r.id = ANY (enqueue_blocked.after) AND NOT r.has_dependents
@@ -672,6 +674,59 @@ BEGIN
     END IF;
     PERFORM set_config('leasework.enqueued_existing', 'false', true);
     RETURN run_id;
+END
+$$;
+
+-- A batch (README "Workflows", "Batches") is a callback run that waits, under the policy
+-- 'batch' (run anyway; its parents counted as the batch's members), for its members; it is open
+-- while that callback is `blocked`. Run `run` joins batch `batch` (the callback's id): an edge
+-- `member`, made only while the callback is blocked, its row locked FOR NO KEY UPDATE (the deps
+-- stage takes it SKIP LOCKED, so it decides it only after this commits, counting `run`). Only
+-- a run that waits for nothing joins (so no cycle: a callback waits for its members, which wait
+-- for nothing). `run` is marked has_dependents when this transaction made it, else recorded for
+-- the deps stage (as leasework.enqueue_blocked does). SECURITY DEFINER: the enqueue role's way
+-- to add to a batch.
+CREATE OR REPLACE FUNCTION leasework.join_batch(batch bigint, run bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    callback_status text;
+    run_status text;
+BEGIN
+    SELECT r.status INTO callback_status
+      FROM leasework.runs r WHERE r.id = join_batch.batch FOR NO KEY UPDATE;
+    IF callback_status IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'there is no batch %s: no run has that id', join_batch.batch);
+    ELSIF callback_status <> 'blocked' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'batch %s is closed: its callback is %s (a run joins a batch only while its '
+            'callback waits)', join_batch.batch, callback_status);
+    END IF;
+    SELECT r.status INTO run_status FROM leasework.runs r WHERE r.id = join_batch.run;
+    IF run_status IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'there is no run %s to join batch %s', join_batch.run, join_batch.batch);
+    END IF;
+    IF join_batch.run = join_batch.batch
+       OR EXISTS (SELECT 1 FROM leasework.run_deps d WHERE d.child = join_batch.run) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'run %s waits for other runs: only a run without after joins a batch',
+            join_batch.run);
+    END IF;
+    INSERT INTO leasework.run_deps (child, parent, anyway, member)
+    VALUES (join_batch.batch, join_batch.run, true, true)
+    ON CONFLICT (child, parent) DO NOTHING;
+    IF run_status NOT IN ('succeeded', 'partial', 'failed', 'cancelled') THEN
+        UPDATE leasework.runs r SET has_dependents = true
+         WHERE r.id = join_batch.run AND NOT r.has_dependents
+           AND r.xmin = pg_current_xact_id()::xid;
+        IF NOT EXISTS (SELECT 1 FROM leasework.runs r
+                        WHERE r.id = join_batch.run AND r.xmin = pg_current_xact_id()::xid) THEN
+            INSERT INTO leasework.run_deps_ended (parent) VALUES (join_batch.run);
+            PERFORM pg_notify('leasework', 'leasework:deps');
+        END IF;
+    END IF;
 END
 $$;
 
@@ -1187,6 +1242,7 @@ REVOKE EXECUTE ON FUNCTION leasework.enqueue_blocked(text, jsonb, text, text, te
     integer, double precision, integer, double precision, double precision, boolean, bigint[],
     text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.parent_ended() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION leasework.join_batch(bigint, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.debounce_pending(text, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.cancel(bigint) FROM PUBLIC;
 

@@ -66,4 +66,6 @@ GRANT EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boole
 -- The first half of a debounce_merge (a pending payload of a key this role could debounce).
 GRANT EXECUTE ON FUNCTION leasework.debounce_pending(text, text, text) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.cancel(bigint) TO leasework_enqueue;
+-- Add a run to an open batch (README "Workflows").
+GRANT EXECUTE ON FUNCTION leasework.join_batch(bigint, bigint) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.now() TO leasework_enqueue;

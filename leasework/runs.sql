@@ -100,3 +100,7 @@ SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, NULL::text, %(tenan
                          after => %(after)s::bigint[],
                          on_parent_failure => %(on_parent_failure)s::text) AS id,
        'false' AS existing
+
+-- name: join_batch
+-- A run joins an open batch (leasework.join_batch, schema.sql; README "Workflows").
+SELECT leasework.join_batch(%(batch)s::bigint, %(run)s::bigint)

@@ -452,7 +452,9 @@ def check_options(given: Mapping[str, Any], *, reserved: bool = False) -> Option
     )
 
 
-ON_PARENT_FAILURE = ("cancel", "run")
+# "batch": run anyway, the parents counted as the members of the batch whose callback this is
+# (what app.batch gives its callback; README "Workflows").
+ON_PARENT_FAILURE = ("cancel", "run", "batch")
 
 
 @dataclass(frozen=True)
@@ -470,7 +472,9 @@ def check_after(given: Mapping[str, Any]) -> After:
     after = given.get("after")
     policy = given.get("on_parent_failure")
     if policy is not None and policy not in ON_PARENT_FAILURE:
-        raise ConfigError(f"on_parent_failure must be 'cancel' or 'run', got {policy!r}")
+        raise ConfigError(
+            f"on_parent_failure must be 'cancel', 'run' or 'batch', got {policy!r}"
+        )
     if after is None:
         if policy is not None:
             raise ConfigError("on_parent_failure needs after: the runs this run waits for")

@@ -280,7 +280,7 @@ def test_a_typed_enqueue_takes_after(conn: Conn) -> None:
         ({"after": [1], "unique_for": 5, "key": "k"}, "after cannot be combined with key"),
         ({"after": "1"}, "after must be a list of run ids, got str"),
         ({"after": [0]}, "after must be a list of run ids (positive integers), got 0"),
-        ({"after": [1], "on_parent_failure": "skip"}, "on_parent_failure must be 'cancel' or 'run'"),
+        ({"after": [1], "on_parent_failure": "skip"}, "on_parent_failure must be 'cancel', 'run' or 'batch'"),
         ({"on_parent_failure": "run"}, "on_parent_failure needs after"),
     ],
 )

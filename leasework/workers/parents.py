@@ -40,6 +40,11 @@ class Parents(list[Parent]):
                 counts[p.status] = counts.get(p.status, 0) + 1
         return counts
 
+    @property
+    def members(self) -> list[Parent]:
+        """The batch's members (a batch's callback): the parents but the run that opened it."""
+        return [p for p in self if p.member]
+
     def results(self) -> dict[int, Any]:
         """{parent id: its result}."""
         return {p.id: p.result for p in self}

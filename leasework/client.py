@@ -6,7 +6,7 @@ kinds. Imports no handler, no stage and no worker: a web process enqueues with i
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 import psycopg
@@ -17,10 +17,10 @@ from .errors import ConfigError, LeaseworkError, NotFound, WrongConnection
 from .queries import load
 from .tasks import (
     DEFAULT_TIMEOUT,
+    After,
     Enqueued,
     EnqueueOptions,
     ManyOptions,
-    After,
     Merge,
     Windows,
     accept_options,
@@ -98,7 +98,7 @@ class _Many:
     keys: list[str | None] | None
     windows: Windows
     payloads: Sequence[Any]  # as given (a debounce_merge merges these)
-    after: After = After()  # the runs every payload's run waits for (README "Workflows")
+    after: After = field(default_factory=After)  # the runs every payload's run waits for (README "Workflows")
 
     def keyed_params(self) -> dict[str, Any]:
         return {**self.common, "payloads": [p.decode() for p in self.encoded], "keys": self.keys}
@@ -229,7 +229,7 @@ def _merged(client: Client, one: _One) -> Generator[Step, Any, Enqueued]:
     )
 
 
-def _statement(one: _One) -> str:
+def _statement(one: _One) -> bytes:
     """enqueue_run, or enqueue_after for a run that waits for others: a run without them sends
     the statement it always sent."""
     return Q["enqueue_after"] if "after" in one.params else Q["enqueue_run"]
@@ -320,7 +320,7 @@ class Client:
                 "after cannot be combined with key, exclusive, unique_for or debounce: a run "
                 f"that waits for other runs holds no key (enqueue {kind!r} without them)"
             )
-        params = {
+        params: dict[str, Any] = {
             "kind": kind,
             "key": opts.key,
             "tenant": opts.tenant,

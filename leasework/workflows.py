@@ -65,12 +65,10 @@ class Workflow:
         *,
         name: str | None = None,
         after: Parent | Iterable[Parent] | None = None,
-        **options: Unpack[EnqueueOptions],
+        **options: Any,
     ) -> Node:
         """A run of `kind`, waiting for `after` (policy: `on_parent_failure`, "cancel" by
         default); the options of `Client.enqueue` but key, exclusive and the windows."""
-        if "after" in options:  # pragma: no cover - keyword taken above
-            raise ConfigError("after is given once")
         parents = self._parents(after)
         self.client.defaults(kind)  # a kind refused here is refused before anything is sent
         index = len(self._specs)
@@ -85,7 +83,7 @@ class Workflow:
         *,
         name: str | None = None,
         after: Parent | Iterable[Parent] | None = None,
-        **options: Unpack[EnqueueOptions],
+        **options: Any,
     ) -> Group:
         """Runs side by side (a fan-out), each (kind, payload), each after `after`; named
         `name[i]` when `name` is given."""
@@ -154,9 +152,7 @@ class Workflow:
     def _parents(self, after: Parent | Iterable[Parent] | None) -> list[Parent]:
         if after is None:
             return []
-        given: list[Any] = (
-            [after] if isinstance(after, Node | Group | int) else list(after)  # type: ignore[arg-type]
-        )
+        given: list[Any] = [after] if isinstance(after, Node | Group | int) else list(after)
         out: list[Parent] = []
         for p in given:
             if isinstance(p, Group):

@@ -50,7 +50,9 @@ def settle(conn: Conn, limit: int) -> int:
             if status in ("blocked", "waiting", "queued", "running"):
                 done.extend(ids)  # marked: its end will be recorded by the trigger
                 continue
-            seen, locked, n, _ = conn.execute(Q["decide_children"], {"parent": parent}).fetchone()
+            counted = conn.execute(Q["decide_children"], {"parent": parent}).fetchone()
+            assert counted is not None
+            seen, locked, n, _ = counted
             decided += int(n)
             if locked == seen:
                 done.extend(ids)

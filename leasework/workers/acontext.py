@@ -21,14 +21,14 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from .parents import QUERY as PARENTS
-from .parents import Parents, parents_of
 from .. import log
 from ..errors import Aborted, LeaseLost, is_transient
 from ..leases import lease
 from ..leases.lease import Claim
 from .context import RunFacts
 from .keeper import Held
+from .parents import QUERY as PARENTS
+from .parents import Parents, parents_of
 
 AConn = psycopg.AsyncConnection[Any]
 

@@ -616,7 +616,7 @@ def _dependencies_section(found: Mapping[str, Any] | None, v: View) -> str:
             for r in rows
         )
         parts.append(
-            f'<h3>{esc(title)}</h3><table class="{esc(title)}"><thead><tr><th>run</th><th>kind</th>'
+            f'<p class="deps-title">{esc(title)}</p><table class="{esc(title)}"><thead><tr><th>run</th><th>kind</th>'
             f"<th>status</th><th>on failure</th><th>batch member</th></tr></thead>"
             f"<tbody>{body}</tbody></table>"
         )

@@ -360,3 +360,23 @@ def test_concurrent_steps_decide_each_child_once(app: App, conn: Conn, dsn: str)
     deps.settle(conn, 100)
     assert statuses(conn, *kids) == ["queued"] * 30
     assert conn.execute("SELECT count(*) FROM leasework.run_deps_ended").fetchone() == (0,)
+
+
+def test_an_async_handler_awaits_its_parents(conn: Conn) -> None:
+    app = App()
+    got: list[Any] = []
+
+    @app.task("first")
+    def first(ctx: Context, payload: Any) -> Any:
+        return {"x": 1}
+
+    @app.task("second")
+    async def second(ctx: Any, payload: Any) -> None:
+        parents = await ctx.parents()
+        got.append([(p.kind, p.status, p.result) for p in parents])
+        assert await ctx.parents() is parents  # read once
+
+    a = app.enqueue(conn, "first", {})
+    app.enqueue(conn, "second", {}, after=[a])
+    drain(app, conn)
+    assert got == [[("first", "succeeded", {"x": 1})]]

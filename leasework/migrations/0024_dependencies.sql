@@ -662,3 +662,22 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Deleted runs (pruning, `leasework delete`, or the user's own DELETE) hand their counts over to
+-- leasework.counters in the same transaction. Statement-level: one call per DELETE. The edges of
+-- a deleted run that waited for others go with it (migration 0024; run_deps' primary key); an
+-- edge whose parent is deleted stays until its child is (the child counts it as ended well).
+CREATE OR REPLACE FUNCTION leasework.runs_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM leasework.add_to_counters(
+        (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                    'kind', kind, 'status', status, 'attempts', attempts,
+                    'started_at', started_at, 'finished_at', finished_at, 'history', history)),
+                '[]'::jsonb)
+           FROM gone),
+        true);
+    DELETE FROM leasework.run_deps d USING gone WHERE d.child = gone.id;
+    RETURN NULL;
+END
+$$;

@@ -380,3 +380,11 @@ def test_an_async_handler_awaits_its_parents(conn: Conn) -> None:
     app.enqueue(conn, "second", {}, after=[a])
     drain(app, conn)
     assert got == [[("first", "succeeded", {"x": 1})]]
+
+
+def test_a_deleted_runs_edges_go_with_it(app: App, conn: Conn) -> None:
+    a = app.enqueue(conn, "step", {"name": "a"})
+    b = app.enqueue(conn, "step", {"name": "b"}, after=[a])
+    drain(app, conn)
+    assert app.delete(conn, [b]).ids == [b]
+    assert conn.execute("SELECT count(*) FROM leasework.run_deps").fetchone() == (0,)

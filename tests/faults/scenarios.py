@@ -329,3 +329,38 @@ def sigstop_during_a_batch_join(chaos: Chaos) -> None:
     run.sigstop_child(1.5 * run.cfg["lease"])
     run.finish()
     _check_workflow(run, dependent, callback)
+
+
+def kill_9_right_after_a_parents_seal(chaos: Chaos, kills: int = 3) -> None:
+    """The worker that just sealed a run something waits for is killed (kill -9) as soon as the
+    seal is seen committed, before or while any deps step decides its children: the end it
+    recorded is decided by another worker, once."""
+    run = chaos()
+    sup = run.start()
+    dependent, callback = _enqueue_workflow(run)
+    parents = [
+        r[0]
+        for r in run.query(
+            "SELECT DISTINCT parent FROM leasework.run_deps WHERE child = ANY(%s)", (dependent,)
+        )
+    ]
+    killed = 0
+    seen: set[int] = set()
+    deadline = time.monotonic() + 60
+    while killed < kills and time.monotonic() < deadline:
+        rows = run.query(
+            "SELECT t.run_id, r.lease_worker FROM public.chaos_transitions t"
+            " JOIN leasework.runs r ON r.id = t.run_id"
+            " WHERE t.new_status = 'succeeded' AND t.run_id = ANY(%s) AND t.run_id <> ALL(%s)",
+            (parents, list(seen)),
+        )
+        for run_id, worker in rows:
+            seen.add(run_id)
+            pid = worker_pid(worker)
+            if killed < kills and pid in sup.children():
+                run.kill_child(pid)
+                killed += 1
+        time.sleep(0.02)  # polling interval of this loop
+    assert killed, "no parent's seal observed"
+    run.finish()
+    _check_workflow(run, dependent, callback)

@@ -60,6 +60,9 @@ CREATE TABLE IF NOT EXISTS leasework.run_deps_ended (
     parent  bigint NOT NULL
 );
 
+-- A parent's inbox rows, taken together. Serves: take_parent (stages/deps.sql).
+CREATE INDEX IF NOT EXISTS run_deps_ended_by_parent ON leasework.run_deps_ended (parent);
+
 -- A run that something waits for ended: record it for the deps stage and wake it (at commit).
 -- SECURITY DEFINER: whoever ends the run (a worker, leasework.cancel for the enqueue role, an
 -- operator) need not write run_deps_ended itself.

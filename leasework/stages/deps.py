@@ -23,44 +23,49 @@ Conn = psycopg.Connection[Any]
 WAKE = "leasework:deps"
 
 
-# Inbox rows (ended parents) a step handles at most; each parent's blocked children are decided
-# in the same step, however many.
+# Parents a step takes from the inbox at most; each parent's blocked children are decided in
+# its transaction, however many.
 LIMIT = 100
+
+ENDED = ("succeeded", "partial", "failed", "cancelled")
 
 
 def settle(conn: Conn, limit: int) -> int:
-    """One bounded step in its own transaction: the parents taken from the inbox, each marked
-    and, once ended, its blocked children decided; their inbox rows deleted unless a row lock
-    someone held left one of them undecided. Returns how many inbox rows were handled."""
-    with conn.transaction():
-        rows = conn.execute(Q["take_ended"], {"limit": limit}).fetchall()
-        if not rows:
-            return 0
-        by_parent: dict[int, list[int]] = {}
-        for row_id, parent in rows:
-            by_parent.setdefault(int(parent), []).append(int(row_id))
-        done: list[int] = []
-        decided = 0
-        for parent, ids in by_parent.items():
-            got = conn.execute(Q["lock_parent"], {"parent": parent}).fetchone()
-            assert got is not None
-            status, present = got
-            if status is None and present:
-                continue  # its row is locked: next step
-            if status in ("blocked", "waiting", "queued", "running"):
-                done.extend(ids)  # marked: its end will be recorded by the trigger
+    """One bounded step: up to `limit` parents taken from the inbox, each in a transaction of
+    its own (a running parent's row, when it is marked, is locked only for that short
+    transaction): marked if need be and, once ended, its blocked children decided; its inbox
+    rows deleted unless a row lock someone held left it (or one of its children) undecided.
+    Returns how many parents were handled."""
+    skipped: list[int] = []
+    handled = decided = 0
+    while handled + len(skipped) < limit:
+        with conn.transaction():
+            got = conn.execute(Q["take_parent"], {"skipped": skipped}).fetchone()
+            if got is None:
+                break
+            parent, ids, status, marked, present = got
+            if present and not marked:
+                row = conn.execute(Q["mark_parent"], {"parent": parent}).fetchone()
+                if row is None:  # its row is locked: next step
+                    skipped.append(parent)
+                    continue
+                status = row[0]
+            if present and status not in ENDED:
+                conn.execute(Q["done_ended"], {"ids": ids})  # marked: its end records itself
+                handled += 1
                 continue
             counted = conn.execute(Q["decide_children"], {"parent": parent}).fetchone()
             assert counted is not None
             seen, locked, n, _ = counted
             decided += int(n)
             if locked == seen:
-                done.extend(ids)
-        if done:
-            conn.execute(Q["done_ended"], {"ids": done})
-        if decided:
-            log.event("runs_decided", runs=decided, parents=len(by_parent))
-        return len(done)
+                conn.execute(Q["done_ended"], {"ids": ids})
+                handled += 1
+            else:  # a child someone holds: this parent's rows stay for the next step
+                skipped.append(parent)
+    if decided:
+        log.event("runs_decided", runs=decided, parents=handled)
+    return handled
 
 
 class DepsStage:

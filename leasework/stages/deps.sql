@@ -3,31 +3,43 @@
 -- stage's one transaction per step. Nothing here writes a lease column, and no worker waits on
 -- it: every row lock is taken SKIP LOCKED, and a row skipped is tried again at the next step.
 
--- name: take_ended
--- The inbox, oldest first, locked: another worker's stage takes the next rows.
-SELECT id, parent
-  FROM leasework.run_deps_ended
- ORDER BY id
- LIMIT %(limit)s
-   FOR UPDATE SKIP LOCKED
+-- name: take_parent
+-- The oldest inbox row's parent, with every inbox row of that parent, locked (another worker's
+-- stage takes the next parent); `skipped`: the parents this step left for the next one.
+WITH first AS MATERIALIZED (
+    SELECT e.parent
+      FROM leasework.run_deps_ended e
+     WHERE e.parent <> ALL (%(skipped)s::bigint[])
+     ORDER BY e.id
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED
+)
+SELECT first.parent,
+       ARRAY(SELECT e.id FROM leasework.run_deps_ended e
+              WHERE e.parent = first.parent
+              ORDER BY e.id
+                FOR UPDATE SKIP LOCKED) AS ids,
+       r.status, r.has_dependents, r.id IS NOT NULL AS present
+  FROM first
+  LEFT JOIN leasework.runs r ON r.id = first.parent
 
--- name: lock_parent
--- The parent's row, locked unless someone holds it (then its inbox rows wait for the next step),
--- and marked: from here on its end fires runs_parent_ended (schema.sql). The status returned is
--- the latest committed, read under the lock, so a parent that has not ended here will record its
--- end itself. `present` false: the run is gone (pruned or deleted), and counts as ended.
+-- name: mark_parent
+-- A parent not yet marked: its row locked unless someone holds it (then NULL: its inbox rows
+-- wait for the next step) and marked, so that from the commit on its end fires
+-- runs_parent_ended (schema.sql). The status returned is the latest committed, read under the
+-- lock: a parent that has not ended here records its own end. A parent already marked is never
+-- locked: its end records itself, and the status read without a lock says whether it ended.
 WITH p AS MATERIALIZED (
-    SELECT r.id, r.status, r.has_dependents
+    SELECT r.id, r.status
       FROM leasework.runs r
      WHERE r.id = %(parent)s
        FOR NO KEY UPDATE SKIP LOCKED
 ), marked AS (
     UPDATE leasework.runs r SET has_dependents = true
       FROM p
-     WHERE r.id = p.id AND NOT p.has_dependents
+     WHERE r.id = p.id
 )
-SELECT (SELECT status FROM p) AS status,
-       EXISTS (SELECT 1 FROM leasework.runs r WHERE r.id = %(parent)s) AS present
+SELECT status FROM p
 
 -- name: decide_children
 -- The blocked children of one ended parent, each locked (SKIP LOCKED: one another worker is

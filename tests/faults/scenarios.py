@@ -313,6 +313,7 @@ def kill_9_during_a_workflow(chaos: Chaos, kills: int = 4) -> None:
     dependent, callback = _enqueue_workflow(run)
     for _ in range(kills):
         time.sleep(run.rand.uniform(0.0, 0.8))  # a random moment, not a wait for a condition
+        run.ensure_work()  # the graph may have drained: work for the kill to land on
         run.kill_child()
     run.finish()
     _check_workflow(run, dependent, callback)

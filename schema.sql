@@ -567,8 +567,11 @@ $$;
 
 -- AFTER, with a WHEN: Postgres evaluates an AFTER ROW trigger's WHEN when it would queue the
 -- event, so for a run nothing waits for (has_dependents false: every run enqueued without
--- being waited on) no event is queued and no function runs. The WHEN is read for every update
--- of status, a column test.
+-- being waited on) no event is queued and no function runs. What it still costs such a run:
+-- for any AFTER ROW UPDATE trigger Postgres fetches the updated row's old version before it
+-- tests the column list and the WHEN (a heap fetch of a row the statement just read, on every
+-- update of runs: claim, renewal, seal), then the test itself, a column read. Not BEFORE: a
+-- BEFORE trigger locks each row first whatever its WHEN says (bench/README.md, issue 29).
 DROP TRIGGER IF EXISTS runs_parent_ended ON leasework.runs;
 CREATE TRIGGER runs_parent_ended
     AFTER UPDATE OF status ON leasework.runs

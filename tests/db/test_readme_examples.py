@@ -226,7 +226,7 @@ def test_the_workflows_examples_run_as_written(dsn: str, conn: Any) -> None:
     space: dict[str, Any] = {"app": app, "psycopg": psycopg, "dsn": dsn, "url": "https://x"}
     exec(depends, space)
     drain(app, conn)
-    assert app.get_run(conn, space["parse"])["result"] == {"words": 3}  # type: ignore[index]
+    assert app.get_run(conn, space["parsed"])["result"] == {"words": 3}  # type: ignore[index]
 
     @app.task("summarise")
     def summarise(ctx: Any, payload: Any) -> None:

@@ -15,7 +15,7 @@ from leasework import App, Client, ConfigError, Context
 from leasework.leases import lease
 from leasework.stages import deps
 from leasework.testing import drain
-from tests.conftest import shift_clock
+from tests.conftest import shift_clock, truncate_all
 
 Conn = psycopg.Connection[Any]
 
@@ -388,3 +388,59 @@ def test_a_deleted_runs_edges_go_with_it(app: App, conn: Conn) -> None:
     drain(app, conn)
     assert app.delete(conn, [b]).ids == [b]
     assert conn.execute("SELECT count(*) FROM leasework.run_deps").fetchone() == (0,)
+
+
+# -- the suite catches a broken deps stage (as tests/db/test_mutations.py does for lease.sql) ----
+
+
+def _waits_for_every_parent(app: App, conn: Conn) -> None:
+    a = app.enqueue(conn, "step", {"name": "a"})
+    b = app.enqueue(conn, "step", {"name": "b"})
+    j = app.enqueue(conn, "step", {"name": "j"}, after=[a, b])
+    lease.finish(conn, claim(conn), "succeeded")
+    deps.settle(conn, 100)
+    assert status(conn, j) == "blocked"
+
+
+def _cancel_policy_cancels(app: App, conn: Conn) -> None:
+    a = app.enqueue(conn, "step", {"name": "a"})
+    b = app.enqueue(conn, "step", {"name": "b"}, after=[a])
+    lease.finish(conn, claim(conn), "failed", error="no")
+    deps.settle(conn, 100)
+    assert status(conn, b) == "cancelled"
+
+
+def _marked_parent_records_its_end(app: App, conn: Conn) -> None:
+    p = app.enqueue(conn, "step", {"name": "p"})
+    held = claim(conn)
+    child = app.enqueue(conn, "step", {"name": "c"}, after=[p])  # p made elsewhere: marked later
+    deps.settle(conn, 100)
+    lease.finish(conn, held, "succeeded")
+    deps.settle(conn, 100)
+    assert status(conn, child) == "queued"
+
+
+@pytest.mark.parametrize(
+    ("query", "remove", "replace", "check"),
+    [
+        ("decide_children", "WHERE r.id = v.id AND v.open = 0", "WHERE r.id = v.id", _waits_for_every_parent),
+        ("decide_children", "WHERE NOT d.anyway AND p.status IN", "WHERE false AND p.status IN", _cancel_policy_cancels),
+        ("mark_parent", "SET has_dependents = true", "SET has_dependents = false", _marked_parent_records_its_end),
+    ],
+)
+def test_a_broken_deps_statement_is_caught(
+    app: App, conn: Conn, monkeypatch: pytest.MonkeyPatch, query: str, remove: str, replace: str,
+    check: Any,
+) -> None:
+    from importlib import resources
+
+    from leasework.queries import compact, parse
+
+    check(app, conn)
+    truncate_all(conn)
+    body = parse(resources.files("leasework.stages").joinpath("deps.sql").read_text())[query]
+    assert remove in body, "the mutation no longer applies: update this test"
+    mutant = compact(body.replace(remove, replace))
+    monkeypatch.setitem(deps.Q, query, mutant.encode() if isinstance(deps.Q[query], bytes) else mutant)
+    with pytest.raises(AssertionError):
+        check(app, conn)

@@ -30,13 +30,15 @@ LIMIT = 100
 ENDED = ("succeeded", "partial", "failed", "cancelled")
 
 
-def settle(conn: Conn, limit: int) -> int:
+def settle(conn: Conn, limit: int, skipped: list[int] | None = None) -> int:
     """One bounded step: up to `limit` parents taken from the inbox, each in a transaction of
     its own (a running parent's row, when it is marked, is locked only for that short
     transaction): marked if need be and, once ended, its blocked children decided; its inbox
     rows deleted unless a row lock someone held left it (or one of its children) undecided.
-    Returns how many parents were handled."""
-    skipped: list[int] = []
+    Returns how many parents were handled; `skipped` gets the parents left for the next step."""
+    if skipped is None:
+        skipped = []
+    skipped.clear()
     handled = decided = 0
     while handled + len(skipped) < limit:
         with conn.transaction():
@@ -74,11 +76,14 @@ class DepsStage:
 
     def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
+        self._skipped: list[int] = []  # parents the last step left: a row lock someone held
 
     def step(self, site: Site) -> int:
         with site.conns.pooled() as conn:
-            return settle(conn, self.limit)
+            return settle(conn, self.limit, self._skipped)
 
     def next_due(self, site: Site) -> float | None:
-        """Nothing is due until a NOTIFY names this stage (a parent ended, an enqueue waits)."""
-        return None
+        """Nothing is due until a NOTIFY names this stage (a parent ended, an enqueue waits),
+        unless the last step left a parent whose row, or a child's, someone held: then at the
+        next poll (0: unknown)."""
+        return 0.0 if self._skipped else None

@@ -85,7 +85,7 @@ END
 $$;
 
 -- The rule on a run's status and the columns that go with it, checked on every write of a run
--- (runs_state_valid, below): the status is one of the seven; running <=> the lease columns are
+-- (runs_state_valid, below): the status is one of the eight; running <=> the lease columns are
 -- set (lease_owner and lease_expires_at: every statement that moves a run out of `running` clears
 -- them, which is why the owner-scoped statements can match lease_owner alone); terminal <=>
 -- finished_at is set. `status` is not a domain, unlike the numeric columns: code of the release
@@ -106,7 +106,7 @@ RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
     RETURN status OPERATOR(pg_catalog.=) ANY (
-               '{waiting,queued,running,succeeded,partial,failed,cancelled}'::pg_catalog.text[])
+               '{blocked,waiting,queued,running,succeeded,partial,failed,cancelled}'::pg_catalog.text[])
        AND (status OPERATOR(pg_catalog.=) 'running')
            OPERATOR(pg_catalog.=) (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)
        AND (status OPERATOR(pg_catalog.=) ANY (
@@ -163,6 +163,10 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     -- The W3C traceparent of the span that enqueued the run, when tracing was on there
     -- (leasework.trace_run, below; README "Tracing"); NULL otherwise. (Migration 0025.)
     traceparent         text,
+    -- Dependencies (migration 0026, README "Workflows"): true once a run waits for this one
+    -- (leasework.run_deps), so that its end is recorded for the deps stage by the trigger
+    -- runs_parent_ended, whose WHEN reads this column: a run nothing waits for fires nothing.
+    has_dependents      boolean NOT NULL DEFAULT false,
     -- The status and the columns that go with it, one rule (leasework.run_state_valid, above).
     CONSTRAINT runs_state_valid CHECK (
         leasework.run_state_valid(status, lease_owner, lease_expires_at, finished_at))
@@ -519,6 +523,222 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                                          OPERATOR(pg_catalog.||) key END);
 $$;
 
+-- Dependencies (migration 0026, README "Workflows"). A run enqueued with `after` waits, status
+-- `blocked`, until every run it waits for (its parents) has ended; then the deps stage
+-- (leasework/stages/deps.sql) makes it `queued` (due now, or at its delay if later), or ends it
+-- `cancelled` when a parent ended `failed` or `cancelled` and the edge's policy is to cancel
+-- (`anyway` false, the default). A parent must exist when the child is enqueued, so there is no
+-- cycle. `member`: the parent is a member of the batch whose callback is `child` (counted in the
+-- callback's batch counts; an edge to the handler that opened the batch is not).
+-- Serves: leasework.enqueue_blocked, the deps stage, ctx.parents(), `leasework show`.
+CREATE TABLE IF NOT EXISTS leasework.run_deps (
+    child   bigint NOT NULL,
+    parent  bigint NOT NULL,
+    anyway  boolean NOT NULL DEFAULT false,
+    member  boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (child, parent)
+);
+
+-- A parent's children. Serves: decide_children (stages/deps.sql), `leasework show`.
+CREATE INDEX IF NOT EXISTS run_deps_by_parent ON leasework.run_deps (parent);
+
+-- The deps stage's inbox: a parent whose children may now be decided (it ended: the trigger
+-- runs_parent_ended) or whose end must be watched for (an enqueue after a run it did not make:
+-- the stage sets its has_dependents, which that enqueue must not do itself, since the lock of a
+-- running parent's row would hold its worker's renewal and seal until the enqueue commits). No
+-- unique constraint: a seal must never wait on an enqueue's uncommitted row of the same parent.
+CREATE TABLE IF NOT EXISTS leasework.run_deps_ended (
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    parent  bigint NOT NULL
+);
+
+-- A parent's inbox rows, taken together. Serves: take_parent (stages/deps.sql).
+CREATE INDEX IF NOT EXISTS run_deps_ended_by_parent ON leasework.run_deps_ended (parent);
+
+-- A run that something waits for ended: record it for the deps stage and wake it (at commit).
+-- SECURITY DEFINER: whoever ends the run (a worker, leasework.cancel for the enqueue role, an
+-- operator) need not write run_deps_ended itself.
+CREATE OR REPLACE FUNCTION leasework.parent_ended() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO leasework.run_deps_ended (parent) VALUES (NEW.id);
+    PERFORM pg_notify('leasework', 'leasework:deps');
+    RETURN NULL;
+END
+$$;
+
+-- AFTER, with a WHEN: Postgres evaluates an AFTER ROW trigger's WHEN when it would queue the
+-- event, so for a run nothing waits for (has_dependents false: every run enqueued without
+-- being waited on) no event is queued and no function runs. What it still costs such a run:
+-- for any AFTER ROW UPDATE trigger Postgres fetches the updated row's old version before it
+-- tests the column list and the WHEN (a heap fetch of a row the statement just read, on every
+-- update of runs: claim, renewal, seal), then the test itself, a column read. Not BEFORE: a
+-- BEFORE trigger locks each row first whatever its WHEN says (bench/README.md, issue 29).
+DROP TRIGGER IF EXISTS runs_parent_ended ON leasework.runs;
+CREATE TRIGGER runs_parent_ended
+    AFTER UPDATE OF status ON leasework.runs
+    FOR EACH ROW WHEN (NEW.has_dependents
+                       AND NEW.status IN ('succeeded', 'partial', 'failed', 'cancelled')
+                       AND OLD.status NOT IN ('succeeded', 'partial', 'failed', 'cancelled'))
+    EXECUTE FUNCTION leasework.parent_ended();
+
+-- leasework.enqueue with `after` (its arguments checked there already): a run that waits for the
+-- runs `after`. Refused with a key, exclusive, unique_for or debounce (a run that waits holds no
+-- key: one clear rule rather than a key held, or not, while its parents run). Every parent must
+-- exist. The run is inserted `blocked` while a parent has not ended; when all have, `queued`
+-- (due at its delay) or, a parent `failed` or `cancelled` under the cancel policy, `cancelled`
+-- at once. A parent this transaction made is marked has_dependents here (nobody else sees its
+-- row, so nobody can wait on it); every other unended parent gets a row in run_deps_ended, which
+-- the deps stage reads after this commits: it marks the parent, and decides this run if the
+-- parent ended meanwhile (its end may have committed before this run was visible).
+-- `on_parent_failure`: 'cancel' (default), 'run', or 'batch' (run anyway, and the parents are
+-- the members of the batch whose callback this run is: leasework.join_batch, below).
+CREATE OR REPLACE FUNCTION leasework.enqueue_blocked(
+    kind text, payload jsonb, key text, tenant text, "group" text, exclusive boolean,
+    priority integer, delay double precision, max_attempts integer,
+    lease_seconds double precision, timeout_seconds double precision, windowed boolean,
+    after bigint[], on_parent_failure text)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    run_id bigint;
+    missing bigint;
+    open_count bigint;
+    bad record;
+    new_status text;
+    anyway boolean;
+BEGIN
+    IF enqueue_blocked.on_parent_failure IS NULL THEN
+        enqueue_blocked.on_parent_failure := 'cancel';
+    ELSIF enqueue_blocked.on_parent_failure NOT IN ('cancel', 'run', 'batch') THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'on_parent_failure must be ''cancel'', ''run'' or ''batch'', got %s',
+            quote_literal(left(enqueue_blocked.on_parent_failure, 80)));
+    END IF;
+    anyway := enqueue_blocked.on_parent_failure IN ('run', 'batch');
+    IF enqueue_blocked.after IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'on_parent_failure needs after: the runs this run waits for';
+    END IF;
+    IF enqueue_blocked.key IS NOT NULL OR enqueue_blocked.exclusive
+       OR enqueue_blocked.windowed THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE =
+            'after cannot be combined with key, exclusive, unique_for or debounce: a run that '
+            'waits for other runs holds no key';
+    END IF;
+    IF cardinality(enqueue_blocked.after) > 10000
+       OR array_position(enqueue_blocked.after, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'after must be a list of at most 10000 run ids without NULL, got %s ids',
+            cardinality(enqueue_blocked.after));
+    END IF;
+    SELECT min(a) INTO missing
+      FROM unnest(enqueue_blocked.after) AS a
+     WHERE NOT EXISTS (SELECT 1 FROM leasework.runs r WHERE r.id = a);
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'after: there is no run %s (a run can only wait for runs that exist)', missing);
+    END IF;
+    SELECT count(*) FILTER (WHERE r.status NOT IN ('succeeded', 'partial', 'failed', 'cancelled'))
+      INTO open_count
+      FROM leasework.runs r WHERE r.id = ANY (enqueue_blocked.after);
+    SELECT r.id, r.status INTO bad
+      FROM leasework.runs r
+     WHERE r.id = ANY (enqueue_blocked.after) AND r.status IN ('failed', 'cancelled')
+     ORDER BY r.id LIMIT 1;
+    new_status := CASE WHEN open_count > 0 THEN 'blocked'
+                       WHEN bad.id IS NOT NULL AND NOT anyway THEN 'cancelled'
+                       ELSE 'queued' END;
+    INSERT INTO leasework.runs (kind, tenant, "group", priority, status, payload, max_attempts,
+                                lease_seconds, timeout_seconds, queued_at, finished_at, error)
+    VALUES (enqueue_blocked.kind, enqueue_blocked.tenant, enqueue_blocked."group",
+            enqueue_blocked.priority, new_status, enqueue_blocked.payload,
+            enqueue_blocked.max_attempts, enqueue_blocked.lease_seconds,
+            enqueue_blocked.timeout_seconds,
+            leasework.now() + make_interval(secs => enqueue_blocked.delay),
+            CASE WHEN new_status = 'cancelled' THEN leasework.now() END,
+            CASE WHEN new_status = 'cancelled'
+                 THEN format('run %s, which it waited for, ended %s', bad.id, bad.status) END)
+    RETURNING id INTO run_id;
+    INSERT INTO leasework.run_deps (child, parent, anyway, member)
+    SELECT DISTINCT run_id, a, anyway, enqueue_blocked.on_parent_failure = 'batch'
+      FROM unnest(enqueue_blocked.after) AS a;
+    IF open_count > 0 THEN
+        UPDATE leasework.runs r SET has_dependents = true
+         WHERE r.id = ANY (enqueue_blocked.after) AND NOT r.has_dependents
+           AND r.xmin = pg_current_xact_id()::xid;
+        INSERT INTO leasework.run_deps_ended (parent)
+        SELECT r.id FROM leasework.runs r
+         WHERE r.id = ANY (enqueue_blocked.after)
+           AND r.status NOT IN ('succeeded', 'partial', 'failed', 'cancelled')
+           AND r.xmin <> pg_current_xact_id()::xid;
+        IF FOUND THEN
+            PERFORM pg_notify('leasework', 'leasework:deps');
+        END IF;
+    ELSIF new_status = 'queued' THEN
+        PERFORM pg_notify('leasework', enqueue_blocked.kind);
+    END IF;
+    PERFORM set_config('leasework.enqueued_existing', 'false', true);
+    RETURN run_id;
+END
+$$;
+
+-- A batch (README "Workflows", "Batches") is a callback run that waits, under the policy
+-- 'batch' (run anyway; its parents counted as the batch's members), for its members; it is open
+-- while that callback is `blocked`. Run `run` joins batch `batch` (the callback's id): an edge
+-- `member`, made only while the callback is blocked, its row locked FOR NO KEY UPDATE (the deps
+-- stage takes it SKIP LOCKED, so it decides it only after this commits, counting `run`). Only
+-- a run that waits for nothing joins (so no cycle: a callback waits for its members, which wait
+-- for nothing). `run` is marked has_dependents when this transaction made it, else recorded for
+-- the deps stage (as leasework.enqueue_blocked does). SECURITY DEFINER: the enqueue role's way
+-- to add to a batch.
+CREATE OR REPLACE FUNCTION leasework.join_batch(batch bigint, run bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    callback_status text;
+    run_status text;
+BEGIN
+    SELECT r.status INTO callback_status
+      FROM leasework.runs r WHERE r.id = join_batch.batch FOR NO KEY UPDATE;
+    IF callback_status IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'there is no batch %s: no run has that id', join_batch.batch);
+    ELSIF callback_status <> 'blocked' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'batch %s is closed: its callback is %s (a run joins a batch only while its '
+            'callback waits)', join_batch.batch, callback_status);
+    END IF;
+    SELECT r.status INTO run_status FROM leasework.runs r WHERE r.id = join_batch.run;
+    IF run_status IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'there is no run %s to join batch %s', join_batch.run, join_batch.batch);
+    END IF;
+    IF join_batch.run = join_batch.batch
+       OR EXISTS (SELECT 1 FROM leasework.run_deps d WHERE d.child = join_batch.run) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+            'run %s waits for other runs: only a run without after joins a batch',
+            join_batch.run);
+    END IF;
+    INSERT INTO leasework.run_deps (child, parent, anyway, member)
+    VALUES (join_batch.batch, join_batch.run, true, true)
+    ON CONFLICT (child, parent) DO NOTHING;
+    IF run_status NOT IN ('succeeded', 'partial', 'failed', 'cancelled') THEN
+        UPDATE leasework.runs r SET has_dependents = true
+         WHERE r.id = join_batch.run AND NOT r.has_dependents
+           AND r.xmin = pg_current_xact_id()::xid;
+        IF NOT EXISTS (SELECT 1 FROM leasework.runs r
+                        WHERE r.id = join_batch.run AND r.xmin = pg_current_xact_id()::xid) THEN
+            INSERT INTO leasework.run_deps_ended (parent) VALUES (join_batch.run);
+            PERFORM pg_notify('leasework', 'leasework:deps');
+        END IF;
+    END IF;
+END
+$$;
+
 -- Why leasework.enqueue refuses its unique window and debounce arguments, or NULL when they are
 -- fine: the rules of leasework.tasks.check_windows, in the same order and words (ranges first,
 -- then what may not go together). Called only when one of them is given.
@@ -611,7 +831,10 @@ CREATE OR REPLACE FUNCTION leasework.enqueue(
     debounce double precision DEFAULT NULL,
     debounce_max double precision DEFAULT NULL,
     merge_into bigint DEFAULT NULL,
-    merge_seen integer DEFAULT NULL
+    merge_seen integer DEFAULT NULL,
+    -- Dependencies (migration 0026): leasework.enqueue_blocked, below.
+    after bigint[] DEFAULT NULL,
+    on_parent_failure text DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -710,6 +933,16 @@ BEGIN
     END IF;
     IF enqueue.tenant IS NOT NULL THEN
         INSERT INTO leasework.tenants (name) VALUES (enqueue.tenant) ON CONFLICT (name) DO NOTHING;
+    END IF;
+    -- A run that waits for others (migration 0026): its own function, so that nothing above or
+    -- below changes for a run without them.
+    IF enqueue.after IS NOT NULL OR enqueue.on_parent_failure IS NOT NULL THEN
+        RETURN leasework.enqueue_blocked(
+            enqueue.kind, enqueue.payload, enqueue.key, enqueue.tenant, enqueue."group",
+            enqueue.exclusive, enqueue.priority::integer, enqueue.delay,
+            enqueue.max_attempts::integer, enqueue.lease_seconds, enqueue.timeout_seconds,
+            enqueue.unique_for IS NOT NULL OR enqueue.debounce IS NOT NULL,
+            enqueue.after, enqueue.on_parent_failure);
     END IF;
     -- Without a key nothing can conflict: a plain INSERT, not the ON CONFLICT one below, whose
     -- speculative insertion takes and releases a lock per row. An enqueue's time counts in its
@@ -980,8 +1213,9 @@ BEGIN
 END
 $$;
 
--- Cancel from SQL, and App.cancel: the enqueue role's only write to an existing run. A queued or
--- waiting run is cancelled at once; a running one gets cancel_requested_at, which its worker's
+-- Cancel from SQL, and App.cancel: the enqueue role's only write to an existing run. A queued,
+-- waiting or blocked run is cancelled at once (what waits on it is then decided by the deps stage,
+-- migration 0026); a running one gets cancel_requested_at, which its worker's
 -- control query sees (and which stops any reclaim); a finished one is left as it is. Returns the
 -- run's status afterwards, or NULL when there is no such run. SECURITY DEFINER (see enqueue).
 CREATE OR REPLACE FUNCTION leasework.cancel(run_id bigint) RETURNS text
@@ -991,13 +1225,14 @@ DECLARE
     result text;
 BEGIN
     UPDATE leasework.runs
-       SET status = CASE WHEN status IN ('waiting', 'queued') THEN 'cancelled' ELSE status END,
-           finished_at = CASE WHEN status IN ('waiting', 'queued') THEN leasework.now()
-                              ELSE finished_at END,
-           error = CASE WHEN status IN ('waiting', 'queued') THEN 'cancelled before it started'
-                        ELSE error END,
+       SET status = CASE WHEN status IN ('blocked', 'waiting', 'queued') THEN 'cancelled'
+                         ELSE status END,
+           finished_at = CASE WHEN status IN ('blocked', 'waiting', 'queued')
+                              THEN leasework.now() ELSE finished_at END,
+           error = CASE WHEN status IN ('blocked', 'waiting', 'queued')
+                        THEN 'cancelled before it started' ELSE error END,
            cancel_requested_at = coalesce(cancel_requested_at, leasework.now())
-     WHERE id = cancel.run_id AND status IN ('waiting', 'queued', 'running')
+     WHERE id = cancel.run_id AND status IN ('blocked', 'waiting', 'queued', 'running')
     RETURNING status INTO result;
     IF result IS NULL THEN
         SELECT status INTO result FROM leasework.runs WHERE id = cancel.run_id;
@@ -1010,8 +1245,13 @@ $$;
 -- default; a SECURITY DEFINER one must not be).
 REVOKE EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean,
     double precision, double precision, double precision, double precision, double precision,
-    double precision, double precision, double precision, bigint, integer)
+    double precision, double precision, double precision, bigint, integer, bigint[], text)
     FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION leasework.enqueue_blocked(text, jsonb, text, text, text, boolean,
+    integer, double precision, integer, double precision, double precision, boolean, bigint[],
+    text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION leasework.parent_ended() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION leasework.join_batch(bigint, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.debounce_pending(text, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.cancel(bigint) FROM PUBLIC;
 
@@ -1341,7 +1581,9 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- Deleted runs (pruning, `leasework delete`, or the user's own DELETE) hand their counts over to
--- leasework.counters in the same transaction. Statement-level: one call per DELETE.
+-- leasework.counters in the same transaction. Statement-level: one call per DELETE. The edges of
+-- a deleted run that waited for others go with it (migration 0026; run_deps' primary key); an
+-- edge whose parent is deleted stays until its child is (the child counts it as ended well).
 CREATE OR REPLACE FUNCTION leasework.runs_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -1354,6 +1596,7 @@ BEGIN
                 '[]'::jsonb)
            FROM gone),
         true);
+    DELETE FROM leasework.run_deps d USING gone WHERE d.child = gone.id;
     RETURN NULL;
 END
 $$;

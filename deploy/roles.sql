@@ -61,11 +61,13 @@ GRANT USAGE ON SCHEMA leasework TO leasework_enqueue;
 GRANT SELECT ON leasework.schema_version TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean,
     double precision, double precision, double precision, double precision, double precision,
-    double precision, double precision, double precision, bigint, integer)
+    double precision, double precision, double precision, bigint, integer, bigint[], text)
     TO leasework_enqueue;
 -- The first half of a debounce_merge (a pending payload of a key this role could debounce).
 GRANT EXECUTE ON FUNCTION leasework.debounce_pending(text, text, text) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.cancel(bigint) TO leasework_enqueue;
 -- The enqueuing span's traceparent, written into the run it just made (README "Tracing").
 GRANT EXECUTE ON FUNCTION leasework.trace_run(bigint, text) TO leasework_enqueue;
+-- Add a run to an open batch (README "Workflows").
+GRANT EXECUTE ON FUNCTION leasework.join_batch(bigint, bigint) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.now() TO leasework_enqueue;

@@ -18,6 +18,7 @@ from .errors import ConfigError, LeaseworkError, UnknownKind
 from .handles import TaskHandle, check_handler, is_async, prepare_handler
 from .queries import load
 from .stages.async_runs import AsyncRunsStage
+from .stages.deps import DepsStage
 from .stages.maintenance import MaintenanceSettings, MaintenanceStage, Pruner
 from .stages.runs import RunsSettings, RunsStage
 from .stages.schedule import ScheduleSettings, ScheduleStage
@@ -37,6 +38,7 @@ from .tasks import (
     check_windows,
 )
 from .workers.stage import Stage
+from .workflows import Batch, Workflow, batch_options
 
 Q = load("leasework", "runs.sql")
 P = ParamSpec("P")
@@ -351,7 +353,7 @@ class App(Client):
 
     def stages(self, config: Config | None = None) -> list[Stage]:
         """The stages a worker of this app polls, in order: schedule, runs, async (when a task
-        is `async def`), each family's, maintenance."""
+        is `async def`), each family's, deps (runs waiting for others), maintenance."""
         config = config or self.config
         unknown = config.unknown(self.sections())
         if unknown:  # a key of a section neither the config nor this app knows: a misspelling
@@ -377,6 +379,7 @@ class App(Client):
             stages.append(AsyncRunsStage(self, config))
         for family in families:
             stages.extend(family.stages(config))
+        stages.append(DepsStage())
         pruners = [p for family in families for p in family.pruners()]
         stages.append(MaintenanceStage(config, extra=pruners, kinds=self.kinds()))
         return stages
@@ -399,6 +402,25 @@ class App(Client):
             w.debounce_max,
             w.debounce_merge,
         )
+
+    # -- workflows (README "Workflows") --------------------------------------------------------
+
+    def workflow(self) -> Workflow:
+        """A graph of runs to enqueue in one transaction (chains, groups, joins, named nodes):
+        `wf.add(...)`, `wf.group(...)`, `wf.chain(...)`, then `wf.enqueue(conn)` -> {name: id}."""
+        return Workflow(self)
+
+    def batch(self, kind: str, payload: Any = None, **options: Unpack[EnqueueOptions]) -> Batch:
+        """A batch whose callback is a run of `kind` (enqueued by `close`, or by `open` in a
+        handler): `batch.add(conn, kind, payload)` for each member."""
+        self.defaults(kind)
+        return Batch(self, kind, payload, batch_options(options))
+
+    def batch_of(self, batch_id: int) -> Batch:
+        """The batch whose callback is run `batch_id`, to add members to while it is open."""
+        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 1:
+            raise ConfigError(f"batch id must be a positive integer (its callback's run id), got {batch_id!r}")
+        return Batch(self, "", None, {}, id=batch_id)
 
     def get_run(self, conn: Conn, run_id: int) -> dict[str, Any] | None:
         with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:

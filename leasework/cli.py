@@ -845,6 +845,7 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         now = operations.db_now(conn)
         if run is not None:
             run["held_back"] = operations.held_back(conn, args.run_id)
+            run["dependencies"] = operations.dependencies(conn, args.run_id)
     if run is None:
         raise ConfigError(f"no run with id {args.run_id} (it may have been pruned)")
     if args.json:
@@ -916,6 +917,7 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         )
         out.extend("  " + line for line in text.splitlines())
 
+    out.extend(_dependency_lines(run.get("dependencies")))
     block("payload", run["payload"])
     if run["result"] is not None:
         block("result", run["result"])
@@ -946,6 +948,29 @@ def render_run(run: dict[str, Any], now: Any) -> str:
     # Every value from the database is shown with its control characters escaped (as `status`
     # does): an error text or a payload cannot move the cursor or forge a line.
     return "\n".join(terminal_safe(line) for line in out) + "\n"
+
+
+def _dependency_lines(found: dict[str, Any] | None) -> list[str]:
+    """What `show` says of a run's parents, children and graph (README "Workflows")."""
+    if not found or not (found["parents"] or found["children"]):
+        return []
+    out = [""]
+    for title in ("parents", "children"):
+        rows = found[title]
+        if not rows:
+            continue
+        out.append(f"{title} ({len(rows)}):")
+        for r in rows:
+            notes = [f"on failure: {r['on_failure']}"]
+            if r["member"]:
+                notes.append("batch member")
+            out.append(f"  #{r['id']:<8} {r['kind'] or '-'!s:<24} {r['status']:<10} {', '.join(notes)}")
+    graph = found.get("graph") or {}
+    if graph:
+        total = sum(graph.values())
+        parts = ", ".join(f"{n} {s}" for s, n in sorted(graph.items()))
+        out.append(f"graph: {total} runs: {parts}")
+    return out
 
 
 def _windows_lines(run: dict[str, Any]) -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@ kinds. Imports no handler, no stage and no worker: a web process enqueues with i
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 import psycopg
@@ -18,12 +18,14 @@ from .errors import ConfigError, LeaseworkError, NotFound, WrongConnection
 from .queries import load
 from .tasks import (
     DEFAULT_TIMEOUT,
+    After,
     Enqueued,
     EnqueueOptions,
     ManyOptions,
     Merge,
     Windows,
     accept_options,
+    check_after,
     check_attempts,
     check_key,
     check_kind,
@@ -97,6 +99,7 @@ class _Many:
     keys: list[str | None] | None
     windows: Windows
     payloads: Sequence[Any]  # as given (a debounce_merge merges these)
+    after: After = field(default_factory=After)  # the runs every payload's run waits for (README "Workflows")
 
     def keyed_params(self) -> dict[str, Any]:
         return {**self.common, "payloads": [p.decode() for p in self.encoded], "keys": self.keys}
@@ -116,6 +119,22 @@ class _Many:
                 "merge_seen": None,
             }
             yield _One(params, self.windows.debounce_merge, body)
+
+    def waiting(self, client: Client) -> Iterator[_One]:
+        """Each payload as an enqueue of one run that waits for `after` (enqueue_after)."""
+        for payload in self.payloads:
+            body = payload if payload is not None else {}
+            params = {
+                **self.common,
+                "key": None,
+                "exclusive": False,
+                "payload": Jsonb(body, dumps=client._dumps),
+                "merge_into": None,
+                "merge_seen": None,
+                "after": self.after.parents,
+                "on_parent_failure": self.after.on_parent_failure,
+            }
+            yield _One(params)
 
     def copy_rows(self, ids: Sequence[int], due: Any) -> Iterator[tuple[Any, ...]]:
         c = self.common
@@ -211,6 +230,12 @@ def _merged(client: Client, one: _One) -> Generator[Step, Any, Enqueued]:
     )
 
 
+def _statement(one: _One) -> bytes:
+    """enqueue_run, or enqueue_after for a run that waits for others: a run without them sends
+    the statement it always sent."""
+    return Q["enqueue_after"] if "after" in one.params else Q["enqueue_run"]
+
+
 def _check_run_id(run_id: object) -> int:
     if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id < 2**63:
         raise ConfigError(f"run id must be a positive 64-bit integer, got {run_id!r}")
@@ -290,7 +315,13 @@ class Client:
             kind=kind,
             task=defaults.windows,
         )
-        params = {
+        after = check_after(options)
+        if after.parents is not None and (opts.key is not None or opts.exclusive or windows.any):
+            raise ConfigError(
+                "after cannot be combined with key, exclusive, unique_for or debounce: a run "
+                f"that waits for other runs holds no key (enqueue {kind!r} without them)"
+            )
+        params: dict[str, Any] = {
             "kind": kind,
             "key": opts.key,
             "tenant": opts.tenant,
@@ -308,6 +339,9 @@ class Client:
             "merge_into": None,
             "merge_seen": None,
         }
+        if after.parents is not None:  # the statement of a run that waits (enqueue_after)
+            params["after"] = after.parents
+            params["on_parent_failure"] = after.on_parent_failure
         self._dumps(body)  # refuse before touching the database
         return _One(params, windows.debounce_merge, body)
 
@@ -345,6 +379,12 @@ class Client:
                 else "",
                 task=defaults.windows,
             )
+        after = check_after(options)
+        if after.parents is not None and (any(k is not None for k in keys or ()) or windows.any):
+            raise ConfigError(
+                "after cannot be combined with keys, unique_for or debounce: a run that waits "
+                f"for other runs holds no key (enqueue {kind!r} without them)"
+            )
         common = {
             "kind": kind,
             "tenant": opts.tenant,
@@ -358,7 +398,7 @@ class Client:
             "debounce": windows.debounce,
             "debounce_max": windows.debounce_max,
         }
-        return _Many(common, encoded, checked_keys, windows, given)
+        return _Many(common, encoded, checked_keys, windows, given, after)
 
     # -- enqueue --------------------------------------------------------------------------------
 
@@ -399,7 +439,7 @@ class Client:
         """enqueue_run, or the statements of a debounce_merge (_merged), on `c`; then, when the
         caller is in a span (tracing, README "Tracing"), its traceparent into a new run."""
         if one.merge is None:
-            done = _enqueued(c.execute(Q["enqueue_run"], one.params).fetchone())
+            done = _enqueued(c.execute(_statement(one), one.params).fetchone())
         else:
             steps = _merged(self, one)
             query, params = next(steps)
@@ -419,7 +459,7 @@ class Client:
     async def _send_async(self, c: AConn, one: _One) -> Enqueued:
         """`_send` on an AsyncConnection: the same statements, awaited."""
         if one.merge is None:
-            cur = await c.execute(Q["enqueue_run"], one.params)
+            cur = await c.execute(_statement(one), one.params)
             done = _enqueued(await cur.fetchone())
         else:
             steps = _merged(self, one)
@@ -496,6 +536,8 @@ class Client:
         many = self._many(kind, payloads, options)
         if not many.encoded:
             return []
+        if many.after.parents is not None:
+            return [self._send(c, one).run_id for one in many.waiting(self)]
         if many.windows.any:
             return self._trace_many(c, self._each(c, many))
         if many.common["tenant"] is not None:
@@ -535,6 +577,8 @@ class Client:
         many = self._many(kind, payloads, options)
         if not many.encoded:
             return []
+        if many.after.parents is not None:
+            return [(await self._send_async(c, one)).run_id for one in many.waiting(self)]
         if many.windows.any:
             return await self._trace_many_async(c, await self._each_async(c, many))
         if many.common["tenant"] is not None:

@@ -23,8 +23,17 @@ from .text import label_problem
 Q = load("leasework", "operations.sql")
 Conn = psycopg.Connection[Any]
 
-STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
-LIVE = frozenset({"waiting", "queued", "running"})
+STATUSES = (
+    "blocked",
+    "waiting",
+    "queued",
+    "running",
+    "succeeded",
+    "partial",
+    "failed",
+    "cancelled",
+)
+LIVE = frozenset({"blocked", "waiting", "queued", "running"})
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
 RETRYABLE = ("failed", "cancelled", "partial")
 MAX_PAGE = 1000
@@ -206,6 +215,25 @@ def get_run(conn: Conn, run_id: int) -> dict[str, Any] | None:
         return cur.execute(Q["get_run"], {"id": run_id}).fetchone()
 
 
+GRAPH_MAX = 10_000  # runs of a graph counted, parents or children listed, at most
+
+
+def dependencies(conn: Conn, run_id: int) -> dict[str, Any]:
+    """A run's place in its graph (README "Workflows"): `parents` (the runs it waits or waited
+    for) and `children` (the runs that wait or waited for it), each {id, kind, status,
+    on_failure, member}; `graph`: {status: runs} over every run linked to it by dependencies,
+    either way (empty for a run without any)."""
+    (run_id,) = check_ids([run_id])
+    params = {"id": run_id, "limit": GRAPH_MAX}
+    with conn.cursor(row_factory=dict_row) as cur:
+        parents = cur.execute(Q["run_parents"], params).fetchall()
+        children = cur.execute(Q["run_children"], params).fetchall()
+        graph = {} if not (parents or children) else {
+            r["status"]: int(r["runs"]) for r in cur.execute(Q["run_graph"], params)
+        }
+    return {"parents": parents, "children": children, "graph": graph}
+
+
 def held_back(conn: Conn, run_id: int) -> list[dict[str, Any]]:
     """Why a queued run is not being claimed now, one entry per rule holding it (empty: nothing
     does; a worker takes it when one is free), each {"reason": ..., ...}: `not_due` (until),
@@ -220,6 +248,9 @@ def held_back(conn: Conn, run_id: int) -> list[dict[str, Any]]:
         return []
     if r["status"] == "waiting":
         return [{"reason": "waiting", "detail": "an active run of its key: it waits its turn"}]
+    if r["status"] == "blocked":
+        open_ = [p["id"] for p in dependencies(conn, run_id)["parents"] if p["status"] in LIVE]
+        return [{"reason": "blocked", "parents": open_}]
     if r["status"] != "queued":
         return []
     out: list[dict[str, Any]] = []

@@ -240,3 +240,43 @@ SELECT r.status, r.queued_at, r.tenant, r."group", r.exclusive,
   FROM leasework.runs r
   LEFT JOIN leasework.kind_limits l ON l.kind = r.kind
  WHERE r.id = %(id)s
+
+-- name: run_parents
+-- The runs a run waits (or waited) for, with the policy of each edge (README "Workflows").
+-- Serves: `leasework show`, the dashboard's run page.
+SELECT d.parent AS id, p.kind, coalesce(p.status, 'pruned') AS status,
+       CASE WHEN d.anyway THEN 'run' ELSE 'cancel' END AS on_failure, d.member
+  FROM leasework.run_deps d
+  LEFT JOIN leasework.runs p ON p.id = d.parent
+ WHERE d.child = %(id)s
+ ORDER BY d.parent
+ LIMIT %(limit)s
+
+-- name: run_children
+-- The runs that wait (or waited) for a run (run_deps_by_parent).
+SELECT d.child AS id, c.kind, coalesce(c.status, 'pruned') AS status,
+       CASE WHEN d.anyway THEN 'run' ELSE 'cancel' END AS on_failure, d.member
+  FROM leasework.run_deps d
+  LEFT JOIN leasework.runs c ON c.id = d.child
+ WHERE d.parent = %(id)s
+ ORDER BY d.child
+ LIMIT %(limit)s
+
+-- name: run_graph
+-- The state of a run's graph: the runs linked to it by dependencies, either way, transitively
+-- (at most %(limit)s), counted by status. No row for a run without dependencies.
+WITH RECURSIVE linked(id) AS (
+    SELECT %(id)s::bigint
+    UNION
+    SELECT CASE WHEN d.child = l.id THEN d.parent ELSE d.child END
+      FROM linked l
+      JOIN leasework.run_deps d ON d.child = l.id OR d.parent = l.id
+), bounded AS (
+    SELECT id FROM linked LIMIT %(limit)s
+)
+SELECT coalesce(r.status, 'pruned') AS status, count(*) AS runs
+  FROM bounded b
+  LEFT JOIN leasework.runs r ON r.id = b.id
+ GROUP BY 1
+HAVING (SELECT count(*) FROM bounded) > 1
+ ORDER BY 1

@@ -104,3 +104,18 @@ SELECT count(*) FILTER (WHERE leasework.trace_run(id, %(traceparent)s::text))
 -- A worker that traces reads the traceparents of the runs it is about to start (not returned by
 -- the claim, which every worker would pay for; README "Tracing").
 SELECT id, traceparent FROM leasework.runs WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: enqueue_after
+-- enqueue_run for a run that waits for others (README "Workflows"): leasework.enqueue with
+-- `after` and `on_parent_failure` (leasework.enqueue_blocked, schema.sql); no key, exclusive or
+-- window (refused). A run without `after` is sent by enqueue_run, unchanged.
+SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, NULL::text, %(tenant)s::text,
+                         %(group)s::text, false, %(priority)s::integer, %(delay)s::float8,
+                         %(max_attempts)s::integer, %(lease)s::float8, %(timeout)s::float8,
+                         after => %(after)s::bigint[],
+                         on_parent_failure => %(on_parent_failure)s::text) AS id,
+       'false' AS existing
+
+-- name: join_batch
+-- A run joins an open batch (leasework.join_batch, schema.sql; README "Workflows").
+SELECT leasework.join_batch(%(batch)s::bigint, %(run)s::bigint)

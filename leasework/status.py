@@ -448,6 +448,10 @@ def held_back_lines(held: Sequence[dict[str, Any]], now: Any) -> list[str]:
             out.append(f"exclusive: waits for {h['running']} running run(s) of tenant {h['tenant']}")
         elif reason == "waiting":
             out.append("waiting for its key's active run to end")
+        elif reason == "blocked":
+            ids = ", ".join(f"#{i}" for i in h["parents"][:20])
+            more = f" and {len(h['parents']) - 20} more" if len(h["parents"]) > 20 else ""
+            out.append(f"blocked: waits for {ids}{more} to end" if ids else "blocked: deciding")
     return out
 
 
@@ -495,7 +499,16 @@ def render(snap: dict[str, Any]) -> str:
             f"{p['busy']} busy; claims {kinds}"[:80]
         )
     out.append("")
-    order = ["waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled"]
+    order = [
+        "blocked",
+        "waiting",
+        "queued",
+        "running",
+        "succeeded",
+        "partial",
+        "failed",
+        "cancelled",
+    ]
     totals = snap["runs_by_status"]
     counts = [
         f"{s}\u00a0{totals.get(s, 0)}" for s in order

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypedDict, Unpack
@@ -371,14 +371,24 @@ class _WindowOptions(TypedDict, total=False):
     debounce_merge: Merge | None  # merge(old, new) payloads, in place of replacing the old one
 
 
-class EnqueueOptions(_KeyOption, _RunOptions, _OrderOptions, _WindowOptions, total=False):
+class _DepOptions(TypedDict, total=False):
+    # Dependencies (README "Workflows"): the run waits (`blocked`) until every run in `after` has
+    # ended; a parent that ended `failed` or `cancelled` then cancels it (on_parent_failure
+    # "cancel", the default) or not ("run"). No key, exclusive, unique_for or debounce with it.
+    after: Sequence[int] | None
+    on_parent_failure: str | None
+
+
+class EnqueueOptions(
+    _KeyOption, _RunOptions, _OrderOptions, _WindowOptions, _DepOptions, total=False
+):
     """The options of an enqueue of one run (`Client.enqueue` and its variants, a task's
     `.configure`, `Family.enqueue`); their defaults are `Options`' (the windows': the task's)."""
 
     exclusive: bool  # wait while the key is busy rather than return its run
 
 
-class ManyOptions(_RunOptions, _OrderOptions, _WindowOptions, total=False):
+class ManyOptions(_RunOptions, _OrderOptions, _WindowOptions, _DepOptions, total=False):
     """The options of `Client.enqueue_many`: one key per payload rather than one key."""
 
     keys: Sequence[str | None] | None
@@ -440,6 +450,49 @@ def check_options(given: Mapping[str, Any], *, reserved: bool = False) -> Option
         max_attempts=check_attempts(get("max_attempts")),
         delay=check_seconds("delay", get("delay"), allow_zero=True) or 0.0,
     )
+
+
+# "batch": run anyway, the parents counted as the members of the batch whose callback this is
+# (what app.batch gives its callback; README "Workflows").
+ON_PARENT_FAILURE = ("cancel", "run", "batch")
+
+
+@dataclass(frozen=True)
+class After:
+    """The dependency options as checked (check_after): the parents' ids, or None (no
+    dependency), and the policy when a parent fails or is cancelled (None: "cancel")."""
+
+    parents: list[int] | None = None
+    on_parent_failure: str | None = None
+
+
+def check_after(given: Mapping[str, Any]) -> After:
+    """`after` and `on_parent_failure` checked: a list of run ids (an int each, or anything with
+    an int `run_id`, such as Enqueued), and "cancel" or "run"; ConfigError names a bad one."""
+    after = given.get("after")
+    policy = given.get("on_parent_failure")
+    if policy is not None and policy not in ON_PARENT_FAILURE:
+        raise ConfigError(
+            f"on_parent_failure must be 'cancel', 'run' or 'batch', got {policy!r}"
+        )
+    if after is None:
+        if policy is not None:
+            raise ConfigError("on_parent_failure needs after: the runs this run waits for")
+        return After()
+    if isinstance(after, str | bytes | int) or not isinstance(after, Iterable):
+        raise ConfigError(f"after must be a list of run ids, got {type(after).__name__}")
+    parents: list[int] = []
+    for item in after:
+        run_id = getattr(item, "run_id", item)
+        if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id < 2**63:
+            raise ConfigError(f"after must be a list of run ids (positive integers), got {item!r}")
+        parents.append(run_id)
+    if len(parents) > AFTER_MAX:
+        raise ConfigError(f"after takes at most {AFTER_MAX} run ids, got {len(parents)}")
+    return After(parents, policy)
+
+
+AFTER_MAX = 10_000  # leasework.enqueue_blocked's bound too
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from .leases import lease
 from .leases.lease import Claim
 from .operations import STATUSES
 from .queries import load
+from .stages import deps
 from .tasks import RunTaskOptions, accept_options, check_label
 from .workers.worker import Worker, new_worker_id
 
@@ -204,7 +205,8 @@ class Runner:
         max_runs: int = 1000,
     ) -> Drained:
         """Run due runs of `kinds` (default: every task kind of the app), one at a time, until
-        none is due; waiting runs whose key went idle are promoted on the way. With
+        none is due; waiting runs whose key went idle are promoted on the way, and runs that
+        wait for others decided once these have ended (the `deps` stage's step). With
         `jump_delays`, delayed runs (a `delay`, a retry's backoff) are made due one due time
         after another, as if time had moved on, until none is left. Runs other kinds never.
         Raises LeaseworkError past `max_runs` attempts (a task that re-enqueues itself)."""
@@ -227,6 +229,8 @@ class Runner:
                 continue
             ended, promoted = lease.expire_and_promote(self._main, 100)
             if ended or promoted:
+                continue
+            if deps.settle(self._main, deps.LIMIT):  # runs whose parents ended: decided
                 continue
             if (
                 jump_delays

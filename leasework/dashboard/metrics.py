@@ -26,7 +26,16 @@ from ..text import visible
 Q = load("leasework.dashboard", "dashboard.sql")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
+STATUSES = (
+    "blocked",
+    "waiting",
+    "queued",
+    "running",
+    "succeeded",
+    "partial",
+    "failed",
+    "cancelled",
+)
 OUTCOMES = ("succeeded", "partial", "failed", "cancelled")
 # leasework.attempt_outcome (schema.sql): how an attempt ended.
 ATTEMPT_OUTCOMES = (

@@ -44,8 +44,17 @@ class View:
 
 PLAIN = View()
 
-STATUS_ORDER = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
-LIVE_STATUSES = frozenset({"waiting", "queued", "running"})
+STATUS_ORDER = (
+    "blocked",
+    "waiting",
+    "queued",
+    "running",
+    "succeeded",
+    "partial",
+    "failed",
+    "cancelled",
+)
+LIVE_STATUSES = frozenset({"blocked", "waiting", "queued", "running"})
 REFRESH_SECONDS = 5
 
 CSS = """\
@@ -679,6 +688,7 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
     parts = [
         f'<section id="run"><h2>Run #{esc(rid)}</h2><dl>{dl}</dl></section>',
         _run_actions(run, v),
+        _dependencies_section(run.get("dependencies"), v),
         _history_section(run.get("history"), run, now),
         _tables_section(run.get("result")),
     ]
@@ -705,9 +715,38 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
     return layout(f"run #{rid}", "".join(parts), refresh=REFRESH_SECONDS if live else None, v=v)
 
 
+def _dependencies_section(found: Mapping[str, Any] | None, v: View) -> str:
+    """A run's parents and children, each linked, with its status and the policy of the edge,
+    and its graph's runs by status (README "Workflows"); nothing for a run without any."""
+    if not found or not (found.get("parents") or found.get("children")):
+        return ""
+    parts = ['<section id="dependencies"><h2>Dependencies</h2>']
+    graph = found.get("graph") or {}
+    if graph:
+        counts = ", ".join(f"{esc(n)} {esc(s)}" for s, n in sorted(graph.items()))
+        parts.append(f"<p>graph: {esc(sum(graph.values()))} runs: {counts}</p>")
+    for title in ("parents", "children"):
+        rows = found.get(title) or []
+        if not rows:
+            continue
+        body = "".join(
+            f"<tr><td>{run_link(r.get('id'), v)}</td><td>{esc(r.get('kind') or '')}</td>"
+            f"<td>{status_badge(r.get('status'))}</td><td>{esc(r.get('on_failure'))}</td>"
+            f"<td>{'yes' if r.get('member') else ''}</td></tr>"
+            for r in rows
+        )
+        parts.append(
+            f'<p class="deps-title">{esc(title)}</p><table class="{esc(title)}"><thead><tr><th>run</th><th>kind</th>'
+            f"<th>status</th><th>on failure</th><th>batch member</th></tr></thead>"
+            f"<tbody>{body}</tbody></table>"
+        )
+    parts.append("</section>")
+    return "".join(parts)
+
+
 # -- actions: POST forms carrying the CSRF token, drawn only when actions are on ---------------
 
-CANCELLABLE = frozenset({"waiting", "queued", "running"})
+CANCELLABLE = frozenset({"blocked", "waiting", "queued", "running"})
 RETRYABLE = frozenset({"failed", "cancelled", "partial"})
 TERMINAL = frozenset({"succeeded", "partial", "failed", "cancelled"})
 

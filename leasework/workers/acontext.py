@@ -27,6 +27,8 @@ from ..leases import lease
 from ..leases.lease import Claim
 from .context import RunFacts
 from .keeper import Held
+from .parents import QUERY as PARENTS
+from .parents import Parents, parents_of
 
 AConn = psycopg.AsyncConnection[Any]
 
@@ -71,6 +73,7 @@ class AsyncContext(RunFacts):
         super().__init__(claim, held, clock)
         self._runner = runner
         self._tx_conn: AConn | None = None
+        self._parents: Parents | None = None
         # The task running the handler (set by the executor). Cancelled at most once, never while
         # leasework's own statements are in flight (`_shield` > 0 defers it).
         self.task: asyncio.Task[Any] | None = None
@@ -164,6 +167,17 @@ class AsyncContext(RunFacts):
         self._processed = processed
         if total is not None:
             self._total = total
+
+    # -- dependencies -----------------------------------------------------------------------
+
+    async def parents(self) -> Parents:
+        """`Context.parents`, awaited: the runs this run waited for, one query on the first
+        call."""
+        if self._parents is None:
+            async with self.connection() as conn:
+                cur = await conn.execute(PARENTS, {"id": self.claim.id})
+                self._parents = parents_of(await cur.fetchall())
+        return self._parents
 
     # -- effects ----------------------------------------------------------------------------
 

@@ -25,6 +25,8 @@ from ..leases import lease
 from ..leases.lease import Claim
 from .connections import Connections
 from .keeper import AbortSignal, Held, Keeper
+from .parents import QUERY as PARENTS
+from .parents import Parents, parents_of
 
 Conn = psycopg.Connection[Any]
 
@@ -146,6 +148,7 @@ class Context(RunFacts):
         super().__init__(claim, held, clock)
         self._runner = runner
         self._tx_conn: Conn | None = None
+        self._parents: Parents | None = None
         self.interruptible = False  # the handler's own code runs (interruptions land only then)
 
     # -- control ----------------------------------------------------------------------------
@@ -235,6 +238,17 @@ class Context(RunFacts):
         self._processed = processed
         if total is not None:
             self._total = total
+
+    # -- dependencies -----------------------------------------------------------------------
+
+    def parents(self) -> Parents:
+        """The runs this run waited for (`after=`; a batch's members for its callback), each
+        with its kind, final status, result and error, by id; `.counts` for a batch's callback.
+        One query, on the first call (README "Workflows")."""
+        if self._parents is None:
+            with self.connection() as conn:
+                self._parents = parents_of(conn.execute(PARENTS, {"id": self.claim.id}))
+        return self._parents
 
     # -- effects ----------------------------------------------------------------------------
 

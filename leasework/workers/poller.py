@@ -124,9 +124,12 @@ class Poller:
                 self.idle_until.pop(stage.name, None)
 
     def stage_for(self, payload: str | None) -> str | None:
-        """The stage a NOTIFY's payload wakes (a task kind, or `upload`); None if none does, or
-        if it names a kind this worker's pool does not claim."""
-        if payload is None or not self.worker.serves(payload):
+        """The stage a NOTIFY's payload wakes (a task kind, `upload`, or one of leasework's own
+        under `leasework:`, which every pool's workers take: `leasework:deps`); None if none
+        does, or if it names a kind this worker's pool does not claim."""
+        if payload is None:
+            return None
+        if not payload.startswith("leasework:") and not self.worker.serves(payload):
             return None
         for stage in self.stages:
             if payload in stage.wakes:

@@ -367,3 +367,21 @@ def test_worker_with_a_bad_database_fails_in_one_line_within_seconds(
     with ThreadPoolExecutor(max_workers=len(cases)) as pool:
         failures = [f for f in pool.map(attempt, cases) if f]
     assert not failures, "\n".join(failures)
+
+
+def test_show_lists_a_runs_parents_children_and_graph(conn: Conn, cli: Any) -> None:
+    """README "Workflows": `leasework show` of a run in a graph says what it waits for, what
+    waits for it, and the graph's runs by status; of a blocked run, which parents hold it."""
+    from leasework import Client
+
+    client = Client()
+    a = client.enqueue(conn, "hello", {})
+    b = client.enqueue(conn, "hello", {}, after=[a])
+    c = client.enqueue(conn, "hello", {}, after=[b], on_parent_failure="run")
+    shown = ok(cli("show", str(b)))
+    assert "parents (1):" in shown and f"#{a}" in shown
+    assert "children (1):" in shown and f"#{c}" in shown and "on failure: run" in shown
+    assert "graph: 3 runs: 2 blocked, 1 queued" in shown
+    assert f"held:      blocked: waits for #{a} to end" in shown
+    plain = client.enqueue(conn, "hello", {})
+    assert "parents" not in ok(cli("show", str(plain)))

@@ -35,7 +35,7 @@ def polled(ns: dict[str, Any], conn: Conn, make_worker: Any) -> None:
     app: App = ns["app"]
     app.task("report")(lambda ctx, payload: None)
     stages = app.stages()
-    assert [s.name for s in stages] == ["schedule", "runs", "bump", "maintenance"]
+    assert [s.name for s in stages] == ["schedule", "runs", "bump", "deps", "maintenance"]
 
     old = app.enqueue(conn, "report", delay=3600)  # not due: the runs stage leaves it alone
     new = app.enqueue(conn, "report", delay=3600)

@@ -375,6 +375,61 @@ def test_migration_0022_keeps_the_grants_of_the_enqueue_it_replaces(
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def test_migration_0026_keeps_the_grants_of_the_enqueue_it_replaces(
+    scratch: Callable[[], str],
+) -> None:
+    """0026 drops leasework.enqueue to add `after` and `on_parent_failure`: whoever could call
+    the old one may call the new one and leasework.join_batch, PUBLIC neither; a call of the
+    sixteen arguments before still works, and runs enqueued before keep working."""
+    role = f"leasework_mig_role_{secrets.token_hex(3)}"
+    old = (
+        "leasework.enqueue(text, jsonb, text, text, text, boolean, double precision,"
+        " double precision, double precision, double precision, double precision,"
+        " double precision, double precision, double precision, bigint, integer)"
+    )
+    new = old.removesuffix(")") + ", bigint[], text)"
+    join = "leasework.join_batch(bigint, bigint)"
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+        try:
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version <= 25])
+            before = conn.execute("SELECT leasework.enqueue('report')").fetchone()
+            assert before is not None
+            conn.execute(
+                sql.SQL(f"GRANT EXECUTE ON FUNCTION {old} TO {{}}").format(sql.Identifier(role))
+            )
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version == 26])
+            assert conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE'),"
+                "       has_function_privilege(%s, %s, 'EXECUTE'),"
+                "       has_function_privilege('public', %s, 'EXECUTE'),"
+                "       has_function_privilege('public', %s, 'EXECUTE'),"
+                "       count(*) FROM pg_proc WHERE proname = 'enqueue'",
+                (role, new, role, join, new, join),
+            ).fetchone() == (True, True, False, False, 1)
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA leasework TO {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            row = conn.execute(
+                "SELECT leasework.enqueue('report', '{}', NULL, NULL, NULL, false, 0, 0, 3, NULL,"
+                " 3600, NULL, NULL, NULL, NULL, NULL)"
+            ).fetchone()
+            assert row is not None and row[0] is not None
+            after = conn.execute(
+                "SELECT leasework.enqueue('report', after => ARRAY[%s]::bigint[])", (before[0],)
+            ).fetchone()
+            assert after is not None and after[0] is not None
+            conn.execute("RESET ROLE")
+            assert conn.execute(
+                "SELECT status FROM leasework.runs WHERE id = %s", (after[0],)
+            ).fetchone() == ("blocked",)
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 def test_migration_0018_keys_per_tenant_moves_the_families_keys(
     scratch: Callable[[], str],
 ) -> None:

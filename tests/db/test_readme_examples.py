@@ -202,3 +202,52 @@ def test_the_flow_control_examples_do_what_the_section_says(dsn: str, conn: Any)
     ).fetchall()
     assert rows == [({"ids": [1, 2]}, 2)]
 
+
+
+def test_the_workflows_examples_run_as_written(dsn: str, conn: Any) -> None:
+    """The "Workflows" section's blocks, run as they stand: the dependencies and the builder
+    enqueue what they say, and the fan-out over discovered pages, with a page that adds another
+    and a page that fails, writes one summary once every page has ended."""
+    from leasework import App, Fail
+    from leasework.testing import drain
+
+    blocks = re.findall(r"```python\n(.*?)```", section("Workflows"), re.S)
+    depends, builder, fanout = blocks
+    app = App()
+
+    @app.task("fetch")
+    def fetch(ctx: Any, payload: Any) -> Any:
+        return {"text": "three small words"}
+
+    @app.task("alert")
+    def alert(ctx: Any, payload: Any) -> None:
+        return None
+
+    space: dict[str, Any] = {"app": app, "psycopg": psycopg, "dsn": dsn, "url": "https://x"}
+    exec(depends, space)
+    drain(app, conn)
+    assert app.get_run(conn, space["parsed"])["result"] == {"words": 3}  # type: ignore[index]
+
+    @app.task("summarise")
+    def summarise(ctx: Any, payload: Any) -> None:
+        return None
+
+    space = {"app": app, "conn": conn, "url": "https://x"}
+    exec(builder, space)
+    assert list(space["ids"]) == ["fetch", "pages[0]", "pages[1]", "pages[2]", "summary"]
+    drain(app, conn)
+    statuses = {r[0] for r in conn.execute("SELECT status FROM leasework.runs").fetchall()}
+    assert statuses == {"succeeded"}
+
+    conn.execute("DROP TABLE IF EXISTS summaries")
+    conn.execute("CREATE TABLE summaries (site text, words int, ok int, failed int)")
+    crawl_app = App()
+    space = {"app": crawl_app, "psycopg": psycopg, "dsn": dsn, "Fail": Fail}
+    exec(fanout, space)
+    drain(crawl_app, conn)
+    # pages 0-4 and 99, page 3 failed: 100 + 101 + 102 + 104 + 199 words from five pages
+    assert conn.execute("SELECT * FROM summaries").fetchall() == [("example.org", 606, 5, 1)]
+    callbacks = conn.execute(
+        "SELECT status FROM leasework.runs WHERE kind = 'summarise' AND payload ? 'site'"
+    ).fetchall()
+    assert callbacks == [("succeeded",)]

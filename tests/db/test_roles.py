@@ -129,6 +129,39 @@ def test_the_enqueue_role_uses_unique_windows_and_debounce(conn, roles):
     assert get_run(conn, plain)["payload"] == {"secret": 1}
 
 
+def test_the_enqueue_role_enqueues_workflows_and_batches(conn, roles):
+    """Through the functions deploy/roles.sql grants it (README "Workflows"): a run after
+    others, a workflow, a batch and a run joining it; the worker role's deps stage then decides
+    the waiting runs."""
+    app = _app()
+    enqueue_dsn = roles("leasework_enqueue")
+    with psycopg.connect(enqueue_dsn, autocommit=True) as web:
+        first = app.enqueue(web, "work", {})
+        second = app.enqueue(web, "work", {}, after=[first])
+        wf = app.workflow()
+        a = wf.add("work", {}, name="a")
+        wf.add("work", {}, name="b", after=a)
+        ids = wf.enqueue(web)
+        batch = app.batch("work", {})
+        batch.add(web, "work", {})
+        callback = batch.close(web)
+        app.batch_of(callback).add(web, "work", {})
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            web.execute("INSERT INTO leasework.run_deps (child, parent) VALUES (1, 2)")
+    worker_dsn = roles("leasework_worker")
+    cfg = Config(dsn=worker_dsn, poll_interval=0.05)
+    worker = Worker(app.with_config(cfg), cfg)
+    worker.open()
+    worker.running = True
+    try:
+        for _ in range(20):
+            worker.poll()
+    finally:
+        worker.close()
+    done = [get_run(conn, i)["status"] for i in (first, second, ids["a"], ids["b"], callback)]
+    assert done == ["succeeded"] * 5
+
+
 def test_the_enqueue_role_cannot_take_a_familys_key(conn, roles, tmp_path):
     """Keys under "leasework:" are the families' (a connection's syncs and purge, a file's
     ingest): the enqueue role's leasework.enqueue refuses one with one line naming the prefix

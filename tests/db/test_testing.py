@@ -199,7 +199,7 @@ def test_assert_enqueued_says_what_was_there(app: App, conn: Conn) -> None:
     with pytest.raises(AssertionError, match="expected 2 run"):
         assert_enqueued(conn, "other", count=2)
     # a misspelt status is refused, not an empty answer
-    with pytest.raises(ConfigError, match=r"status 'queud' is not a run status: use one of waiting, queued"):
+    with pytest.raises(ConfigError, match=r"status 'queud' is not a run status: use one of blocked, waiting, queued"):
         enqueued(conn, "other", status="queud")
 
 

@@ -243,3 +243,125 @@ def cancels_race_reclaims_and_retries(chaos: Chaos) -> None:
     run.finish()
     cancelled = run.query("SELECT count(*) FROM leasework.runs WHERE status = 'cancelled'")
     assert cancelled[0][0] >= 1
+
+
+# -- workflows (README "Workflows") ----------------------------------------------------------
+
+
+def _enqueue_workflow(run: ChaosRun) -> tuple[list[int], int]:
+    """A graph of chaos runs in one transaction: four roots, three children after each, a join
+    after every child; and a batch of six members with a callback. Returns (every dependent run,
+    the batch's callback)."""
+    from .chaosapp import app as chaos_app
+
+    def payload() -> dict[str, object]:
+        return {"steps": 2, "sleep": round(run.rand.uniform(0.05, 0.2), 3)}
+
+    with run.connect() as conn:
+        wf = chaos_app.workflow()
+        children = []
+        for r in range(4):
+            root = wf.add("steps", payload(), name=f"root{r}")
+            children.append(wf.group([("steps", payload()) for _ in range(3)], after=root))
+        wf.add("steps", {"steps": 1}, name="join", after=children)
+        ids = wf.enqueue(conn)
+        batch = chaos_app.batch("steps", {"steps": 1})
+        members = [batch.add(conn, "steps", payload()) for _ in range(6)]
+        callback = batch.close(conn)
+    run.enqueued.extend([*ids.values(), *members, callback])
+    dependent = [i for name, i in ids.items() if not name.startswith("root")]
+    return [*dependent, callback], callback
+
+
+def _check_workflow(run: ChaosRun, dependent: list[int], callback: int) -> None:
+    """Each dependent run left `blocked` exactly once, never started before every parent's end
+    was recorded, and ended succeeded (nothing failed for good); the callback too."""
+    q = run.query
+    left = dict(
+        q(
+            "SELECT run_id, count(*) FROM public.chaos_transitions"
+            " WHERE old_status = 'blocked' AND new_status <> 'blocked' AND run_id = ANY(%s)"
+            " GROUP BY 1",
+            (dependent,),
+        )
+    )
+    assert all(left.get(i) == 1 for i in dependent), {i: left.get(i) for i in dependent}
+    early = q(
+        "SELECT d.child, d.parent FROM leasework.run_deps d"
+        " WHERE d.child = ANY(%s) AND"
+        " (SELECT min(seq) FROM public.chaos_transitions t"
+        "   WHERE t.run_id = d.child AND t.new_status = 'running')"
+        " < (SELECT min(seq) FROM public.chaos_transitions t"
+        "   WHERE t.run_id = d.parent AND t.new_status = ANY(%s))",
+        (dependent, ["succeeded", "partial", "failed", "cancelled"]),
+    )
+    assert not early, f"started before a parent ended: {early}"
+    statuses = dict(q("SELECT id, status FROM leasework.runs WHERE id = ANY(%s)", (dependent,)))
+    assert set(statuses.values()) == {"succeeded"}, statuses
+    assert q(
+        "SELECT count(*) FROM public.chaos_transitions WHERE run_id = %s AND new_status = 'queued'",
+        (callback,),
+    ) == [(1,)]
+
+
+def kill_9_during_a_workflow(chaos: Chaos, kills: int = 4) -> None:
+    """kill -9 of busy children at random moments while a graph and a batch run (a kill may land
+    right after a parent's seal, or inside the deps stage's step): no dependent run starts
+    twice from `blocked` or before its parents ended, no callback fires twice or is lost."""
+    run = chaos()
+    run.start()
+    dependent, callback = _enqueue_workflow(run)
+    for _ in range(kills):
+        time.sleep(run.rand.uniform(0.0, 0.8))  # a random moment, not a wait for a condition
+        run.ensure_work()  # the graph may have drained: work for the kill to land on
+        run.kill_child()
+    run.finish()
+    _check_workflow(run, dependent, callback)
+
+
+def sigstop_during_a_batch_join(chaos: Chaos) -> None:
+    """A child stopped (SIGSTOP, past the lease) while the batch's members end and join: its run
+    is taken over, the deps stage's rows it held are decided by another child, the callback
+    fires once."""
+    run = chaos()
+    run.start()
+    dependent, callback = _enqueue_workflow(run)
+    _progress(run, 4)
+    run.sigstop_child(1.5 * run.cfg["lease"])
+    run.finish()
+    _check_workflow(run, dependent, callback)
+
+
+def kill_9_right_after_a_parents_seal(chaos: Chaos, kills: int = 3) -> None:
+    """The worker that just sealed a run something waits for is killed (kill -9) as soon as the
+    seal is seen committed, before or while any deps step decides its children: the end it
+    recorded is decided by another worker, once."""
+    run = chaos()
+    sup = run.start()
+    dependent, callback = _enqueue_workflow(run)
+    parents = [
+        r[0]
+        for r in run.query(
+            "SELECT DISTINCT parent FROM leasework.run_deps WHERE child = ANY(%s)", (dependent,)
+        )
+    ]
+    killed = 0
+    seen: set[int] = set()
+    deadline = time.monotonic() + 60
+    while killed < kills and time.monotonic() < deadline:
+        rows = run.query(
+            "SELECT t.run_id, r.lease_worker FROM public.chaos_transitions t"
+            " JOIN leasework.runs r ON r.id = t.run_id"
+            " WHERE t.new_status = 'succeeded' AND t.run_id = ANY(%s) AND t.run_id <> ALL(%s)",
+            (parents, list(seen)),
+        )
+        for run_id, worker in rows:
+            seen.add(run_id)
+            pid = worker_pid(worker)
+            if killed < kills and pid in sup.children():
+                run.kill_child(pid)
+                killed += 1
+        time.sleep(0.02)  # polling interval of this loop
+    assert killed, "no parent's seal observed"
+    run.finish()
+    _check_workflow(run, dependent, callback)

@@ -50,3 +50,7 @@ def test_poison_job_ends_failed_while_others_flow(chaos: Chaos) -> None:
 
 def test_cancels_race_reclaims_and_retries(chaos: Chaos) -> None:
     scenarios.cancels_race_reclaims_and_retries(chaos)
+
+
+def test_kill_9_during_a_workflow(chaos: Chaos) -> None:
+    scenarios.kill_9_during_a_workflow(chaos, kills=2)

@@ -249,7 +249,7 @@ def test_make_and_replace_route_keys_to_their_sections() -> None:
     # reads them; the app refuses one that none of its sections has when it assembles its stages.
     loose = Config.make(runs_limit=4)
     assert loose.section(RunsSettings).runs_limit == 4
-    assert [s.name for s in App(loose).stages()] == ["schedule", "runs", "maintenance"]
+    assert [s.name for s in App(loose).stages()] == ["schedule", "runs", "deps", "maintenance"]
     with pytest.raises(ConfigError, match=r"unknown setting 'runs_limt'; did you mean `runs_limit`"):
         App(loose.replace(runs_limt=5)).stages()
 

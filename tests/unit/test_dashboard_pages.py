@@ -265,3 +265,22 @@ def test_run_page_says_a_run_is_debounced_or_holds_a_unique_window() -> None:
     assert "(never bounded)" in pages.run_page({**run, "debounce_count": 1}, now=at)
     window = pages.run_page({**run, "unique_at": at}, now=at)
     assert "unique window since (UTC)" in window and "2026-05-04 12:00" in window
+
+
+@settings(max_examples=50, deadline=None)
+@given(kind=st.text(max_size=30), status=st.text(max_size=12))
+def test_a_runs_dependencies_carry_only_the_dashboards_markup(kind: str, status: str) -> None:
+    """README "Workflows": the run page lists parents and children, each linked, with its
+    status and policy, and the graph's runs by status; whatever text they hold."""
+    found = {
+        "parents": [{"id": 3, "kind": kind, "status": status, "on_failure": "cancel", "member": False}],
+        "children": [{"id": 9, "kind": "b", "status": "blocked", "on_failure": "run", "member": True}],
+        "graph": {status: 2, "blocked": 1},
+    }
+    page = pages.run_page({"id": 7, "kind": "a", "status": "blocked", "dependencies": found}, now=None)
+    tags = parse(page)
+    assert tags.tags <= ALLOWED_TAGS and tags.attrs <= ALLOWED_ATTRS
+    assert f"{ROOT}/runs/3" not in page  # PLAIN view: links from the root
+    assert 'href="/runs/3"' in page and 'href="/runs/9"' in page
+    assert "graph: 3 runs" in page
+    assert 'id="dependencies"' not in pages.run_page({"id": 7, "kind": "a", "status": "queued"}, now=None)

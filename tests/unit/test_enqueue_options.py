@@ -25,11 +25,12 @@ from leasework.testing import run_task
 
 # Unique windows and debounce (issue 31) were added to both, and to no other variant.
 WINDOWS = {"unique_for", "debounce", "debounce_max", "debounce_merge"}
-ONE = {"key", "tenant", "group", "exclusive", "priority", "delay", "max_attempts", *WINDOWS}
-MANY = {"keys", "tenant", "group", "priority", "delay", "max_attempts", *WINDOWS}
+AFTER = {"after", "on_parent_failure"}  # dependencies (README "Workflows")
+ONE = {"key", "tenant", "group", "exclusive", "priority", "delay", "max_attempts", *WINDOWS, *AFTER}
+MANY = {"keys", "tenant", "group", "priority", "delay", "max_attempts", *WINDOWS, *AFTER}
 
 
-def test_each_variant_takes_the_keywords_it_always_took_and_the_windows() -> None:
+def test_each_variant_takes_the_keywords_it_always_took_the_windows_and_after() -> None:
     assert EnqueueOptions.__optional_keys__ == ONE
     assert ManyOptions.__optional_keys__ == MANY
     assert RunTaskOptions.__optional_keys__ == {"key", "tenant", "group", "max_attempts"}
@@ -78,7 +79,7 @@ def test_an_option_a_variant_does_not_take_is_refused_first(index: int) -> None:
     with pytest.raises(
         TypeError,
         match=rf"^{method}\(\) got an unexpected keyword argument 'priorty' \(did you mean "
-        r"'priority'\?\); it takes debounce, debounce_max, debounce_merge, delay, ",
+        r"'priority'\?\); it takes after, debounce, debounce_max, debounce_merge, delay, ",
     ):
         call(priorty=1)
     wrong = "keys" if "many" not in method else "key"

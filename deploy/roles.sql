@@ -66,4 +66,8 @@ GRANT EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boole
 -- The first half of a debounce_merge (a pending payload of a key this role could debounce).
 GRANT EXECUTE ON FUNCTION leasework.debounce_pending(text, text, text) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.cancel(bigint) TO leasework_enqueue;
+-- Waiting for a run's end (`handle.wait`, `app.wait`): the status, result and error of a run
+-- named by its id, and the mark that makes its end NOTIFY (leasework.run_outcome). Revoke it if
+-- the web role must not read results.
+GRANT EXECUTE ON FUNCTION leasework.run_outcome(bigint, boolean) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.now() TO leasework_enqueue;

@@ -97,6 +97,11 @@ UPDATE leasework.runs
    AND (tenant IS NULL OR leasework.tenant_queued_run(tenant, priority))
 RETURNING id, kind
 
+-- name: clear_steps
+-- `retry --clear-steps`: the retried runs' durable steps (ctx.step) deleted in the retry's
+-- transaction, so that every step runs again.
+DELETE FROM leasework.run_steps WHERE run_id = ANY(%(ids)s::bigint[])
+
 -- name: delete_runs
 -- Terminal runs only (guarded). The runs_deleted trigger hands their counts to
 -- leasework.counters in the same statement.

@@ -165,6 +165,7 @@ class RunFacts:
     def _step_kept(self, name: str, data: str, in_transaction: bool) -> Any:
         """After the step's row was written: remember it (inside a fenced transaction, only once
         that commits) and return the value as a later attempt would read it."""
+        data = str.__str__(data)  # a plain str: orjson refuses a subclass (lease.JsonText)
         if in_transaction:
             self._steps_pending[name] = data
         else:

@@ -84,12 +84,12 @@ def drained(dsn: str, app: App) -> Iterator[threading.Event]:
     t.join(60)
 
 
-def later(go: threading.Event, conn: Conn) -> None:
+def later(go: threading.Event, conn: Conn, dsn: str) -> None:
     """Start the drain once this connection's wait has read the run (LISTENing since before
     that read), so that the seal comes after and only the NOTIFY can end the wait early."""
 
     def when_listening() -> None:
-        with psycopg.connect(conn.info.dsn + " password=" + (conn.info.password or "")) as c:
+        with psycopg.connect(dsn, autocommit=True) as c:  # a fresh statistics snapshot each read
             for _ in range(6000):
                 row = c.execute(
                     "SELECT count(*) FROM pg_stat_activity"
@@ -110,7 +110,7 @@ def test_wait_returns_the_result_woken_by_the_notify(
     with psycopg.connect(dsn) as web:  # a web request's connection, not autocommit
         handle = app.enqueue_run(web, "report", {"n": 21})
         web.commit()
-        later(drained, web)
+        later(drained, web, dsn)
         assert handle.wait(timeout=60) == {"rows": 42}
         assert web.autocommit is False, "the connection is given back as it was"
         # The LISTEN is gone: the connection hears nothing of later ends.

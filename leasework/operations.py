@@ -206,6 +206,14 @@ def get_run(conn: Conn, run_id: int) -> dict[str, Any] | None:
         return cur.execute(Q["get_run"], {"id": run_id}).fetchone()
 
 
+def run_steps(conn: Conn, run_id: int) -> list[dict[str, Any]]:
+    """A run's stored durable steps (ctx.step), oldest first: name, bytes (of the value's
+    JSON), attempt (the one that stored it), created_at."""
+    (run_id,) = check_ids([run_id])
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["run_steps"], {"id": run_id}).fetchall()
+
+
 def held_back(conn: Conn, run_id: int) -> list[dict[str, Any]]:
     """Why a queued run is not being claimed now, one entry per rule holding it (empty: nothing
     does; a worker takes it when one is free), each {"reason": ..., ...}: `not_due` (until),

@@ -309,3 +309,35 @@ def test_the_steps_go_with_their_run_and_a_retry_keeps_them_unless_asked(
     app.delete(conn, [kept])
     assert stored(conn, kept) == {}
     assert stored(conn, cleared) == {"one": (3, 2)}
+
+
+def test_show_lists_the_steps_and_retry_clear_steps_deletes_them(
+    dsn: str, conn: Conn, tmp_path: Any
+) -> None:
+    from .test_cli import make_cli
+
+    app = App()
+
+    @app.task("job", max_attempts=1)
+    def job(ctx: Context, payload: Any) -> Any:
+        ctx.step("fetch\x1b[2J", lambda: {"rows": list(range(10))})
+        ctx.step("parse", lambda: None)
+        raise RuntimeError("bug in the last step")
+
+    run_id = app.enqueue(conn, "job")
+    other = app.enqueue(conn, "job")
+    drain(app, dsn, ["job"])
+    cli = make_cli(tmp_path, dsn)
+    shown = cli("show", str(run_id))
+    assert shown.returncode == 0, shown.stderr
+    assert "steps (2 stored, ctx.step):" in shown.stdout
+    assert "fetch\\x1b[2J  40 B  attempt 1" in shown.stdout, shown.stdout
+    assert "parse  4 B  attempt 1" in shown.stdout
+    as_json = cli("show", str(run_id), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert '"name":"parse"' in as_json.stdout.replace(" ", "")
+    retried = cli("retry", str(run_id), "--clear-steps")
+    assert retried.returncode == 0, retried.stderr
+    assert stored(conn, run_id) == {}
+    assert get_run(conn, run_id)["status"] == "queued"
+    assert set(stored(conn, other)) == {"fetch\x1b[2J", "parse"}, "only the runs retried"

@@ -12,9 +12,9 @@ from typing import Any, Unpack
 import psycopg
 from psycopg.types.json import Jsonb
 
+from . import results
 from .config import Config
 from .errors import ConfigError, LeaseworkError, NotFound, WrongConnection
-from . import results
 from .queries import load
 from .tasks import (
     DEFAULT_TIMEOUT,

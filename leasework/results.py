@@ -18,7 +18,15 @@ import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from .errors import ConfigError, NotFound, RunCancelled, RunFailed, RunPartial, WaitTimeout, WrongConnection
+from .errors import (
+    ConfigError,
+    NotFound,
+    RunCancelled,
+    RunFailed,
+    RunPartial,
+    WaitTimeout,
+    WrongConnection,
+)
 from .queries import load
 
 Q = load("leasework", "results.sql")

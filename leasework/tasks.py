@@ -19,9 +19,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import psycopg
 from cronsim import CronSim, CronSimError
 
+from . import results
 from .config import Config
 from .encoding import check_json
-from . import results
 from .errors import ConfigError, WrongConnection
 from .text import MAX_LABEL, control_problem
 

@@ -16,10 +16,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from typing import Any, Protocol, TypeVar
 
+import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
-
-import orjson
 
 from .. import log
 from ..encoding import check_json

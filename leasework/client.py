@@ -379,8 +379,8 @@ class Client:
         the two happened.
         """
         accept_options("enqueue", options, EnqueueOptions)
-        sync_connection(conn, "enqueue")
-        return self.enqueue_run(conn, kind, payload, **options).run_id
+        c = sync_connection(conn, "enqueue")
+        return self._send(c, self._one(kind, payload, options)).run_id
 
     def enqueue_run(
         self,
@@ -448,8 +448,8 @@ class Client:
     ) -> int:
         """`enqueue` on a psycopg AsyncConnection, inside its transaction."""
         accept_options("enqueue_async", options, EnqueueOptions)
-        async_connection(conn, "enqueue_async")
-        done = await self.enqueue_run_async(conn, kind, payload, **options)
+        c = async_connection(conn, "enqueue_async")
+        done = await self._send_async(c, self._one(kind, payload, options))
         return done.run_id
 
     async def enqueue_run_async(

@@ -67,7 +67,8 @@ class _Sleep:
 
 
 _Action = _Read | _Notified | _Sleep
-Row = tuple[str, str | None, str | None] | None  # status, result as JSON text, error
+# status, result as JSON text, error, and whether the run is marked to NOTIFY its end
+Row = tuple[str, str | None, str | None, bool] | None
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -116,30 +117,33 @@ def _waiting(
                 f"no run {run_id} (an enqueue that has not committed yet is not visible to "
                 "another connection: wait after the commit)"
             )
-        status, result, error = row
+        status, result, error, watched = row
         if status in TERMINAL:
             return outcome(run_id, status, result, error)
         left = None if deadline is None else deadline - clock()
         if left is not None and left <= 0:
             raise WaitTimeout(run_id, status, timeout or 0.0)
-        if pooled:
+        if pooled or not watched:
+            # Polled: through a pooler, or while another session holds the row (its mark is
+            # asked for again at the next read).
             yield _Sleep(delay if left is None else min(delay, left))
             delay = min(delay * POLL_GROWTH, POLL_MAX)
-        else:
-            pause = RECHECK if left is None else min(RECHECK, left)
-            until = clock() + pause
-            while True:
-                payloads: list[str] = yield _Notified(pause)
-                pause = until - clock()
-                if ours in payloads or not payloads or pause <= 0:
-                    break  # ours, or quiet for `pause`: read the run again
+            row = yield _Read(watch=not pooled)
+            continue
+        pause = RECHECK if left is None else min(RECHECK, left)
+        until = clock() + pause
+        while True:
+            payloads: list[str] = yield _Notified(pause)
+            pause = until - clock()
+            if ours in payloads or not payloads or pause <= 0:
+                break  # ours, or quiet for `pause`: read the run again
         row = yield _Read(watch=False)
 
 
 def _row(found: Any) -> Row:
     if found is None or found[0] is None:
         return None
-    return str(found[0]), found[1], found[2]
+    return str(found[0]), found[1], found[2], bool(found[3])
 
 
 def _idle(conn: Conn | AConn) -> None:

@@ -5,7 +5,6 @@ them."""
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import math
 import re
@@ -55,7 +54,7 @@ class Enqueued:
 
     def bound(self, conn: Any) -> Enqueued:
         """This, remembering `conn` as the connection it was enqueued on."""
-        return dataclasses.replace(self, origin=weakref.ref(conn))
+        return Enqueued(self.run_id, self.existing, self.how, weakref.ref(conn))
 
     def wait(self, conn: Any = None, *, timeout: float | None = None) -> Any:
         """Wait until the run ends and return its result, or raise `RunFailed` (`RunCancelled`,

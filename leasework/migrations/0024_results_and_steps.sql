@@ -27,21 +27,30 @@ CREATE TRIGGER runs_ended_notify AFTER UPDATE OF status ON leasework.runs
 -- A run's status, result and error, for a waiter (the enqueue role too: SECURITY DEFINER, it reads
 -- no table). With `watch`, a live run is first marked notify_ended, so that its end NOTIFYs
 -- `leasework_ended`; the read after that mark sees any end committed before it (a seal that was
--- under way is waited for by the UPDATE, which then finds the run ended and writes nothing). No
--- row: no such run (or not yet committed).
+-- under way is waited for by the UPDATE, which then finds the run ended and writes nothing). A
+-- row another session holds longer than lock_timeout (an enqueue merging a debounce into it, in
+-- its caller's transaction) is left unmarked rather than waited for: `watched` says whether the
+-- run is marked, and a waiter that finds it is not reads it again a little later. No row: no such
+-- run (or not yet committed).
 CREATE OR REPLACE FUNCTION leasework.run_outcome(run_id bigint, watch boolean)
-RETURNS TABLE (status text, result jsonb, error text)
+RETURNS TABLE (status text, result jsonb, error text, watched boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $$
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms' AS $$
 BEGIN
     IF watch THEN
-        UPDATE leasework.runs r
-           SET notify_ended = true
-         WHERE r.id = run_outcome.run_id AND r.notify_ended IS NOT TRUE
-           AND r.status IN ('waiting', 'queued', 'running');
+        BEGIN
+            UPDATE leasework.runs r
+               SET notify_ended = true
+             WHERE r.id = run_outcome.run_id AND r.notify_ended IS NOT TRUE
+               AND r.status IN ('waiting', 'queued', 'running');
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- not marked: the waiter polls, and asks again
+        END;
     END IF;
     RETURN QUERY
-        SELECT r.status, r.result, r.error FROM leasework.runs r WHERE r.id = run_outcome.run_id;
+        SELECT r.status, r.result, r.error, coalesce(r.notify_ended, false)
+          FROM leasework.runs r WHERE r.id = run_outcome.run_id;
 END
 $$;
 

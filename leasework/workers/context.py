@@ -80,11 +80,10 @@ class RunFacts:
         self._pending = False
         self._raised = False  # the handler has been told
         # Durable steps (ctx.step): the values stored for this run, name -> JSON text, read at
-        # the first step of the attempt (None: not yet); the names this attempt used; those
-        # stored inside the open fenced transaction, kept only once it commits.
+        # the first step of the attempt (None: not yet, and a run without steps pays nothing
+        # more); the names this attempt used; those stored inside the open fenced transaction,
+        # kept only once it commits.
         self._steps: dict[str, str] | None = None
-        self._steps_used: set[str] = set()
-        self._steps_pending: dict[str, str] = {}
 
     @property
     def last_renewal(self) -> float:
@@ -132,8 +131,14 @@ class RunFacts:
 
     # -- durable steps: the bookkeeping shared by Context.step and AsyncContext.step ----------
 
+    _steps_used: set[str]
+    _steps_pending: dict[str, str]
+
     def _step_begin(self, name: object) -> None:
         """Refuse a name that is no step name, or one this attempt used already."""
+        if "_steps_used" not in self.__dict__:
+            self._steps_used = set()
+            self._steps_pending = {}
         if not isinstance(name, str) or not 1 <= len(name) <= STEP_NAME_MAX:
             raise ValueError(
                 f"ctx.step(name, fn): name must be a string of 1 to {STEP_NAME_MAX} characters, "
@@ -173,15 +178,16 @@ class RunFacts:
         return orjson.loads(data)
 
     def _steps_committed(self) -> None:
-        if self._steps is not None:
+        if self._steps is not None and self._steps_pending:
             self._steps.update(self._steps_pending)
-        self._steps_pending.clear()
+            self._steps_pending.clear()
 
     def _steps_rolled_back(self) -> None:
         """The steps stored inside a fenced transaction that rolled back were never stored: their
         names may be used again in this attempt."""
-        self._steps_used.difference_update(self._steps_pending)
-        self._steps_pending.clear()
+        if self._steps is not None and self._steps_pending:
+            self._steps_used.difference_update(self._steps_pending)
+            self._steps_pending.clear()
 
 
 class AttemptHost(Protocol):

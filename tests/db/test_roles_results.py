@@ -61,6 +61,8 @@ def test_a_role_without_the_grant_cannot_read_outcomes(conn: Any, roles: Any) ->
     other_dsn = roles("pg_monitor")
     name = conninfo_to_dict(other_dsn)["user"]
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA leasework TO {}").format(sql.Identifier(name)))
-    with psycopg.connect(other_dsn, autocommit=True) as other:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="function run_outcome"):
-            other.execute("SELECT * FROM leasework.run_outcome(%s, true)", (run_id,))
+    with (
+        psycopg.connect(other_dsn, autocommit=True) as other,
+        pytest.raises(psycopg.errors.InsufficientPrivilege, match="function run_outcome"),
+    ):
+        other.execute("SELECT * FROM leasework.run_outcome(%s, true)", (run_id,))

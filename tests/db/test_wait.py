@@ -214,36 +214,27 @@ def test_only_a_run_someone_waits_for_notifies_its_end(dsn: str, app: App, conn:
     assert marked(conn, plain.run_id) is None
 
 
-def test_a_run_marked_before_it_is_sealed_never_misses_its_notify(
+def test_the_mark_gives_up_on_a_held_row_and_never_marks_an_ended_run(
     dsn: str, app: App, conn: Conn
 ) -> None:
-    """The mark and the seal in either order: the seal after the mark notifies, a mark after
-    the seal finds the run ended (leasework.run_outcome's read follows its UPDATE)."""
+    """leasework.run_outcome with watch: a seal under way holds the row; the mark gives up
+    (lock_timeout) and says so (`watched` false: the waiter polls); once the seal committed,
+    the run is read ended and left unmarked; a live run is marked and says so."""
     handle = app.enqueue_run(conn, "report", {"n": 3})
+    live = app.enqueue_run(conn, "report", {"n": 4})
+    outcome = "SELECT status, watched FROM leasework.run_outcome(%s, true)"
     with psycopg.connect(dsn) as sealer:
         sealer.execute(
             "UPDATE leasework.runs SET status = 'cancelled', finished_at = leasework.now()"
             " WHERE id = %s",
             (handle.run_id,),
         )
-        # The mark waits on the sealer's row lock, then finds the run ended.
-        got: list[Any] = []
-
-        def mark() -> None:
-            with psycopg.connect(dsn, autocommit=True) as c:
-                got.append(
-                    c.execute(
-                        "SELECT status FROM leasework.run_outcome(%s, true)", (handle.run_id,)
-                    ).fetchone()
-                )
-
-        t = threading.Thread(target=mark)
-        t.start()
-        t.join(0.3)
+        assert conn.execute(outcome, (handle.run_id,)).fetchone() == ("queued", False)
         sealer.commit()
-        t.join(30)
-    assert got == [("cancelled",)]
+    assert conn.execute(outcome, (handle.run_id,)).fetchone() == ("cancelled", False)
     assert marked(conn, handle.run_id) is None
+    assert conn.execute(outcome, (live.run_id,)).fetchone() == ("queued", True)
+    assert marked(conn, live.run_id) is True
 
 
 def test_await_handle_wait_on_an_async_connection(
@@ -269,3 +260,34 @@ def test_an_async_wait_times_out(app: App, dsn: str) -> None:
                 await handle.wait(timeout=0.05)
 
     asyncio.run(main())
+
+
+def test_a_row_held_by_another_session_is_polled_not_waited_on(
+    dsn: str, app: App, conn: Conn
+) -> None:
+    """A run's row locked by a long transaction (an enqueue merging a debounce into it holds it
+    FOR UPDATE until its caller commits): the mark is not waited for, the wait's timeout holds,
+    and once the row is free the mark is asked for again and the end is heard."""
+    handle = app.enqueue_run(conn, "report", {"n": 4})
+    released = threading.Event()
+    done = threading.Event()
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM leasework.runs WHERE id = %s FOR UPDATE", (handle.run_id,))
+
+        def release() -> None:
+            done.wait(60)  # the wait below has returned (or a minute went by)
+            released.set()
+            holder.commit()
+
+        t = threading.Thread(target=release)
+        t.start()
+        try:
+            with pytest.raises(WaitTimeout):
+                handle.wait(conn, timeout=0.5)
+            assert not released.is_set(), "the wait blocked on the locked row"
+        finally:
+            done.set()
+            t.join(60)
+    assert marked(conn, handle.run_id) is None, "not marked while the row was held"
+    drain(app, dsn, ["report"])
+    assert handle.wait(conn, timeout=5) == {"rows": 8}

@@ -52,6 +52,10 @@ class Enqueued:
     # The connection it was enqueued on, weakly (`wait()` without one waits there).
     origin: weakref.ref[Any] | None = field(default=None, compare=False, repr=False)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled without its connection (a weak reference cannot be pickled)."""
+        return (Enqueued, (self.run_id, self.existing, self.how))
+
     def bound(self, conn: Any) -> Enqueued:
         """This, remembering `conn` as the connection it was enqueued on."""
         return Enqueued(self.run_id, self.existing, self.how, weakref.ref(conn))

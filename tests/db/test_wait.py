@@ -182,6 +182,9 @@ def test_the_handle_compares_as_before_and_needs_a_connection_once_it_is_gone(
     assert handle == Enqueued(handle.run_id)
     assert handle == Enqueued(handle.run_id, existing=False, how=None)
     assert repr(handle) == f"Enqueued(run_id={handle.run_id}, existing=False, how=None)"
+    import pickle
+
+    assert pickle.loads(pickle.dumps(handle)) == handle
     del c
     import gc
 

@@ -167,6 +167,9 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     -- (leasework.run_deps), so that its end is recorded for the deps stage by the trigger
     -- runs_parent_ended, whose WHEN reads this column: a run nothing waits for fires nothing.
     has_dependents      boolean NOT NULL DEFAULT false,
+    -- Whether a waiter asked for this run's end (leasework.run_outcome; migration 0027): then,
+    -- and only then, its end NOTIFYs `leasework_ended` (runs_ended_notify). NULL: nobody did.
+    notify_ended        boolean,
     -- The status and the columns that go with it, one rule (leasework.run_state_valid, above).
     CONSTRAINT runs_state_valid CHECK (
         leasework.run_state_valid(status, lease_owner, lease_expires_at, finished_at))
@@ -1581,9 +1584,10 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- Deleted runs (pruning, `leasework delete`, or the user's own DELETE) hand their counts over to
--- leasework.counters in the same transaction. Statement-level: one call per DELETE. The edges of
--- a deleted run that waited for others go with it (migration 0026; run_deps' primary key); an
--- edge whose parent is deleted stays until its child is (the child counts it as ended well).
+-- leasework.counters in the same transaction, and take their durable steps (leasework.run_steps,
+-- below) with them. Statement-level: one call per DELETE. The edges of a deleted run that waited
+-- for others go with it (migration 0026; run_deps' primary key); an edge whose parent is deleted
+-- stays until its child is (the child counts it as ended well).
 CREATE OR REPLACE FUNCTION leasework.runs_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -1597,6 +1601,7 @@ BEGIN
            FROM gone),
         true);
     DELETE FROM leasework.run_deps d USING gone WHERE d.child = gone.id;
+    DELETE FROM leasework.run_steps s USING gone g WHERE s.run_id = g.id;
     RETURN NULL;
 END
 $$;
@@ -2058,3 +2063,67 @@ BEGIN
 END
 $$;
 REVOKE EXECUTE ON FUNCTION leasework.trace_run(bigint, text) FROM PUBLIC;
+-- Waiting for a result and durable steps (migration 0027; README "Workflows"). A run someone
+-- waits for is marked notify_ended by leasework.run_outcome, and only such a run NOTIFYs
+-- `leasework_ended` with its id when it ends: the trigger's WHEN clause is evaluated as the event
+-- would be queued, so an ordinary run's seal queues nothing.
+CREATE OR REPLACE FUNCTION leasework.run_ended() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('leasework_ended', NEW.id::text);
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS runs_ended_notify ON leasework.runs;
+CREATE TRIGGER runs_ended_notify AFTER UPDATE OF status ON leasework.runs
+    FOR EACH ROW
+    WHEN (NEW.notify_ended AND NEW.status IN ('succeeded', 'partial', 'failed', 'cancelled'))
+    EXECUTE FUNCTION leasework.run_ended();
+
+-- A run's status, result and error, for a waiter (the enqueue role too: SECURITY DEFINER, it reads
+-- no table). With `watch`, a live run is first marked notify_ended, so that its end NOTIFYs
+-- `leasework_ended`; the read after that mark sees any end committed before it (a seal that was
+-- under way is waited for by the UPDATE, which then finds the run ended and writes nothing). A
+-- row another session holds longer than lock_timeout (an enqueue merging a debounce into it, in
+-- its caller's transaction) is left unmarked rather than waited for: `watched` says whether the
+-- run is marked, and a waiter that finds it is not reads it again a little later. No row: no such
+-- run (or not yet committed).
+CREATE OR REPLACE FUNCTION leasework.run_outcome(run_id bigint, watch boolean)
+RETURNS TABLE (status text, result jsonb, error text, watched boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms' AS $$
+BEGIN
+    IF watch THEN
+        BEGIN
+            UPDATE leasework.runs r
+               SET notify_ended = true
+             WHERE r.id = run_outcome.run_id AND r.notify_ended IS NOT TRUE
+               AND r.status IN ('waiting', 'queued', 'running');
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- not marked: the waiter polls, and asks again
+        END;
+    END IF;
+    RETURN QUERY
+        SELECT r.status, r.result, r.error, coalesce(r.notify_ended, false)
+          FROM leasework.runs r WHERE r.id = run_outcome.run_id;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION leasework.run_outcome(bigint, boolean) FROM PUBLIC;
+
+-- A handler's durable steps: the value `ctx.step(name, fn)` returned, stored once per run and
+-- name (the primary key) by the attempt that called fn (`attempt`), inside the lease's fence
+-- (store_step, leasework/leases/lease.sql); a later attempt reads it instead of calling fn. No
+-- foreign key: an FK would make every TRUNCATE of runs name this table too, and its check would
+-- lock the run row; store_step locks and checks the run itself, and leasework.runs_deleted deletes
+-- a deleted run's steps.
+CREATE TABLE IF NOT EXISTS leasework.run_steps (
+    run_id     bigint NOT NULL,
+    name       text NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+    value      jsonb NOT NULL,
+    attempt    integer NOT NULL,
+    created_at leasework.instant NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, name)  -- load_steps, store_step, and the delete of runs_deleted
+);

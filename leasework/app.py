@@ -448,9 +448,11 @@ class App(Client):
         filters: operations.Filters | None = None,
         attempts: int | None = None,
         dry_run: bool = False,
+        clear_steps: bool = False,
     ) -> operations.Acted:
         """Failed, cancelled or partial runs back to `queued` with a fresh attempt budget: the
-        kind's max_attempts (task, else config) unless `attempts` says (operations.retry)."""
+        kind's max_attempts (task, else config) unless `attempts` says (operations.retry); their
+        durable steps kept unless `clear_steps`."""
         budgets = {k: t.max_attempts for k, t in self.tasks.items() if t.max_attempts}
         return operations.retry(
             conn,
@@ -460,6 +462,7 @@ class App(Client):
             budgets=budgets,
             default_attempts=self.config.max_attempts,
             dry_run=dry_run,
+            clear_steps=clear_steps,
         )
 
     def delete(

@@ -300,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="attempts it gets (default: the task's max_attempts, else config max_attempts)",
     )
     p.add_argument("--dry-run", action="store_true", help="change nothing; print how many")
+    p.add_argument(
+        "--clear-steps",
+        action="store_true",
+        help="delete the runs' durable steps (ctx.step), so every step runs again "
+        "(default: kept, the retry resumes after the last stored step)",
+    )
 
     p = sub.add_parser(
         "delete", help="delete finished runs (succeeded, partial, failed, cancelled)"
@@ -846,6 +852,7 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         if run is not None:
             run["held_back"] = operations.held_back(conn, args.run_id)
             run["dependencies"] = operations.dependencies(conn, args.run_id)
+            run["steps"] = operations.run_steps(conn, args.run_id)
     if run is None:
         raise ConfigError(f"no run with id {args.run_id} (it may have been pruned)")
     if args.json:
@@ -925,6 +932,14 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         out.extend(["", "result:   none"])
     if run["error"]:
         block("error", run["error"])
+    steps = run.get("steps") or []
+    if steps:
+        out.extend(["", f"steps ({len(steps)} stored, ctx.step):"])
+        out.extend(
+            f"  {s['name']}  {number_text(s['bytes'])} B  attempt {s['attempt']}  "
+            f"{_when(s['created_at'])}"
+            for s in steps
+        )
     out.append("")
     # The history is jsonb that a worker-role write can set to any value: a list of entries as
     # written by leasework, else each entry (or the whole value) shown as its JSON.
@@ -1023,6 +1038,7 @@ def cmd_retry(args: argparse.Namespace, cfg: Config) -> int:
             filters=filters,
             attempts=args.attempts,
             dry_run=args.dry_run,
+            clear_steps=args.clear_steps,
         )
         if not acted.count and args.kind:
             _hint_kind(conn, args.kind)

@@ -12,7 +12,7 @@ from typing import Any, Unpack
 import psycopg
 from psycopg.types.json import Jsonb
 
-from . import tracing
+from . import results, tracing
 from .config import Config
 from .errors import ConfigError, LeaseworkError, NotFound, WrongConnection
 from .queries import load
@@ -419,8 +419,8 @@ class Client:
         the two happened.
         """
         accept_options("enqueue", options, EnqueueOptions)
-        sync_connection(conn, "enqueue")
-        return self.enqueue_run(conn, kind, payload, **options).run_id
+        c = sync_connection(conn, "enqueue")
+        return self._send(c, self._one(kind, payload, options)).run_id
 
     def enqueue_run(
         self,
@@ -433,7 +433,7 @@ class Client:
         already had an active (or, for an exclusive run, a waiting) run, whose id it is."""
         accept_options("enqueue_run", options, EnqueueOptions)
         c = sync_connection(conn, "enqueue_run")
-        return self._send(c, self._one(kind, payload, options))
+        return self._send(c, self._one(kind, payload, options)).bound(c)
 
     def _send(self, c: Conn, one: _One) -> Enqueued:
         """enqueue_run, or the statements of a debounce_merge (_merged), on `c`; then, when the
@@ -501,8 +501,8 @@ class Client:
     ) -> int:
         """`enqueue` on a psycopg AsyncConnection, inside its transaction."""
         accept_options("enqueue_async", options, EnqueueOptions)
-        async_connection(conn, "enqueue_async")
-        done = await self.enqueue_run_async(conn, kind, payload, **options)
+        c = async_connection(conn, "enqueue_async")
+        done = await self._send_async(c, self._one(kind, payload, options))
         return done.run_id
 
     async def enqueue_run_async(
@@ -515,7 +515,8 @@ class Client:
         """`enqueue_run` on a psycopg AsyncConnection."""
         accept_options("enqueue_run_async", options, EnqueueOptions)
         c = async_connection(conn, "enqueue_run_async")
-        return await self._send_async(c, self._one(kind, payload, options))
+        done = await self._send_async(c, self._one(kind, payload, options))
+        return done.bound(c)
 
     def enqueue_many(
         self,
@@ -635,6 +636,20 @@ class Client:
         c = sync_connection(conn, "cancel")
         run_id = _check_run_id(run_id)
         return _cancelled(c.execute(Q["cancel_run"], {"id": run_id}).fetchone(), run_id)
+
+    # -- waiting for a run's end (results.py; README "Waiting for a result") --------------------
+
+    def wait(self, conn: Conn, run_id: int, *, timeout: float | None = None) -> Any:
+        """Wait on `conn` (outside any transaction) until run `run_id` ends: its result, or
+        RunFailed / RunCancelled / RunPartial raised; WaitTimeout after `timeout` seconds
+        (None: no limit), the run left as it is. `handle.wait()` for a run enqueued here."""
+        c = sync_connection(conn, "wait")
+        return results.wait(c, _check_run_id(run_id), timeout)
+
+    async def wait_async(self, conn: AConn, run_id: int, *, timeout: float | None = None) -> Any:
+        """`wait` on a psycopg AsyncConnection."""
+        c = async_connection(conn, "wait_async")
+        return await results.wait_async(c, _check_run_id(run_id), timeout)
 
     async def cancel_async(self, conn: AConn, run_id: int) -> str:
         """`cancel` on a psycopg AsyncConnection."""

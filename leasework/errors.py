@@ -52,6 +52,39 @@ class LeaseLost(LeaseworkError):
     """The run is no longer this worker's: raised by the fenced transaction before any write."""
 
 
+class RunFailed(LeaseworkError):
+    """Raised by `handle.wait()` / `app.wait()` for a run that ended without success: `status`
+    is "failed" (this class), "cancelled" (RunCancelled) or "partial" (RunPartial); `error` is
+    the run's error, `result` its result (a partial one, or what the handler stored)."""
+
+    def __init__(self, run_id: int, status: str, error: str | None, result: Any = None) -> None:
+        first = (error or "").strip().splitlines()[0] if error and error.strip() else None
+        super().__init__(f"run {run_id} ended {status}" + (f": {first}" if first else ""))
+        self.run_id = run_id
+        self.status = status
+        self.error = error
+        self.result = result
+
+
+class RunCancelled(RunFailed):
+    """`wait()` of a run that ended `cancelled`."""
+
+
+class RunPartial(RunFailed):
+    """`wait()` of a run that ended `partial`: its partial result is `result`."""
+
+
+class WaitTimeout(LeaseworkError, TimeoutError):
+    """`wait(timeout=...)` ran out before the run ended. The run is left as it is; `status` is
+    the last one read."""
+
+    def __init__(self, run_id: int, status: str, timeout: float) -> None:
+        super().__init__(f"run {run_id} is still {status} after waiting {timeout:g} s")
+        self.run_id = run_id
+        self.status = status
+        self.timeout = timeout
+
+
 class Aborted(LeaseworkError):
     """Raised by `ctx.check()` when the run's abort signal tripped.
 

@@ -234,6 +234,14 @@ def dependencies(conn: Conn, run_id: int) -> dict[str, Any]:
     return {"parents": parents, "children": children, "graph": graph}
 
 
+def run_steps(conn: Conn, run_id: int) -> list[dict[str, Any]]:
+    """A run's stored durable steps (ctx.step), oldest first: name, bytes (of the value's
+    JSON), attempt (the one that stored it), created_at."""
+    (run_id,) = check_ids([run_id])
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(Q["run_steps"], {"id": run_id}).fetchall()
+
+
 def held_back(conn: Conn, run_id: int) -> list[dict[str, Any]]:
     """Why a queued run is not being claimed now, one entry per rule holding it (empty: nothing
     does; a worker takes it when one is free), each {"reason": ..., ...}: `not_due` (until),
@@ -386,11 +394,14 @@ def retry(
     budgets: Mapping[str, int] | None = None,
     default_attempts: int = 3,
     dry_run: bool = False,
+    clear_steps: bool = False,
 ) -> Acted:
     """Put failed, cancelled or partial runs back to `queued`, due now, with a fresh attempt
     budget (`attempts`, else the kind's figure in `budgets`, else `default_attempts`), their
     history, result and checkpoint kept. By id (every one must exist and be retryable, or
-    nothing changes) or by `filters` (a status filter limited to the retryable ones)."""
+    nothing changes) or by `filters` (a status filter limited to the retryable ones). Their
+    durable steps (ctx.step) are kept, so the retry resumes after the last stored step, unless
+    `clear_steps` (after a fix to a step: every step runs again)."""
     if attempts is not None and (
         isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 1000
     ):
@@ -439,6 +450,8 @@ def retry(
                 },
             ).fetchall()
             done.extend(int(r[0]) for r in changed)
+            if clear_steps and changed:
+                conn.execute(Q["clear_steps"], {"ids": [int(r[0]) for r in changed]})
             for kind in sorted({str(r[1]) for r in changed}):
                 conn.execute(Q["notify_kind"], {"kind": kind})
         if dry_run:

@@ -98,6 +98,19 @@ UPDATE leasework.runs
    AND (tenant IS NULL OR leasework.tenant_queued_run(tenant, priority))
 RETURNING id, kind
 
+-- name: run_steps
+-- `leasework show`: a run's stored durable steps (ctx.step), their sizes and the attempt that
+-- stored each.
+SELECT name, octet_length(value::text)::bigint AS bytes, attempt, created_at
+  FROM leasework.run_steps
+ WHERE run_id = %(id)s
+ ORDER BY created_at, name
+
+-- name: clear_steps
+-- `retry --clear-steps`: the retried runs' durable steps (ctx.step) deleted in the retry's
+-- transaction, so that every step runs again.
+DELETE FROM leasework.run_steps WHERE run_id = ANY(%(ids)s::bigint[])
+
 -- name: delete_runs
 -- Terminal runs only (guarded). The runs_deleted trigger hands their counts to
 -- leasework.counters in the same statement.

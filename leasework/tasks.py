@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -17,9 +18,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import psycopg
 from cronsim import CronSim, CronSimError
 
+from . import results
 from .config import Config
 from .encoding import check_json
-from .errors import ConfigError
+from .errors import ConfigError, WrongConnection
 from .text import MAX_LABEL, control_problem
 
 Handler = Callable[[Any, Any], Any]  # fn(ctx, payload): a Context, or an AsyncContext
@@ -41,11 +43,41 @@ class Enqueued:
     """What `App.enqueue_run` did: the run's id, and whether it is a run of the key that was
     there already rather than a new one. `how`, when it is: "active" (the key's active run, or
     its waiting run for an exclusive enqueue), "window" (the key's run of a unique window, which
-    may have finished), "debounced" (the key's pending run, which took this payload)."""
+    may have finished), "debounced" (the key's pending run, which took this payload).
+    `wait()` waits for the run's end (README "Waiting for a result")."""
 
     run_id: int
     existing: bool = False
     how: str | None = field(default=None, compare=False)
+    # The connection it was enqueued on, weakly (`wait()` without one waits there).
+    origin: weakref.ref[Any] | None = field(default=None, compare=False, repr=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled without its connection (a weak reference cannot be pickled)."""
+        return (Enqueued, (self.run_id, self.existing, self.how))
+
+    def bound(self, conn: Any) -> Enqueued:
+        """This, remembering `conn` as the connection it was enqueued on."""
+        return Enqueued(self.run_id, self.existing, self.how, weakref.ref(conn))
+
+    def wait(self, conn: Any = None, *, timeout: float | None = None) -> Any:
+        """Wait until the run ends and return its result, or raise `RunFailed` (`RunCancelled`,
+        `RunPartial`: the run's status, error and result on it); `WaitTimeout` (a TimeoutError)
+        after `timeout` seconds, the run left as it is. On `conn`, else on the connection the
+        run was enqueued on, once its transaction committed (a connection still inside it is
+        refused: the run cannot start before the commit). On a psycopg AsyncConnection it
+        returns an awaitable: `await handle.wait(timeout=5)`. Woken by NOTIFY on a direct
+        connection, polling (50 ms growing to 1 s) through a pooler."""
+        if conn is None:
+            conn = None if self.origin is None else self.origin()
+            if conn is None:
+                raise WrongConnection(
+                    f"wait(): run {self.run_id}'s enqueue connection is unknown or gone: pass an "
+                    "open connection, handle.wait(conn, timeout=...)"
+                )
+        if isinstance(conn, psycopg.AsyncConnection):
+            return results.wait_async(conn, self.run_id, timeout)
+        return results.wait(conn, self.run_id, timeout)
 
 
 # merge(old_payload, new_payload) -> the payload of the key's debounced run: the stored one (as

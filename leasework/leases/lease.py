@@ -787,6 +787,35 @@ async def afence(conn: AConn, claim: Claim) -> bool:
     return await cur.fetchone() is not None
 
 
+# -- durable steps (ctx.step): read once per attempt, each written once under the fence -----------
+
+
+def load_steps(conn: Conn, claim: Owned) -> dict[str, str]:
+    """The run's stored steps: name -> its value as JSON text."""
+    rows = conn.execute(Q["load_steps"], {"id": claim.id}, prepare=True).fetchall()
+    return {str(r[0]): str(r[1]) for r in rows}
+
+
+def store_step(conn: Conn, claim: Owned, name: str, value: JsonText) -> bool:
+    """Store a step's value if the run is still ours with a live lease. False: it is not, and
+    nothing was written."""
+    params = _params(claim, name=name, value=value)
+    return conn.execute(Q["store_step"], params, prepare=True).fetchone() is not None
+
+
+async def aload_steps(conn: AConn, claim: Owned) -> dict[str, str]:
+    """`load_steps` on an async connection."""
+    cur = await conn.execute(Q["load_steps"], {"id": claim.id}, prepare=True)
+    return {str(r[0]): str(r[1]) for r in await cur.fetchall()}
+
+
+async def astore_step(conn: AConn, claim: Owned, name: str, value: JsonText) -> bool:
+    """`store_step` on an async connection."""
+    params = _params(claim, name=name, value=value)
+    cur = await conn.execute(Q["store_step"], params, prepare=True)
+    return await cur.fetchone() is not None
+
+
 def expire_worker_leases(conn: Conn, worker: str, reason: str) -> list[int]:
     """Expire every lease held by a worker known to be dead (the supervisor reaped it)."""
     rows = conn.execute(Q["expire_worker_leases"], {"worker": worker, "reason": reason}).fetchall()

@@ -857,3 +857,25 @@ SELECT extract(epoch FROM least(
 
 -- name: db_now
 SELECT leasework.now()
+
+-- name: load_steps
+-- A handler's durable steps stored so far (ctx.step), read once per attempt at its first step,
+-- never at the claim. Not fenced: the values are final (written once, store_step).
+SELECT name, value::text FROM leasework.run_steps WHERE run_id = %(id)s
+
+-- name: store_step
+-- One durable step's value, written once (the primary key) and only while the run is ours with a
+-- live lease. FOR KEY SHARE as fence_run: a claim (FOR UPDATE ... SKIP LOCKED) cannot take the run
+-- while this write is uncommitted, and one that took it first leaves this with no row (the owner
+-- re-checked on the claimed row), so a later attempt's load_steps sees every step a lost attempt
+-- committed. Inside ctx.transaction() it runs on the fenced connection and commits with the
+-- step's effects. No row: the run is no longer ours, nothing was written.
+WITH owned AS MATERIALIZED (
+    SELECT id, attempts
+      FROM leasework.runs
+     WHERE id = %(id)s AND lease_owner = %(owner)s AND lease_expires_at > leasework.now()
+       FOR KEY SHARE
+)
+INSERT INTO leasework.run_steps (run_id, name, value, attempt, created_at)
+SELECT id, %(name)s, %(value)s::jsonb, attempts, leasework.now() FROM owned
+RETURNING run_id

@@ -12,11 +12,13 @@ through the protocol and a fenced transaction never ends without its commit or r
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, nullcontext, suppress
 from typing import Any, Protocol
 
+import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
@@ -25,7 +27,7 @@ from .. import log
 from ..errors import Aborted, LeaseLost, is_transient
 from ..leases import lease
 from ..leases.lease import Claim
-from .context import RunFacts
+from .context import RunFacts, T
 from .keeper import Held
 from .parents import QUERY as PARENTS
 from .parents import Parents, parents_of
@@ -179,6 +181,55 @@ class AsyncContext(RunFacts):
                 self._parents = parents_of(await cur.fetchall())
         return self._parents
 
+    # -- durable steps ----------------------------------------------------------------------
+
+    async def step(
+        self, name: str, fn: Callable[..., T | Awaitable[T]], /, *args: Any, **kwargs: Any
+    ) -> T:
+        """`Context.step` for an async handler: `await ctx.step(name, fn, *args)`, `fn` a plain
+        function or a coroutine function (awaited). Stored once per run, read back by every
+        later attempt instead of calling `fn`; inside `async with ctx.transaction()` the record
+        commits with the transaction's effects."""
+        self._step_begin(name)
+        tx = self._tx_conn
+        try:
+            if self._steps is None:
+                with self._shielded():
+                    if tx is not None:
+                        self._steps = await lease.aload_steps(tx, self.claim)
+                    else:
+                        pool = await self._runner.apool()
+                        async with pool.connection() as conn:
+                            self._steps = await lease.aload_steps(conn, self.claim)
+            stored = self._step_stored(name)
+            if stored is not None:
+                return orjson.loads(stored)  # type: ignore[no-any-return]
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+        except BaseException:
+            self._steps_used.discard(name)
+            raise
+        data = self._step_encode(name, value)
+        with self._shielded():
+            try:
+                if tx is not None:
+                    ok = await lease.astore_step(tx, self.claim, name, data)
+                else:
+                    pool = await self._runner.apool()
+                    async with pool.connection() as conn:
+                        ok = await lease.astore_step(conn, self.claim, name, data)
+            except BaseException:
+                self._steps_used.discard(name)
+                raise
+        if not ok:
+            self._lost("step matched no row")
+            if tx is not None:
+                raise LeaseLost(f"run {self.claim.id} is no longer ours")
+            self._raised = True
+            raise Aborted("lost")
+        return self._step_kept(name, data, tx is not None)  # type: ignore[no-any-return]
+
     # -- effects ----------------------------------------------------------------------------
 
     @asynccontextmanager
@@ -208,8 +259,10 @@ class AsyncContext(RunFacts):
                     self._tx_conn = None
                 with self._shielded():
                     await block.__aexit__(None, None, None)  # commit
+                self._steps_committed()
             except BaseException as exc:
                 self._processed, self._total = saved
+                self._steps_rolled_back()
                 with self._shielded():
                     busy = await adiscard_if_busy(conn)
                     if entered and not conn.closed:

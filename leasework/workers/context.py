@@ -14,13 +14,15 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from .. import log
-from ..errors import Aborted, LeaseLost, is_transient
+from ..encoding import check_json
+from ..errors import Aborted, LeaseLost, PayloadError, ResultError, is_transient
 from ..leases import lease
 from ..leases.lease import Claim
 from .connections import Connections
@@ -31,6 +33,10 @@ from .parents import Parents, parents_of
 Conn = psycopg.Connection[Any]
 
 __all__ = ["AbortSignal", "Context", "RunFacts", "describe_error"]
+
+T = TypeVar("T")
+
+STEP_NAME_MAX = 200  # characters of a durable step's name (run_steps' CHECK)
 
 
 def discard_if_busy(conn: Conn) -> bool:
@@ -75,6 +81,11 @@ class RunFacts:
         self._shield = 0
         self._pending = False
         self._raised = False  # the handler has been told
+        # Durable steps (ctx.step): the values stored for this run, name -> JSON text, read at
+        # the first step of the attempt (None: not yet, and a run without steps pays nothing
+        # more); the names this attempt used; those stored inside the open fenced transaction,
+        # kept only once it commits.
+        self._steps: dict[str, str] | None = None
 
     @property
     def last_renewal(self) -> float:
@@ -119,6 +130,66 @@ class RunFacts:
     @property
     def worker_id(self) -> str:
         return self._runner.worker_id
+
+    # -- durable steps: the bookkeeping shared by Context.step and AsyncContext.step ----------
+
+    _steps_used: set[str]
+    _steps_pending: dict[str, str]
+
+    def _step_begin(self, name: object) -> None:
+        """Refuse a name that is no step name, or one this attempt used already."""
+        if "_steps_used" not in self.__dict__:
+            self._steps_used = set()
+            self._steps_pending = {}
+        if not isinstance(name, str) or not 1 <= len(name) <= STEP_NAME_MAX:
+            raise ValueError(
+                f"ctx.step(name, fn): name must be a string of 1 to {STEP_NAME_MAX} characters, "
+                f"got {name!r}"
+            )
+        if name in self._steps_used:
+            raise ValueError(
+                f"ctx.step({name!r}) was already called in this attempt: each step of a run needs "
+                "a name of its own (for a loop, put the item in it: f'page-{n}')"
+            )
+        self._steps_used.add(name)
+
+    def _step_stored(self, name: str) -> str | None:
+        """The value stored for `name` (JSON text), by this attempt or an earlier one."""
+        assert self._steps is not None
+        return self._steps_pending.get(name, self._steps.get(name))
+
+    def _step_encode(self, name: str, value: Any) -> lease.JsonText:
+        """A step's value as JSON text, checked as results are (ResultError if it cannot be
+        stored: the attempt fails like any handler error)."""
+        try:
+            data = check_json(f"the value of step {name!r}", value, lease.RESULT_CEILING)
+        except PayloadError as exc:
+            self._steps_used.discard(name)
+            raise ResultError(str(exc)) from None
+        return lease.JsonText(data.decode())
+
+    def _step_kept(self, name: str, data: str, in_transaction: bool) -> Any:
+        """After the step's row was written: remember it (inside a fenced transaction, only once
+        that commits) and return the value as a later attempt would read it."""
+        data = str.__str__(data)  # a plain str: orjson refuses a subclass (lease.JsonText)
+        if in_transaction:
+            self._steps_pending[name] = data
+        else:
+            assert self._steps is not None
+            self._steps[name] = data
+        return orjson.loads(data)
+
+    def _steps_committed(self) -> None:
+        if self._steps is not None and self._steps_pending:
+            self._steps.update(self._steps_pending)
+            self._steps_pending.clear()
+
+    def _steps_rolled_back(self) -> None:
+        """The steps stored inside a fenced transaction that rolled back were never stored: their
+        names may be used again in this attempt."""
+        if self._steps is not None and self._steps_pending:
+            self._steps_used.difference_update(self._steps_pending)
+            self._steps_pending.clear()
 
 
 class AttemptHost(Protocol):
@@ -250,6 +321,50 @@ class Context(RunFacts):
                 self._parents = parents_of(conn.execute(PARENTS, {"id": self.claim.id}))
         return self._parents
 
+    # -- durable steps ----------------------------------------------------------------------
+
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run `fn(*args, **kwargs)` once per run: its return value (JSON, as results are) is
+        stored in the run under `name`, and an attempt that finds it stored gets it back instead
+        of calling `fn` again. The value returned is the stored one as JSON reads it back (a
+        tuple comes back a list), the same in every attempt. Stored while the run is still ours
+        (else `Aborted("lost")`, or inside `ctx.transaction()` `LeaseLost`); inside
+        `ctx.transaction()` the step's record commits, or rolls back, with the transaction's
+        effects. `fn` itself is at-least-once: an attempt that dies after `fn` returned and
+        before the record committed calls it again in the next attempt. A name is used once per
+        attempt (ValueError)."""
+        self._step_begin(name)
+        tx = self._tx_conn
+        try:
+            if self._steps is None:
+                with self._shielded():
+                    conn = tx if tx is not None else self._runner.conns.main()
+                    self._steps = lease.load_steps(conn, self.claim)
+            stored = self._step_stored(name)
+            if stored is not None:
+                return orjson.loads(stored)  # type: ignore[no-any-return]
+            value = fn(*args, **kwargs)
+        except BaseException:
+            self._steps_used.discard(name)
+            raise
+        data = self._step_encode(name, value)
+        with self._shielded():
+            try:
+                conn = tx if tx is not None else self._runner.conns.main()
+                ok = lease.store_step(conn, self.claim, name, data)
+            except psycopg.Error as exc:
+                self._steps_used.discard(name)
+                if tx is None and is_transient(exc):
+                    self._runner.conns.drop_main()
+                raise
+        if not ok:
+            self._lost("step matched no row")
+            if tx is not None:
+                raise LeaseLost(f"run {self.claim.id} is no longer ours")
+            self._raised = True
+            raise Aborted("lost")
+        return self._step_kept(name, data, tx is not None)  # type: ignore[no-any-return]
+
     # -- effects ----------------------------------------------------------------------------
 
     @contextmanager
@@ -283,8 +398,10 @@ class Context(RunFacts):
                     self._tx_conn = None
                 with self._shielded():
                     block.__exit__(None, None, None)  # commit
+                self._steps_committed()
             except BaseException as exc:
                 self._processed, self._total = saved
+                self._steps_rolled_back()
                 with self._shielded():
                     busy = discard_if_busy(conn)
                     if tx is not None and tx.status == tx.Status.ACTIVE:

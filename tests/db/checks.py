@@ -68,12 +68,18 @@ def stale_owner_writes_nothing(conn: Conn, tenant: str | None = None) -> None:
     assert lease.release(conn, old) is None
     with conn.transaction():
         assert lease.fence(conn, old) is False
+    stored = lease.store_step(conn, old, "stale", lease.JsonText("1"))
+    assert stored is False, "a stale owner stored a durable step"
     assert get_run(conn, run_id) == before, "a stale owner's write changed the row"
+    steps = conn.execute("SELECT count(*) FROM leasework.run_steps").fetchone()
+    assert steps == (0,), "a stale owner stored a durable step"
 
     # The new owner's writes land.
     assert lease.control(conn, new) == "ok"
     assert lease.renew(conn, new) is not None
     assert lease.checkpoint(conn, new, 1, 2) is True
+    assert lease.store_step(conn, new, "fresh", lease.JsonText("2")) is True
+    assert lease.load_steps(conn, new) == {"fresh": "2"}
     assert lease.finish(conn, new, "succeeded", result={"ok": 1}) is True
     done = get_run(conn, run_id)
     assert done["status"] == "succeeded" and done["result"] == {"ok": 1}

@@ -134,6 +134,7 @@ def fails_with(
 RENEW_WITHOUT_OWNER = Mutation("renew_lease", " AND lease_owner = %(owner)s")
 CLAIM_IGNORES_CANCEL = Mutation("claim_runs", "AND r.cancel_requested_at IS NULL ")
 BATCH_FINISH_WITHOUT_OWNER = Mutation("finish_runs", "AND r.lease_owner = d.owner")
+STEP_WITHOUT_OWNER = Mutation("store_step", " AND lease_owner = %(owner)s")
 
 
 def test_renewal_without_owner_predicate_is_caught(
@@ -153,6 +154,13 @@ def test_batch_finish_without_owner_predicate_is_caught(
     monkeypatch: pytest.MonkeyPatch, conn: Conn
 ) -> None:
     fails_with(monkeypatch, conn, BATCH_FINISH_WITHOUT_OWNER, stale_owner_writes_nothing)
+
+
+def test_durable_step_without_owner_predicate_is_caught(
+    monkeypatch: pytest.MonkeyPatch, conn: Conn
+) -> None:
+    err = fails_with(monkeypatch, conn, STEP_WITHOUT_OWNER, stale_owner_writes_nothing)
+    assert "stored a durable step" in str(err)
 
 
 # -- one branch of the claim at a time ------------------------------------------------------------

@@ -212,7 +212,7 @@ def test_the_workflows_examples_run_as_written(dsn: str, conn: Any) -> None:
     from leasework.testing import drain
 
     blocks = re.findall(r"```python\n(.*?)```", section("Workflows"), re.S)
-    depends, builder, fanout = blocks
+    depends, builder, fanout = blocks[:3]
     app = App()
 
     @app.task("fetch")
@@ -251,3 +251,85 @@ def test_the_workflows_examples_run_as_written(dsn: str, conn: Any) -> None:
         "SELECT status FROM leasework.runs WHERE kind = 'summarise' AND payload ? 'site'"
     ).fetchall()
     assert callbacks == [("succeeded",)]
+
+
+def _draining(app: Any, dsn: str, kind: str, stop: Any) -> Any:
+    """A worker of sorts on a thread: drains `kind` (retries' delays jumped) until `stop`."""
+    import threading
+
+    from leasework.testing import drain
+
+    def loop() -> None:
+        while not stop.is_set():
+            drain(app, dsn, [kind], jump_delays=True)
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_workflows_wait_example_answers_a_web_request(dsn: str, conn: Any) -> None:
+    """README, "Workflows": the web request waiting for a report's result, as written, with a
+    worker draining beside it: 200 and the result; 500 and the error once the report fails."""
+    import threading
+
+    files = files_of("Workflows")
+    assert "myproject/views.py" in files
+    module: dict[str, Any] = {"__name__": "views"}
+    exec(compile(files["myproject/views.py"], "myproject/views.py", "exec"), module)
+    stop = threading.Event()
+    worker = _draining(module["app"], dsn, "report", stop)
+    try:
+        assert module["report_view"](dsn, 48) == (200, {"week": 48, "total": 288})
+
+        def broken(week: int) -> list[int]:
+            raise RuntimeError("the warehouse is offline")
+
+        module["load_rows"] = broken
+        status, body = module["report_view"](dsn, 49)
+    finally:
+        stop.set()
+        worker.join(30)
+    assert status == 500 and body["status"] == "failed"
+    assert "the warehouse is offline" in body["error"]
+
+
+def test_the_workflows_steps_example_calls_each_step_once(dsn: str, conn: Any) -> None:
+    """README, "Durable steps": the onboarding handler as written, with stand-ins for the three
+    services; a first attempt that dies after the mail resumes with the stored account."""
+    from types import SimpleNamespace
+
+    from leasework import App, Context
+    from leasework.testing import drain
+
+    blocks = re.findall(r"```python\n(.*?)```", section("Workflows"), re.S)
+    [steps] = [b for b in blocks if "def onboard" in b]
+    conn.execute("CREATE TABLE IF NOT EXISTS public.invoices (account int, number text)")
+    conn.execute("TRUNCATE public.invoices")
+    calls: list[str] = []
+    died: list[bool] = []
+
+    def invoice(account: int) -> dict[str, Any]:
+        calls.append("invoice")
+        if not died:
+            died.append(True)
+            raise ConnectionError("billing timed out")
+        return {"number": f"INV-{account}"}
+
+    services: dict[str, Any] = {
+        "app": App(),
+        "Context": Context,
+        "crm": SimpleNamespace(create_account=lambda email: calls.append("crm") or {"id": 7}),
+        "mailer": SimpleNamespace(send=lambda email, template: calls.append("mail")),
+        "billing": SimpleNamespace(invoice=invoice),
+    }
+    exec(steps, services)
+    app = services["app"]
+    run_id = app.enqueue(conn, "onboard", {"email": "ada@example.org"})
+    drain(app, dsn, ["onboard"], jump_delays=True)
+    run = app.get_run(conn, run_id)
+    assert run is not None and run["status"] == "succeeded", run
+    assert run["result"] == {"account": 7, "invoice": "INV-7"}
+    assert calls == ["crm", "mail", "invoice", "invoice"]
+    assert conn.execute("SELECT * FROM public.invoices").fetchall() == [(7, "INV-7")]

@@ -5,7 +5,10 @@ writes one effect row through the fenced transaction, together with its checkpoi
 resumes after the last committed step. Every start of a handler is logged (autocommit) to
 public.chaos_exec: executions, not only commits. `payload.die` kills the worker with SIGKILL at a
 critical point on the first attempt. `payload.tx_sleep` sleeps inside each step's
-open transaction. `poison` kills its worker on every attempt."""
+open transaction. `poison` kills its worker on every attempt. `durable` does `payload.durable`
+durable steps (ctx.step), each an "external call" that waits a little and logs a fresh token to
+public.chaos_step_calls; the odd ones inside a fenced transaction with an effect row that commits
+with the step's record."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from typing import Any
 
 import orjson
@@ -91,3 +95,40 @@ def steps(ctx: Context, payload: Any) -> dict[str, Any]:
 def poison(ctx: Context, payload: Any) -> None:
     _log_exec(ctx)
     _die()
+
+
+def _external_call(ctx: Context, name: str, sleep: float, called: list[str]) -> str:
+    """A call with an effect outside the database's transaction: it takes a while (a kill or a
+    SIGSTOP lands here), then logs the token it returns."""
+    _wait(ctx, sleep)
+    token = uuid.uuid4().hex
+    with ctx.connection() as conn:
+        conn.execute(
+            "INSERT INTO public.chaos_step_calls (run_id, name, token, attempt, owner)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (ctx.run_id, name, token, ctx.attempt, ctx.claim.owner),
+        )
+    called.append(token)
+    return token
+
+
+@app.task("durable", max_attempts=5)
+def durable(ctx: Context, payload: Any) -> dict[str, Any]:
+    _log_exec(ctx)
+    sleep = float(payload.get("sleep", 0.1))
+    values = []
+    for i in range(int(payload["durable"])):
+        name = f"s{i}"
+        called: list[str] = []
+        if i % 2 == 0:
+            values.append(ctx.step(name, _external_call, ctx, name, sleep, called))
+            continue
+        with ctx.transaction() as conn:
+            values.append(ctx.step(name, _external_call, ctx, name, sleep, called))
+            if called:  # stored now: its effect commits with it (else both did before)
+                conn.execute(
+                    "INSERT INTO public.chaos_effects (run_id, step, owner, attempt, pid)"
+                    " VALUES (%s, %s, %s, %s, %s)",
+                    (ctx.run_id, i, ctx.claim.owner, ctx.attempt, os.getpid()),
+                )
+    return {"values": values}

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from typing import Any
 
 import orjson
@@ -79,3 +80,39 @@ async def steps(ctx: AsyncContext, payload: Any) -> dict[str, Any]:
 async def poison(ctx: AsyncContext, payload: Any) -> None:
     await _log_exec(ctx)
     _die()
+
+
+async def _external_call(ctx: AsyncContext, name: str, sleep: float, called: list[str]) -> str:
+    """chaosapp's external call, awaited: it takes a while, then logs the token it returns."""
+    await asyncio.sleep(sleep)
+    token = uuid.uuid4().hex
+    async with ctx.connection() as conn:
+        await conn.execute(
+            "INSERT INTO public.chaos_step_calls (run_id, name, token, attempt, owner)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (ctx.run_id, name, token, ctx.attempt, ctx.claim.owner),
+        )
+    called.append(token)
+    return token
+
+
+@app.task("durable", max_attempts=5, concurrency=4)
+async def durable(ctx: AsyncContext, payload: Any) -> dict[str, Any]:
+    await _log_exec(ctx)
+    sleep = float(payload.get("sleep", 0.1))
+    values = []
+    for i in range(int(payload["durable"])):
+        name = f"s{i}"
+        called: list[str] = []
+        if i % 2 == 0:
+            values.append(await ctx.step(name, _external_call, ctx, name, sleep, called))
+            continue
+        async with ctx.transaction() as conn:
+            values.append(await ctx.step(name, _external_call, ctx, name, sleep, called))
+            if called:
+                await conn.execute(
+                    "INSERT INTO public.chaos_effects (run_id, step, owner, attempt, pid)"
+                    " VALUES (%s, %s, %s, %s, %s)",
+                    (ctx.run_id, i, ctx.claim.owner, ctx.attempt, os.getpid()),
+                )
+    return {"values": values}

@@ -75,3 +75,16 @@ END $$;
 DROP TRIGGER IF EXISTS chaos_log_transition ON leasework.runs;
 CREATE TRIGGER chaos_log_transition AFTER INSERT OR UPDATE ON leasework.runs
     FOR EACH ROW EXECUTE FUNCTION public.chaos_log_transition();
+
+-- Every call of a durable step's function (chaosapp's `durable`), logged (autocommit, outside the
+-- fence) as it returns, with the token it returns: calls, stored or not (leasework.run_steps
+-- holds the value stored, once).
+CREATE TABLE IF NOT EXISTS public.chaos_step_calls (
+    seq     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id  bigint NOT NULL,
+    name    text NOT NULL,
+    token   text NOT NULL,
+    attempt int NOT NULL,
+    owner   uuid NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tests.conftest import wait_for
 
+from .chaosapp import app as chaos_app
 from .harness import ChaosRun, worker_pid
 
 Chaos = Callable[..., ChaosRun]
@@ -365,3 +366,135 @@ def kill_9_right_after_a_parents_seal(chaos: Chaos, kills: int = 3) -> None:
     assert killed, "no parent's seal observed"
     run.finish()
     _check_workflow(run, dependent, callback)
+
+
+# -- durable steps (ctx.step): chaosapp's `durable` -----------------------------------------------
+
+
+def _enqueue_durable(run: ChaosRun, n: int, steps: int, sleep: tuple[float, float]) -> list[int]:
+    with run.connect() as conn:
+        ids = [
+            chaos_app.enqueue(
+                conn, "durable", {"durable": steps, "sleep": round(run.rand.uniform(*sleep), 3)}
+            )
+            for _ in range(n)
+        ]
+    run.enqueued.extend(ids)
+    return ids
+
+
+def durable_step_violations(run: ChaosRun, ids: list[int]) -> list[str]:
+    """Every step's value stored once, by the attempt whose call returned it, never called again
+    by a later attempt; a succeeded run returned exactly the stored values; the effect of a step
+    inside a fenced transaction committed once, and only with the step's record."""
+    q = run.query
+    v: list[str] = []
+    v += [
+        f"run {r[0]} step {r[1]}: stored {r[2]!r} is no call of the attempt that stored it"
+        for r in q(
+            "SELECT s.run_id, s.name, s.value #>> '{}' FROM leasework.run_steps s"
+            " WHERE s.run_id = ANY(%s) AND NOT EXISTS (SELECT 1 FROM public.chaos_step_calls c"
+            "  WHERE c.run_id = s.run_id AND c.name = s.name AND c.token = s.value #>> '{}'"
+            "    AND c.attempt = s.attempt)",
+            (ids,),
+        )
+    ]
+    v += [
+        f"run {r[0]} step {r[1]} called again by attempt {r[2]} after attempt {r[3]} stored it"
+        for r in q(
+            "SELECT c.run_id, c.name, c.attempt, s.attempt FROM public.chaos_step_calls c"
+            " JOIN leasework.run_steps s ON s.run_id = c.run_id AND s.name = c.name"
+            " WHERE c.run_id = ANY(%s) AND c.attempt > s.attempt",
+            (ids,),
+        )
+    ]
+    v += [
+        f"succeeded run {r[0]} returned {r[1]} but stored {r[2]}"
+        for r in q(
+            "SELECT r.id, r.result -> 'values',"
+            " (SELECT jsonb_agg(s.value ORDER BY substr(s.name, 2)::int)"
+            "    FROM leasework.run_steps s WHERE s.run_id = r.id)"
+            " FROM leasework.runs r WHERE r.id = ANY(%s) AND r.status = 'succeeded'",
+            (ids,),
+        )
+        if r[1] != r[2] or len(r[1]) != 6
+    ]
+    v += [
+        f"run {r[0]} step {r[1]}: {r[2]} effects with {'a' if r[3] else 'no'} stored record"
+        for r in q(
+            "SELECT s.run_id, s.i, (SELECT count(*) FROM public.chaos_effects e"
+            "        WHERE e.run_id = s.run_id AND e.step = s.i),"
+            "       EXISTS (SELECT 1 FROM leasework.run_steps t"
+            "        WHERE t.run_id = s.run_id AND t.name = 's' || s.i)"
+            "  FROM (SELECT id AS run_id, i FROM leasework.runs, generate_series(1, 5, 2) AS i"
+            "         WHERE id = ANY(%s)) s",
+            (ids,),
+        )
+        if r[2] != (1 if r[3] else 0)
+    ]
+    v += [
+        f"run {r[0]}: a step was written twice ({r[1]})"
+        for r in q(
+            "SELECT id, error FROM leasework.runs WHERE id = ANY(%s)"
+            " AND (history::text LIKE '%%run_steps_pkey%%' OR error LIKE '%%run_steps_pkey%%')",
+            (ids,),
+        )
+    ]
+    return v
+
+
+def _steps_stored(run: ChaosRun, n: int) -> None:
+    wait_for(
+        lambda: run.query("SELECT count(*) FROM leasework.run_steps")[0][0] >= n,
+        timeout=30,
+        interval=0.05,
+    )
+
+
+def kill_9_during_durable_steps(chaos: Chaos) -> None:
+    """kill -9 of busy children while their runs are inside a step's call or storing it."""
+    run = chaos()
+    run.start()
+    ids = _enqueue_durable(run, 12, 6, (0.15, 0.3))
+    _steps_stored(run, 4)
+    for _ in range(3):
+        time.sleep(run.rand.uniform(0.0, 0.5))  # a random moment, not a wait for a condition
+        run.kill_child()
+    run.quiesce()
+    violations = durable_step_violations(run, ids)
+    run.finish()
+    assert not violations, "\n".join(violations[:30])
+    _all_durable_steps_stored(run, ids)
+
+
+def sigstop_past_the_lease_during_durable_steps(chaos: Chaos) -> None:
+    """kill -9, then a child paused past its lease in a step (watchdog and dead man's switch off,
+    so it wakes up after its run was taken and tries to store its step: refused)."""
+    run = chaos(watchdog=False, hang_timeout=0, deadman=False)
+    run.start()
+    ids = _enqueue_durable(run, 12, 6, (0.2, 0.35))
+    _steps_stored(run, 4)
+    for _ in range(2):
+        time.sleep(run.rand.uniform(0.0, 0.5))
+        run.kill_child()
+    fault = run.sigstop_child(1.5 * run.cfg["lease"])
+    run.quiesce()
+    violations = durable_step_violations(run, ids)
+    run.finish()
+    assert not violations, "\n".join(violations[:30])
+    _all_durable_steps_stored(run, ids)
+    owners = run.query(
+        "SELECT DISTINCT new_owner FROM public.chaos_transitions"
+        " WHERE run_id = %s AND new_status = 'running'",
+        (fault.run_id,),
+    )
+    assert len(owners) >= 2, owners
+
+
+def _all_durable_steps_stored(run: ChaosRun, ids: list[int]) -> None:
+    rows = run.query(
+        "SELECT r.status, count(s.*) FROM leasework.runs r"
+        " LEFT JOIN leasework.run_steps s ON s.run_id = r.id WHERE r.id = ANY(%s) GROUP BY r.id",
+        (ids,),
+    )
+    assert {(r[0], r[1]) for r in rows} == {("succeeded", 6)}, rows

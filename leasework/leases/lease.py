@@ -62,7 +62,6 @@ QUICK_NAME = b"leasework_finish_and_claim_queued"
 LEAN_NAME = b"leasework_finish_and_claim_lean"
 QUICK_ONE_NAME = b"leasework_finish_and_claim_queued_one"
 LEAN_ONE_NAME = b"leasework_finish_and_claim_lean_one"
-FINISH_AND_CLAIM_QUEUED_NUMBERED = wire.numbered(FINISH_AND_CLAIM_QUEUED, QUICK_PARAMS)
 # claim_runs and finish_and_claim go through a psycopg RawCursor with their parameters numbered:
 # psycopg parses a statement's %(name)s placeholders on every execution past 4 KiB (its parse
 # cache), and the claim with its per-kind ranges and turns is longer than that; a raw query is
@@ -88,13 +87,18 @@ def _rated(quick_claim: bytes, probed: bool) -> bytes:
     probed or lean: its WITH, then finish_and_claim_queued's UPDATE with rated_claim for its
     claim. The quick claim also gives the kind of the run it takes."""
     claim = quick_claim.replace(b"<handed_on>", Q["handed_on_rated"]).replace(b"%(limit)s", b"1")
-    claim = claim.replace(b"SELECT c.id FROM unnest", b"SELECT c.id,k.kind FROM unnest", 1)
-    claim = claim.replace(b"SELECT r.id FROM leasework.runs r", b"SELECT r.id,r.kind FROM leasework.runs r", 1)
+    for first, with_kind in (
+        (b"SELECT c.id FROM unnest", b"SELECT c.id,k.kind FROM unnest"),
+        (b"SELECT r.id FROM leasework.runs r", b"SELECT r.id,r.kind FROM leasework.runs r"),
+    ):
+        if claim.startswith(first):
+            claim = with_kind + claim[len(first) :]
+    assert b".kind FROM" in claim[:40], "the quick claim no longer starts as _rated expects"
     prefix = Q["finish_and_claim_rated"].replace(b"<quick_claim>", claim)
     prefix = prefix.replace(b" <due_elsewhere>", b" " + Q["due_elsewhere"] if probed else b"")
     gated = b"CASE WHEN NOT (false <due_elsewhere>) THEN (<quick_claim>) END"
     body = Q["finish_and_claim_queued"]
-    assert gated in body and b"AS kind" not in claim
+    assert gated in body
     return prefix + b" " + body.replace(gated, Q["rated_claim"])
 
 
@@ -102,11 +106,6 @@ FINISH_AND_CLAIM_RATED = _rated(Q["quick_claim"], probed=True)
 FINISH_AND_CLAIM_RATED_LEAN = _rated(Q["quick_claim"], probed=False)
 FINISH_AND_CLAIM_RATED_ONE = _rated(Q["quick_claim_one"], probed=True)
 FINISH_AND_CLAIM_RATED_LEAN_ONE = _rated(Q["quick_claim_one"], probed=False)
-# Whether a kind among those polled has a rate: finish_and_claim_rated is then the quick form.
-RATED_AMONG = (
-    b"SELECT EXISTS (SELECT 1 FROM leasework.kind_limits"
-    b" WHERE kind = ANY(%(kinds)s::text[]) AND rate_count IS NOT NULL)"
-)
 
 
 def _form(text: bytes, name: bytes) -> tuple[bytes, bytes, bytes]:
@@ -122,18 +121,10 @@ _QUICK_FORMS = {
     (False, True, True): _form(
         FINISH_AND_CLAIM_RATED_LEAN_ONE, b"leasework_finish_and_claim_rated_lean_one"
     ),
-    (True, False, False): (FINISH_AND_CLAIM_QUEUED, QUICK_NAME, FINISH_AND_CLAIM_QUEUED_NUMBERED),
-    (False, False, False): (FINISH_AND_CLAIM_LEAN, LEAN_NAME, FINISH_AND_CLAIM_LEAN_NUMBERED),
-    (True, True, False): (
-        FINISH_AND_CLAIM_QUEUED_ONE,
-        QUICK_ONE_NAME,
-        wire.numbered(FINISH_AND_CLAIM_QUEUED_ONE, QUICK_PARAMS),
-    ),
-    (False, True, False): (
-        FINISH_AND_CLAIM_LEAN_ONE,
-        LEAN_ONE_NAME,
-        wire.numbered(FINISH_AND_CLAIM_LEAN_ONE, QUICK_PARAMS),
-    ),
+    (True, False, False): _form(FINISH_AND_CLAIM_QUEUED, QUICK_NAME),
+    (False, False, False): _form(FINISH_AND_CLAIM_LEAN, LEAN_NAME),
+    (True, True, False): _form(FINISH_AND_CLAIM_QUEUED_ONE, QUICK_ONE_NAME),
+    (False, True, False): _form(FINISH_AND_CLAIM_LEAN_ONE, LEAN_ONE_NAME),
 }
 
 Conn = psycopg.Connection[Any]
@@ -502,7 +493,7 @@ def finish_and_claim(
     else:
         # A kind with a rate is claimed by the quick statement only in its rated form: whether
         # one is polled, asked when claim_runs took a run (so at most once per chain.recheck).
-        row = conn.execute(RATED_AMONG, {"kinds": params["kinds"]}).fetchone()
+        row = conn.execute(Q["rated_among"], {"kinds": params["kinds"]}).fetchone()
         chain.rated = bool(row and row[0])
     return sealed, claims[0] if claims else None
 

@@ -571,6 +571,12 @@ WITH sealing AS MATERIALIZED (
     RETURNING x.kind
 )
 
+-- name: rated_among
+-- Whether a kind among those polled has a rate: a lease.Chain then sends finish_and_claim_rated
+-- as its quick statement. Asked when claim_runs took a run the quick statement left.
+SELECT EXISTS (SELECT 1 FROM leasework.kind_limits
+                WHERE kind = ANY(%(kinds)s::text[]) AND rate_count IS NOT NULL)
+
 -- name: rated_claim
 -- finish_and_claim_rated's claim: the candidate, if its kind has no rate or `rated` recorded it.
 (SELECT c.id FROM candidate c

@@ -223,9 +223,20 @@ class ChaosRun:
         return fault
 
     def sigstop_child(self, seconds: float) -> Fault:
-        pid, run_id, owner = self.busy_child()
+        # A child killed a moment ago may still be listed, its run not yet released by its
+        # parent: when the one picked is gone, pick another busy child (within busy_child's
+        # own deadline).
+        deadline = time.monotonic() + 20
+        while True:
+            pid, run_id, owner = self.busy_child()
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                break
+            except ProcessLookupError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)  # polling interval while the parent reaps the dead child
         fault = Fault("sigstop_child", time.time(), run_id, owner)
-        os.kill(pid, signal.SIGSTOP)
         try:
             time.sleep(seconds)  # the fault's duration, not a wait for a condition
         finally:

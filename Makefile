@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-alone fuzz mutants lint demo chaos clean bench bench-quick bench-long bench-peers bench-async compat
+.PHONY: test test-alone fuzz mutants lint docs screenshots demo chaos clean bench bench-quick bench-long bench-peers bench-async compat
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -11,13 +11,23 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check leasework tests bench
+	$(VENV)/bin/ruff check leasework tests bench tools
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
+# The manual (docs/, mkdocs.yml) as a site in site/: --strict turns every warning (a broken link
+# or anchor, a page left out of the nav, an unreadable docstring) into a failure.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+# The dashboard's screenshots in docs/images/ (docs/dashboard.md shows them), taken by its browser
+# test in headless Chromium on the test's own data; commit them when the pages change.
+screenshots: $(STAMP)
+	LEASEWORK_SCREENSHOTS='$(CURDIR)/docs/images' $(VENV)/bin/pytest -q tests/db/test_dashboard_screenshots.py
+
 # The tiers are folders (tests/README.md): `make test` runs every one but tests/chaos (unit, db,
-# process, security), `make chaos` tests/chaos alone.
-test: lint
+# process, security), `make chaos` tests/chaos alone; the manual's site is built first.
+test: lint docs
 	$(VENV)/bin/pytest -q --ignore=tests/chaos tests
 
 # Each test file in a pytest of its own (tests/chaos excepted): every one must pass alone, not
@@ -122,4 +132,4 @@ compat: $(STAMP)
 		status=$$?; cd $(CURDIR); git worktree remove --force .compat; exit $$status
 
 clean:
-	rm -rf $(VENV) bench/.venv-peers bench/.results*.jsonl .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) site bench/.venv-peers bench/.results*.jsonl .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,7 @@
 -- Grant these NOLOGIN roles to your login roles, e.g.
 --   CREATE ROLE jobs_host LOGIN PASSWORD '...' IN ROLE leasework_worker;
 --   CREATE ROLE web_app   LOGIN PASSWORD '...' IN ROLE leasework_enqueue;
--- What each role can and cannot do: README.md, "Security".
+-- What each role can and cannot do: docs/security.md.
 
 -- Roles are cluster-wide. Each is made only when missing, so a schema owner without CREATEROLE
 -- can run this file once they exist; when one is missing and cannot be made, one line says what
@@ -66,9 +66,9 @@ GRANT EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boole
 -- The first half of a debounce_merge (a pending payload of a key this role could debounce).
 GRANT EXECUTE ON FUNCTION leasework.debounce_pending(text, text, text) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.cancel(bigint) TO leasework_enqueue;
--- The enqueuing span's traceparent, written into the run it just made (README "Tracing").
+-- The enqueuing span's traceparent, written into the run it just made (docs/operations.md, "Tracing").
 GRANT EXECUTE ON FUNCTION leasework.trace_run(bigint, text) TO leasework_enqueue;
--- Add a run to an open batch (README "Workflows").
+-- Add a run to an open batch (docs/workflows.md).
 GRANT EXECUTE ON FUNCTION leasework.join_batch(bigint, bigint) TO leasework_enqueue;
 -- Waiting for a run's end (`handle.wait`, `app.wait`): the status, result and error of a run
 -- named by its id, and the mark that makes its end NOTIFY (leasework.run_outcome). Revoke it if

@@ -1314,7 +1314,7 @@ def cmd_limits(args: argparse.Namespace, cfg: Config) -> int:
         sys.stdout.write(json_text([_plain_row(r) for r in rows]) + "\n")
         return EXIT_OK
     if not rows:
-        print("no kind has a limit (README, \"Flow control\")")
+        print("no kind has a limit (docs/flow-control.md)")
         return EXIT_OK
     lines = status.limit_lines(rows, now.timestamp())
     sys.stdout.write("\n".join(terminal_safe(line) for line in lines) + "\n")

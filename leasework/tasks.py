@@ -110,6 +110,9 @@ class Windows:
 
 @dataclass(frozen=True)
 class Task:
+    """A registered kind, as `@app.task` records it (`app.tasks[kind]`): its handler and its
+    settings, each None where the config's default applies."""
+
     kind: str
     fn: Handler
     max_attempts: int | None = None

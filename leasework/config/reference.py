@@ -47,8 +47,8 @@ def toml_value(value: Any) -> str:
 def reference(sections: Iterable[type] = ()) -> str:
     """The configuration reference as Markdown tables, generated from the field definitions: the
     engine's, then each of `sections`' in their order. `leasework config --reference` prints it
-    (with the built-in families' sections and the named app's), and the README's copy is checked
-    against it."""
+    (with the built-in families' sections and the named app's), and the copy in
+    docs/configuration.md is checked against it."""
     out = [_table(dataclasses.fields(Config), "The engine: the worker, its lease, the supervisor")]
     for cls in catalogue(sections):
         out.append(_table(dataclasses.fields(cls), f"{title(cls)} (`{cls.__module__}`)"))

@@ -116,7 +116,7 @@ class Config:
         metadata=doc(
             "kinds that get a line of their own in `leasework status`, the dashboard's tables and "
             "charts and a `kind` label in /metrics: those with the most runs in the table; the "
-            "rest are summed into one `other` (each kind shown adds about 4 KB to a scrape; README \"Metrics\")",
+            "rest are summed into one `other` (each kind shown adds about 4 KB to a scrape; docs/operations.md, \"Metrics\")",
             range=Range(1, 10_000),
         ),
     )

@@ -1,7 +1,8 @@
-"""The README's "Testing your tasks" example, run as it stands there: its two files written out
-and run by pytest in a subprocess with the leasework plugin, on a database of their own. Also the
-plugin's refusals (no database named, a database whose name does not say `test`), and the
-"Scaling" section's sharding example against two databases."""
+"""The manual's code examples, run as they stand there (docs/): "Testing your tasks"
+(docs/testing.md), its two files written out and run by pytest in a subprocess with the leasework
+plugin, on a database of their own; the plugin's refusals (no database named, a database whose
+name does not say `test`); the sharding example of "Scaling" (docs/scaling.md) against two
+databases; the examples of "Flow control" and "Workflows"."""
 
 from __future__ import annotations
 
@@ -23,19 +24,17 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from leasework import db
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
-def section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index(f"## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else None]
+def page(name: str) -> str:
+    """A page of the manual, docs/NAME.md, whole."""
+    return (DOCS / f"{name}.md").read_text(encoding="utf-8")
 
 
-def files_of(title: str) -> dict[str, str]:
-    """The section's python blocks that start with `# path`: {path: code}."""
-    blocks = re.findall(r"```python\n(# (\S+\.py)\n.*?)```", section(title), re.S)
+def files_of(name: str) -> dict[str, str]:
+    """The page's python blocks that start with `# path`: {path: code}."""
+    blocks = re.findall(r"```python\n(# (\S+\.py)\n.*?)```", page(name), re.S)
     return {path: code for code, path in blocks}
 
 
@@ -71,8 +70,8 @@ def run_pytest(
     )
 
 
-def test_the_readme_testing_example_passes_as_written(tmp_path: Path, plugin_db: str) -> None:
-    files = files_of("Testing your tasks")
+def test_the_testing_example_passes_as_written(tmp_path: Path, plugin_db: str) -> None:
+    files = files_of("testing")
     assert set(files) == {"myapp/tasks.py", "tests/test_reports.py"}
     for path, code in files.items():
         target = tmp_path / path
@@ -138,7 +137,7 @@ def test_the_entry_point_is_declared() -> None:
 
 @pytest.fixture
 def two_databases(server_dsn: str) -> Iterator[list[str]]:
-    """Two fresh databases, migrated: the README's two shards."""
+    """Two fresh databases, migrated: the two shards of the example in "Scaling"."""
     names = [f"lw_shard_test_{os.getpid()}_{secrets.token_hex(3)}" for _ in range(2)]
     dsns = []
     with psycopg.connect(server_dsn, autocommit=True) as admin:
@@ -158,12 +157,12 @@ def two_databases(server_dsn: str) -> Iterator[list[str]]:
                 )
 
 
-def test_the_readme_sharding_example_puts_each_tenant_in_one_database(
+def test_the_sharding_example_puts_each_tenant_in_one_database(
     two_databases: list[str],
 ) -> None:
-    """README, "Scaling": the example as written, its SHARDS pointed at two test databases;
+    """docs/scaling.md: the example as written, its SHARDS pointed at two test databases;
     every tenant's runs land in one database, the same each time, and both databases get some."""
-    files = files_of("Scaling")
+    files = files_of("scaling")
     assert set(files) == {"myproject/shards.py"}
     module: dict[str, Any] = {"__name__": "shards"}
     exec(compile(files["myproject/shards.py"], "myproject/shards.py", "exec"), module)
@@ -183,12 +182,12 @@ def test_the_readme_sharding_example_puts_each_tenant_in_one_database(
 
 
 def test_the_flow_control_examples_do_what_the_section_says(dsn: str, conn: Any) -> None:
-    """The "Flow control" section's Python blocks, run as they stand with an app, a DSN and a
+    """The Python blocks of "Flow control" (docs/flow-control.md), run as they stand with an app, a DSN and a
     connection: a second report of the account returns the first; two reindex enqueues of a
     document make one run with both ids."""
     from leasework import App
 
-    blocks = re.findall(r"```python\n(.*?)```", section("Flow control"), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", page("flow-control"), re.S)
     windows = [b for b in blocks if "unique_for=" in b]
     debounces = [b for b in blocks if "debounce=" in b]
     assert len(windows) == 1 and len(debounces) == 1
@@ -205,13 +204,13 @@ def test_the_flow_control_examples_do_what_the_section_says(dsn: str, conn: Any)
 
 
 def test_the_workflows_examples_run_as_written(dsn: str, conn: Any) -> None:
-    """The "Workflows" section's blocks, run as they stand: the dependencies and the builder
+    """The blocks of "Workflows" (docs/workflows.md), run as they stand: the dependencies and the builder
     enqueue what they say, and the fan-out over discovered pages, with a page that adds another
     and a page that fails, writes one summary once every page has ended."""
     from leasework import App, Fail
     from leasework.testing import drain
 
-    blocks = re.findall(r"```python\n(.*?)```", section("Workflows"), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", page("workflows"), re.S)
     depends, builder, fanout = blocks[:3]
     app = App()
 
@@ -270,11 +269,11 @@ def _draining(app: Any, dsn: str, kind: str, stop: Any) -> Any:
 
 
 def test_the_workflows_wait_example_answers_a_web_request(dsn: str, conn: Any) -> None:
-    """README, "Workflows": the web request waiting for a report's result, as written, with a
+    """docs/workflows.md: the web request waiting for a report's result, as written, with a
     worker draining beside it: 200 and the result; 500 and the error once the report fails."""
     import threading
 
-    files = files_of("Workflows")
+    files = files_of("workflows")
     assert "myproject/views.py" in files
     module: dict[str, Any] = {"__name__": "views"}
     exec(compile(files["myproject/views.py"], "myproject/views.py", "exec"), module)
@@ -296,14 +295,14 @@ def test_the_workflows_wait_example_answers_a_web_request(dsn: str, conn: Any) -
 
 
 def test_the_workflows_steps_example_calls_each_step_once(dsn: str, conn: Any) -> None:
-    """README, "Durable steps": the onboarding handler as written, with stand-ins for the three
+    """docs/workflows.md, "Durable steps": the onboarding handler as written, with stand-ins for the three
     services; a first attempt that dies after the mail resumes with the stored account."""
     from types import SimpleNamespace
 
     from leasework import App, Context
     from leasework.testing import drain
 
-    blocks = re.findall(r"```python\n(.*?)```", section("Workflows"), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", page("workflows"), re.S)
     [steps] = [b for b in blocks if "def onboard" in b]
     conn.execute("CREATE TABLE IF NOT EXISTS public.invoices (account int, number text)")
     conn.execute("TRUNCATE public.invoices")

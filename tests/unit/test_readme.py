@@ -1,5 +1,5 @@
-"""The README's configuration reference is the one generated from leasework/config/, and the
-README keeps its two commands."""
+"""The configuration reference in docs/configuration.md is the one generated from
+leasework/config/, and the README keeps its two commands."""
 
 from __future__ import annotations
 
@@ -12,16 +12,18 @@ from leasework.cli import config_sections
 
 SECTIONS = config_sections()  # the built-in families' sections, as the CLI reads them
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
 
 
 def test_configuration_reference_is_current() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert START in text and END in text, "README lost its config-reference markers"
+    text = CONFIGURATION.read_text(encoding="utf-8")
+    assert START in text and END in text, "docs/configuration.md lost its config-reference markers"
     section = text[text.index(START) + len(START) : text.index(END)]
     assert section == config.reference(SECTIONS), (
-        "README's configuration reference is stale: replace the lines between the "
+        "docs/configuration.md's configuration reference is stale: replace the lines between the "
         "config-reference markers with the output of `leasework config --reference`"
     )
 

@@ -329,6 +329,17 @@ def test_mypy_checks_the_typed_enqueue(tmp_path: Path) -> None:
                 b: int = await (await adouble.enqueue_run_async(aconn, n=1)).wait(timeout=1)
                 c: dict[str, int] = await double.enqueue_run(aconn, n=1).wait()  # line 55
                 d: str = await (await adouble.enqueue_run_async(aconn, n=1)).wait()  # line 56
+
+
+            def policies(conn: psycopg.Connection[Any]) -> None:
+                from leasework import After
+
+                handle = double.enqueue_run(conn, n=1)
+                send_report.configure(after=[1, handle, After(2, "run"), After(handle, "cancel")])
+                wf = app.workflow()
+                node = wf.add("double", {}, after=After(3, on_failure="run"))
+                wf.add("double", {}, after=[node, After(node, "run")])
+                send_report.configure(after=[After(2, "maybe")])  # line 67
             """
         ).lstrip("\n")
     )
@@ -351,5 +362,5 @@ def test_mypy_checks_the_typed_enqueue(tmp_path: Path) -> None:
     )
     errors = [line for line in done.stdout.splitlines() if ": error:" in line]
     lines = sorted({int(line.split(":")[1]) for line in errors})
-    assert lines == [30, 31, 32, 47, 48, 49, 55, 56], done.stdout + done.stderr
+    assert lines == [30, 31, 32, 47, 48, 49, 55, 56, 67], done.stdout + done.stderr
     assert any('Unexpected keyword argument "wek"' in e for e in errors)

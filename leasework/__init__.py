@@ -24,7 +24,8 @@ from .errors import (
     WaitTimeout,
     WrongConnection,
 )
-from .handles import TaskHandle
+from .handles import AsyncTaskRun, TaskHandle, TaskRun
+from .tasks import After
 from .workers.context import Context
 from .workers.worker import Worker
 
@@ -32,7 +33,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Aborted",
+    "After",
     "App",
+    "AsyncTaskRun",
     "Client",
     "Config",
     "ConfigError",
@@ -52,6 +55,7 @@ __all__ = [
     "Snooze",
     "Task",
     "TaskHandle",
+    "TaskRun",
     "UnknownKind",
     "WaitTimeout",
     "Worker",

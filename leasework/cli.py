@@ -114,6 +114,16 @@ def _run_id(text: str) -> int:
     return value
 
 
+def _parent_id(text: str) -> int:
+    """A run id given to --after, named in the refusal."""
+    try:
+        return _run_id(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be the id of a run (a positive integer below 2**63), got {text!r}"
+        ) from None
+
+
 def _count_or_none(text: str) -> int | None:
     """A limit's count (its range is checked with the others') or `none`."""
     if text.strip().lower() == "none":
@@ -266,6 +276,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="with --debounce: due at the latest this long after the pending run's first enqueue",
+    )
+    p.add_argument(
+        "--after",
+        type=_parent_id,
+        action="append",
+        metavar="RUN_ID",
+        help="wait (blocked) until this run has ended; repeat for each run it waits for",
+    )
+    p.add_argument(
+        "--on-parent-failure",
+        choices=("cancel", "run"),
+        default=None,
+        help="with --after: a run waited for that ended failed or cancelled cancels this one "
+        "(cancel, the default) or not (run)",
     )
 
     p = sub.add_parser("cancel", help="cancel a run: queued now, running at its next check")
@@ -687,6 +711,8 @@ def _parse_payload(text: str | None, flag: str = "--payload") -> Any:
 
 
 def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
+    import psycopg
+
     app = load_app(cfg.app, cfg)
     payload = _parse_payload(args.payload)
     options: EnqueueOptions = {
@@ -705,10 +731,20 @@ def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
         options["debounce"] = args.debounce
     if args.debounce_max is not None:
         options["debounce_max"] = args.debounce_max
+    if args.on_parent_failure is not None and args.after is None:
+        raise ConfigError("enqueue: --on-parent-failure needs --after RUN_ID: the runs it waits for")
+    if args.after is not None:
+        options["after"] = args.after
+    if args.on_parent_failure is not None:
+        options["on_parent_failure"] = args.on_parent_failure
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
-        with conn.transaction():
-            done = app.enqueue_run(conn, args.kind, payload, **options)
+        try:
+            with conn.transaction():
+                done = app.enqueue_run(conn, args.kind, payload, **options)
+        except psycopg.errors.InvalidParameterValue as exc:
+            # leasework.enqueue's refusal (an --after run that does not exist): its one line
+            raise ConfigError(f"enqueue: {exc.diag.message_primary or exc}") from None
     print(done.run_id)
     said = {
         "active": "already has an active run: returned run {id}, enqueued nothing",

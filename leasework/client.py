@@ -18,7 +18,7 @@ from .errors import ConfigError, LeaseworkError, NotFound, WrongConnection
 from .queries import load
 from .tasks import (
     DEFAULT_TIMEOUT,
-    After,
+    Dependencies,
     Enqueued,
     EnqueueOptions,
     ManyOptions,
@@ -99,7 +99,8 @@ class _Many:
     keys: list[str | None] | None
     windows: Windows
     payloads: Sequence[Any]  # as given (a debounce_merge merges these)
-    after: After = field(default_factory=After)  # the runs every payload's run waits for (README "Workflows")
+    # What each payload's run waits for (README "Workflows").
+    after: Dependencies = field(default_factory=Dependencies)
 
     def keyed_params(self) -> dict[str, Any]:
         return {**self.common, "payloads": [p.decode() for p in self.encoded], "keys": self.keys}
@@ -131,8 +132,7 @@ class _Many:
                 "payload": Jsonb(body, dumps=client._dumps),
                 "merge_into": None,
                 "merge_seen": None,
-                "after": self.after.parents,
-                "on_parent_failure": self.after.on_parent_failure,
+                **_dependency_params(self.after),
             }
             yield _One(params)
 
@@ -231,9 +231,25 @@ def _merged(client: Client, one: _One) -> Generator[Step, Any, Enqueued]:
 
 
 def _statement(one: _One) -> bytes:
-    """enqueue_run, or enqueue_after for a run that waits for others: a run without them sends
-    the statement it always sent."""
+    """enqueue_run, or enqueue_after for a run that waits for others (enqueue_after_policies when
+    some parent has a policy of its own): a run without them sends the statement it always
+    sent."""
+    if "edge_parents" in one.params:
+        return Q["enqueue_after_policies"]
     return Q["enqueue_after"] if "after" in one.params else Q["enqueue_run"]
+
+
+def _dependency_params(after: Dependencies) -> dict[str, Any]:
+    """The parameters of enqueue_after (and, with policies of their own, of
+    enqueue_after_policies) for a run that waits for `after.parents`."""
+    params: dict[str, Any] = {
+        "after": after.parents,
+        "on_parent_failure": after.on_parent_failure,
+    }
+    if after.policies:
+        params["edge_parents"] = [p for p, _ in after.policies]
+        params["edge_policies"] = [policy for _, policy in after.policies]
+    return params
 
 
 def _check_run_id(run_id: object) -> int:
@@ -340,8 +356,7 @@ class Client:
             "merge_seen": None,
         }
         if after.parents is not None:  # the statement of a run that waits (enqueue_after)
-            params["after"] = after.parents
-            params["on_parent_failure"] = after.on_parent_failure
+            params.update(_dependency_params(after))
         self._dumps(body)  # refuse before touching the database
         return _One(params, windows.debounce_merge, body)
 

@@ -9,24 +9,28 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, Unpack
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, Unpack, overload
 
 import psycopg
 
 from .client import Client
 from .errors import ConfigError
-from .tasks import EnqueueOptions, accept_options, unexpected_keyword
+from .tasks import Enqueued, EnqueueOptions, accept_options, unexpected_keyword
 from .workers.context import Context
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
+E = TypeVar("E", bound=Enqueued)
 Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
 
 __all__ = [
+    "AsyncTaskRun",
     "Configured",
     "TaskHandle",
+    "TaskRun",
     "check_handler",
     "check_signature",
     "is_async",
@@ -208,9 +212,50 @@ def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     return value
 
 
+class TaskRun(Enqueued, Generic[R]):
+    """What a task's `.enqueue_run(conn, ...)` returns: an Enqueued whose `wait()` is typed with
+    the handler's result type (an `async def` handler's: what its coroutine returns), so mypy
+    sees `report.enqueue_run(conn, week=48).wait(timeout=5)` as the handler's return type. The
+    value is the stored result as JSON reads it back (a tuple comes back a list, a dataclass a
+    dict). On a psycopg AsyncConnection `wait(aconn)` is awaited."""
+
+    @overload
+    def wait(self, conn: AConn, *, timeout: float | None = None) -> Coroutine[Any, Any, R]: ...
+
+    @overload
+    def wait(self, conn: Conn | None = None, *, timeout: float | None = None) -> R: ...
+
+    def wait(self, conn: Any = None, *, timeout: float | None = None) -> Any:
+        """Enqueued.wait: the run's result once it succeeded, else its failure raised."""
+        return super().wait(conn, timeout=timeout)
+
+
+class AsyncTaskRun(Enqueued, Generic[R]):
+    """What a task's `await .enqueue_run_async(aconn, ...)` returns: `await handle.wait()` on
+    the connection it was enqueued on (or another AsyncConnection) is typed as TaskRun's is."""
+
+    @overload
+    def wait(self, conn: Conn, *, timeout: float | None = None) -> R: ...
+
+    @overload
+    def wait(
+        self, conn: AConn | None = None, *, timeout: float | None = None
+    ) -> Coroutine[Any, Any, R]: ...
+
+    def wait(self, conn: Any = None, *, timeout: float | None = None) -> Any:
+        """Enqueued.wait: awaited on an AsyncConnection."""
+        return super().wait(conn, timeout=timeout)
+
+
+def _typed(done: Enqueued, cls: type[E]) -> E:
+    """`done` as a TaskRun or an AsyncTaskRun (the same fields, its connection kept)."""
+    return cls(done.run_id, done.existing, done.how, done.origin)
+
+
 @dataclasses.dataclass(frozen=True)
-class Configured(Generic[P]):
-    """A task's typed enqueue with options: `task.configure(key="acct-7").enqueue(conn, ...)`."""
+class Configured(Generic[P, R]):
+    """A task's typed enqueue with options: `task.configure(key="acct-7").enqueue(conn, ...)`
+    and `.enqueue_run(conn, ...)`, which returns a TaskRun typed with the task's result."""
 
     client: Client
     kind: str
@@ -224,6 +269,41 @@ class Configured(Generic[P]):
     async def enqueue_async(self, conn: AConn, /, *args: P.args, **kwargs: P.kwargs) -> int:
         payload = _payload(self.fn, args, kwargs)
         return await self.client.enqueue_async(conn, self.kind, payload, **self.options)
+
+    @overload
+    def enqueue_run(
+        self: Configured[P, Coroutine[Any, Any, T]], conn: Conn, /, *args: P.args, **kwargs: P.kwargs
+    ) -> TaskRun[T]: ...
+
+    @overload
+    def enqueue_run(
+        self: Configured[P, T], conn: Conn, /, *args: P.args, **kwargs: P.kwargs
+    ) -> TaskRun[T]: ...
+
+    def enqueue_run(self, conn: Conn, /, *args: Any, **kwargs: Any) -> Any:
+        """`Client.enqueue_run` of this task: a TaskRun, whose `wait()` returns the result."""
+        payload = _payload(self.fn, args, kwargs)
+        return _typed(self.client.enqueue_run(conn, self.kind, payload, **self.options), TaskRun)
+
+    @overload
+    async def enqueue_run_async(
+        self: Configured[P, Coroutine[Any, Any, T]],
+        conn: AConn,
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> AsyncTaskRun[T]: ...
+
+    @overload
+    async def enqueue_run_async(
+        self: Configured[P, T], conn: AConn, /, *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncTaskRun[T]: ...
+
+    async def enqueue_run_async(self, conn: AConn, /, *args: Any, **kwargs: Any) -> Any:
+        """`enqueue_run` on a psycopg AsyncConnection: `await handle.wait()`."""
+        payload = _payload(self.fn, args, kwargs)
+        done = await self.client.enqueue_run_async(conn, self.kind, payload, **self.options)
+        return _typed(done, AsyncTaskRun)
 
 
 class TaskHandle(Generic[P, R]):
@@ -248,8 +328,9 @@ class TaskHandle(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<task {self.kind!r}: {self.__qualname__}>"
 
-    def configure(self, **options: Unpack[EnqueueOptions]) -> Configured[P]:
-        """The enqueue options (as `app.enqueue` takes them) for the next `.enqueue`."""
+    def configure(self, **options: Unpack[EnqueueOptions]) -> Configured[P, R]:
+        """The enqueue options (as `app.enqueue` takes them) for the next `.enqueue` or
+        `.enqueue_run`."""
         accept_options("configure", options, EnqueueOptions)
         return Configured(self.client, self.kind, self.fn, options)
 
@@ -260,3 +341,37 @@ class TaskHandle(Generic[P, R]):
     async def enqueue_async(self, conn: AConn, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """`enqueue` on a psycopg AsyncConnection."""
         return await self.configure().enqueue_async(conn, *args, **kwargs)
+
+    @overload
+    def enqueue_run(
+        self: TaskHandle[P, Coroutine[Any, Any, T]], conn: Conn, /, *args: P.args, **kwargs: P.kwargs
+    ) -> TaskRun[T]: ...
+
+    @overload
+    def enqueue_run(
+        self: TaskHandle[P, T], conn: Conn, /, *args: P.args, **kwargs: P.kwargs
+    ) -> TaskRun[T]: ...
+
+    def enqueue_run(self, conn: Conn, /, *args: Any, **kwargs: Any) -> Any:
+        """`enqueue`, returning a TaskRun (an Enqueued): `handle.wait(timeout=5)` after the
+        commit returns the run's result, typed as the handler's (README "Waiting for a
+        result")."""
+        return self.configure().enqueue_run(conn, *args, **kwargs)
+
+    @overload
+    async def enqueue_run_async(
+        self: TaskHandle[P, Coroutine[Any, Any, T]],
+        conn: AConn,
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> AsyncTaskRun[T]: ...
+
+    @overload
+    async def enqueue_run_async(
+        self: TaskHandle[P, T], conn: AConn, /, *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncTaskRun[T]: ...
+
+    async def enqueue_run_async(self, conn: AConn, /, *args: Any, **kwargs: Any) -> Any:
+        """`enqueue_run` on a psycopg AsyncConnection: `await handle.wait(timeout=5)`."""
+        return await self.configure().enqueue_run_async(conn, *args, **kwargs)

@@ -236,7 +236,8 @@ def dependencies(conn: Conn, run_id: int) -> dict[str, Any]:
 
 def run_steps(conn: Conn, run_id: int) -> list[dict[str, Any]]:
     """A run's stored durable steps (ctx.step), oldest first: name, bytes (of the value's
-    JSON), attempt (the one that stored it), created_at."""
+    JSON), attempt (the one that stored it), created_at, preview (the value's JSON, its first
+    200 characters)."""
     (run_id,) = check_ids([run_id])
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(Q["run_steps"], {"id": run_id}).fetchall()

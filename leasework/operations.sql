@@ -99,9 +99,11 @@ UPDATE leasework.runs
 RETURNING id, kind
 
 -- name: run_steps
--- `leasework show`: a run's stored durable steps (ctx.step), their sizes and the attempt that
--- stored each.
-SELECT name, octet_length(value::text)::bigint AS bytes, attempt, created_at
+-- `leasework show` and the dashboard's run page: a run's stored durable steps (ctx.step), their
+-- sizes, the attempt that stored each, and the start of each value's JSON (`preview`, at most
+-- 200 characters: the dashboard shows a short view).
+SELECT name, octet_length(value::text)::bigint AS bytes, attempt, created_at,
+       left(value::text, 200) AS preview
   FROM leasework.run_steps
  WHERE run_id = %(id)s
  ORDER BY created_at, name

@@ -119,3 +119,25 @@ SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, NULL::text, %(tenan
 -- name: join_batch
 -- A run joins an open batch (leasework.join_batch, schema.sql; README "Workflows").
 SELECT leasework.join_batch(%(batch)s::bigint, %(run)s::bigint)
+
+-- name: enqueue_after_policies
+-- enqueue_after for a run some of whose parents have a policy of their own (After(run,
+-- on_failure=...)): the run enqueued, then each such edge's policy set by
+-- leasework.set_dependency_policy (schema.sql), in this one statement, so in the enqueue's own
+-- transaction: until it commits no other session sees the run or its edges, and the deps stage
+-- decides a blocked run from committed edges only, so it decides this one by its edges' policies
+-- as set here (a run whose parents had all ended was decided by the enqueue, and is decided
+-- again by leasework.set_dependency_policy). Each call sees what the enqueue wrote (a volatile
+-- function's statements see those before them).
+WITH run AS MATERIALIZED (
+    SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, NULL::text, %(tenant)s::text,
+                             %(group)s::text, false, %(priority)s::integer, %(delay)s::float8,
+                             %(max_attempts)s::integer, %(lease)s::float8, %(timeout)s::float8,
+                             after => %(after)s::bigint[],
+                             on_parent_failure => %(on_parent_failure)s::text) AS id
+)
+SELECT run.id, 'false' AS existing,
+       (SELECT count(leasework.set_dependency_policy(run.id, e.parent, e.policy))
+          FROM unnest(%(edge_parents)s::bigint[], %(edge_policies)s::text[]) AS e(parent, policy))
+           AS policies
+  FROM run

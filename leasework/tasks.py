@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypedDict, Unpack
+from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
@@ -409,8 +409,9 @@ class _WindowOptions(TypedDict, total=False):
 class _DepOptions(TypedDict, total=False):
     # Dependencies (README "Workflows"): the run waits (`blocked`) until every run in `after` has
     # ended; a parent that ended `failed` or `cancelled` then cancels it (on_parent_failure
-    # "cancel", the default) or not ("run"). No key, exclusive, unique_for or debounce with it.
-    after: Sequence[int] | None
+    # "cancel", the default) or not ("run"); a parent given as After(run, on_failure) has a policy
+    # of its own. No key, exclusive, unique_for or debounce with it.
+    after: Sequence[ParentRef] | None
     on_parent_failure: str | None
 
 
@@ -491,19 +492,45 @@ def check_options(given: Mapping[str, Any], *, reserved: bool = False) -> Option
 # (what app.batch gives its callback; README "Workflows").
 ON_PARENT_FAILURE = ("cancel", "run", "batch")
 
+# A dependency's own policy (After.on_failure; leasework.set_dependency_policy in SQL).
+Policy = Literal["cancel", "run"]
+POLICIES: tuple[Policy, ...] = ("cancel", "run")
+
+T_co = TypeVar("T_co", covariant=True)
+
 
 @dataclass(frozen=True)
-class After:
+class After(Generic[T_co]):
+    """One parent with a policy of its own (README "Workflows", "A policy per dependency"):
+    `after=[fetched, After(mirrored, on_failure="run")]` waits for both, and is cancelled if
+    `fetched` fails or is cancelled, but runs whatever `mirrored`'s end. `parent`: a run id, or
+    anything with an int `run_id` (an Enqueued); in a workflow, a node or a group. `on_failure`:
+    what the parent's end `failed` or `cancelled` means for this run, "cancel" or "run"; the
+    parents given without one follow the run's `on_parent_failure`."""
+
+    parent: T_co
+    on_failure: Policy
+
+
+# What `after` takes: run ids, handles (Enqueued), and either with a policy of its own.
+ParentRef = int | Enqueued | After[int] | After[Enqueued]
+
+
+@dataclass(frozen=True)
+class Dependencies:
     """The dependency options as checked (check_after): the parents' ids, or None (no
-    dependency), and the policy when a parent fails or is cancelled (None: "cancel")."""
+    dependency), the policy when a parent fails or is cancelled (None: "cancel"), and `policies`:
+    the parents whose own policy (After) differs from that, (parent, policy) in order, each once."""
 
     parents: list[int] | None = None
     on_parent_failure: str | None = None
+    policies: tuple[tuple[int, Policy], ...] = ()
 
 
-def check_after(given: Mapping[str, Any]) -> After:
+def check_after(given: Mapping[str, Any]) -> Dependencies:
     """`after` and `on_parent_failure` checked: a list of run ids (an int each, or anything with
-    an int `run_id`, such as Enqueued), and "cancel" or "run"; ConfigError names a bad one."""
+    an int `run_id`, such as Enqueued, each maybe in an After with its own policy), and "cancel"
+    or "run"; ConfigError names a bad one."""
     after = given.get("after")
     policy = given.get("on_parent_failure")
     if policy is not None and policy not in ON_PARENT_FAILURE:
@@ -513,18 +540,44 @@ def check_after(given: Mapping[str, Any]) -> After:
     if after is None:
         if policy is not None:
             raise ConfigError("on_parent_failure needs after: the runs this run waits for")
-        return After()
-    if isinstance(after, str | bytes | int) or not isinstance(after, Iterable):
+        return Dependencies()
+    if isinstance(after, str | bytes | int | After) or not isinstance(after, Iterable):
         raise ConfigError(f"after must be a list of run ids, got {type(after).__name__}")
+    default: Policy = "run" if policy in ("run", "batch") else "cancel"
     parents: list[int] = []
+    chosen: dict[int, Policy] = {}  # each parent's policy: its After's, else the run's
     for item in after:
+        edge = default
+        if isinstance(item, After):
+            if policy == "batch":
+                raise ConfigError(
+                    "after cannot give a parent a policy of its own (After) with "
+                    "on_parent_failure='batch': every parent of a batch's callback is a member"
+                )
+            edge = check_policy(item)
+            item = item.parent
         run_id = getattr(item, "run_id", item)
         if isinstance(run_id, bool) or not isinstance(run_id, int) or not 1 <= run_id < 2**63:
             raise ConfigError(f"after must be a list of run ids (positive integers), got {item!r}")
         parents.append(run_id)
+        if chosen.setdefault(run_id, edge) != edge:
+            raise ConfigError(
+                f"after gives run {run_id} two policies, {chosen[run_id]!r} and {edge!r} (a "
+                "parent without After has the run's on_parent_failure): name each parent once"
+            )
     if len(parents) > AFTER_MAX:
         raise ConfigError(f"after takes at most {AFTER_MAX} run ids, got {len(parents)}")
-    return After(parents, policy)
+    policies = tuple((p, edge) for p, edge in chosen.items() if edge != default)
+    return Dependencies(parents, policy, policies)
+
+
+def check_policy(after: After[Any]) -> Policy:
+    """An After's `on_failure` checked: "cancel" or "run"."""
+    if after.on_failure not in POLICIES:
+        raise ConfigError(
+            f"After(..., on_failure=) must be 'cancel' or 'run', got {after.on_failure!r}"
+        )
+    return after.on_failure
 
 
 AFTER_MAX = 10_000  # leasework.enqueue_blocked's bound too

@@ -14,7 +14,7 @@ import psycopg
 from .client import Client, async_connection, sync_connection
 from .errors import ConfigError
 from .queries import load
-from .tasks import EnqueueOptions
+from .tasks import After, EnqueueOptions, check_policy
 
 Q = load("leasework", "runs.sql")
 Conn = psycopg.Connection[Any]
@@ -36,13 +36,15 @@ class Group(tuple[Node, ...]):
 
 
 Parent = Node | Group | int  # a node of this workflow, a group, or the id of an existing run
+# A parent, or a parent with a policy of its own: After(node, on_failure="run").
+Dep = Parent | After[Parent]
 
 
 @dataclass
 class _Spec:
     kind: str
     payload: Any
-    after: list[Parent]
+    after: list[Dep]
     options: dict[str, Any]
 
 
@@ -64,11 +66,12 @@ class Workflow:
         payload: Any = None,
         *,
         name: str | None = None,
-        after: Parent | Iterable[Parent] | None = None,
+        after: Dep | Iterable[Dep] | None = None,
         **options: Any,
     ) -> Node:
         """A run of `kind`, waiting for `after` (policy: `on_parent_failure`, "cancel" by
-        default); the options of `Client.enqueue` but key, exclusive and the windows."""
+        default, or a parent's own, `After(node, on_failure="run")`); the options of
+        `Client.enqueue` but key, exclusive and the windows."""
         parents = self._parents(after)
         self.client.defaults(kind)  # a kind refused here is refused before anything is sent
         index = len(self._specs)
@@ -82,7 +85,7 @@ class Workflow:
         items: Iterable[tuple[str, Any]],
         *,
         name: str | None = None,
-        after: Parent | Iterable[Parent] | None = None,
+        after: Dep | Iterable[Dep] | None = None,
         **options: Any,
     ) -> Group:
         """Runs side by side (a fan-out), each (kind, payload), each after `after`; named
@@ -96,7 +99,7 @@ class Workflow:
             nodes.append(self.add(kind, payload, name=label, after=after, **options))
         return Group(nodes)
 
-    def chain(self, *items: tuple[str, Any], after: Parent | Iterable[Parent] | None = None) -> Group:
+    def chain(self, *items: tuple[str, Any], after: Dep | Iterable[Dep] | None = None) -> Group:
         """Runs one after another (a -> b -> c), each (kind, payload), the first after `after`."""
         nodes: list[Node] = []
         for kind, payload in items:
@@ -129,14 +132,18 @@ class Workflow:
     def _opts(self, spec: _Spec, ids: list[int]) -> EnqueueOptions:
         opts: dict[str, Any] = dict(spec.options)
         if spec.after:
-            parents: list[int] = []
-            for p in spec.after:
-                if isinstance(p, Node):
-                    parents.append(ids[p.index])
-                elif isinstance(p, Group):
-                    parents.extend(ids[n.index] for n in p)
+            parents: list[int | After[int]] = []
+            for dep in spec.after:
+                target, policy = (
+                    (dep.parent, dep.on_failure) if isinstance(dep, After) else (dep, None)
+                )
+                if isinstance(target, Node):
+                    found = [ids[target.index]]
+                elif isinstance(target, Group):
+                    found = [ids[n.index] for n in target]
                 else:
-                    parents.append(p)
+                    found = [target]
+                parents.extend(found if policy is None else [After(i, policy) for i in found])
             opts["after"] = parents
         return opts  # type: ignore[return-value]
 
@@ -149,26 +156,34 @@ class Workflow:
             raise ConfigError(f"two nodes are named {name!r}: give each node its own name")
         return name
 
-    def _parents(self, after: Parent | Iterable[Parent] | None) -> list[Parent]:
+    def _parents(self, after: Dep | Iterable[Dep] | None) -> list[Dep]:
         if after is None:
             return []
-        given: list[Any] = [after] if isinstance(after, Node | Group | int) else list(after)
-        out: list[Parent] = []
-        for p in given:
-            if isinstance(p, Group):
-                out.append(p)
-                for n in p:
-                    self._own(n)
-            elif isinstance(p, Node):
-                self._own(p)
-                out.append(p)
-            elif isinstance(p, int) and not isinstance(p, bool) and p > 0:
-                out.append(p)
-            else:
-                raise ConfigError(
-                    f"after takes nodes or groups of this workflow, or run ids, got {p!r}"
-                )
-        return out
+        given: list[Any] = (
+            [after] if isinstance(after, Node | Group | int | After) else list(after)
+        )
+        return [
+            After(self._target(dep.parent), check_policy(dep))
+            if isinstance(dep, After)
+            else self._target(dep)
+            for dep in given
+        ]
+
+    def _target(self, p: object) -> Parent:
+        """`p` checked: a node or a group of this workflow, or a run id."""
+        if isinstance(p, Group):
+            for n in p:
+                self._own(n)
+            return p
+        if isinstance(p, Node):
+            self._own(p)
+            return p
+        if isinstance(p, int) and not isinstance(p, bool) and p > 0:
+            return p
+        raise ConfigError(
+            "after takes nodes or groups of this workflow, or run ids, each maybe with a policy "
+            f"of its own (After(node, on_failure='run')), got {p!r}"
+        )
 
     def _own(self, node: Node) -> None:
         if self._names.get(node.name) != node.index:

@@ -689,6 +689,7 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
         f'<section id="run"><h2>Run #{esc(rid)}</h2><dl>{dl}</dl></section>',
         _run_actions(run, v),
         _dependencies_section(run.get("dependencies"), v),
+        _steps_section(run.get("steps")),
         _history_section(run.get("history"), run, now),
         _tables_section(run.get("result")),
     ]
@@ -742,6 +743,37 @@ def _dependencies_section(found: Mapping[str, Any] | None, v: View) -> str:
         )
     parts.append("</section>")
     return "".join(parts)
+
+
+# Characters of a durable step's stored value (its JSON) shown on the run page.
+STEP_PREVIEW = 120
+
+
+def _steps_section(steps: Sequence[Mapping[str, Any]] | None) -> str:
+    """A run's durable steps (ctx.step, README "Durable steps"), oldest first: name, when
+    stored, the attempt that stored it, size, and the start of its value's JSON, escaped (a
+    value is whatever a step returned: text a page must never run)."""
+    if not steps:
+        return ""
+    rows = []
+    for s in steps:
+        text = str(s.get("preview") or "")  # at most 200 characters (operations.run_steps)
+        if len(text) > STEP_PREVIEW:
+            text = text[:STEP_PREVIEW] + "…"
+        rows.append(
+            [
+                esc(s.get("name")),
+                esc(when(s.get("created_at"))),
+                esc(s.get("attempt")),
+                esc(s.get("bytes")),
+                f'<code class="step-value">{esc(text)}</code>',
+            ]
+        )
+    headers = ["step", "stored (UTC)", "#attempt", "#bytes", "value"]
+    return (
+        f'<section id="steps"><h2>Durable steps ({esc(len(steps))})</h2>'
+        f"{table(headers, rows, empty='no steps')}</section>"
+    )
 
 
 # -- actions: POST forms carrying the CSRF token, drawn only when actions are on ---------------

@@ -411,6 +411,7 @@ class DashboardApp:
             if row is not None:
                 row["held_back"] = operations.held_back(conn, run_id)
                 row["dependencies"] = operations.dependencies(conn, run_id)
+                row["steps"] = operations.run_steps(conn, run_id)
         if row is None:
             return None
         return pages.run_page(row, now=now, v=v)

@@ -158,6 +158,40 @@ def test_enqueue_with_a_unique_window_or_a_debounce_says_which_run_it_returned(
     assert "debounce:  2 enqueues merged" in ok(cli("show", str(pending)))
 
 
+def test_enqueue_after_other_runs(conn: Conn, cli: Any) -> None:
+    """`leasework enqueue --after ID [--after ID ...] [--on-parent-failure cancel|run]`: the run
+    waits (`blocked`) for them; a bad or unknown id, or the policy without --after, is one line
+    on stderr, exit 2, nothing written."""
+    first = int(ok(cli(*ENQUEUE, "--delay", "3600")))
+    second = int(ok(cli(*ENQUEUE, "--delay", "3600")))
+    child = int(ok(cli(*ENQUEUE, "--after", str(first), "--after", str(second))))
+    anyway = int(ok(cli(*ENQUEUE, "--after", str(first), "--on-parent-failure", "run")))
+    assert get_run(conn, child)["status"] == "blocked"
+    rows = conn.execute(
+        "SELECT child, parent, anyway FROM leasework.run_deps ORDER BY child, parent"
+    ).fetchall()
+    assert rows == [(child, first, False), (child, second, False), (anyway, first, True)]
+    shown = ok(cli("show", str(child)))
+    assert f"#{first}" in shown and f"#{second}" in shown and "on failure: cancel" in shown
+    before = count_runs(conn)
+    bad = [
+        (["--after", "12x"], "enqueue: argument --after: must be the id of a run (a positive "
+         "integer below 2**63), got '12x'"),
+        (["--after", "0"], "got '0'"),
+        (["--after", str(10**12)], f"enqueue: after: there is no run {10**12} (a run can only "
+         "wait for runs that exist)"),
+        (["--on-parent-failure", "run"], "--on-parent-failure needs --after RUN_ID"),
+        (["--after", str(first), "--on-parent-failure", "maybe"], "invalid choice: 'maybe'"),
+        (["--after", str(first), "--key", "k"], "after cannot be combined with key"),
+    ]
+    for args, line in bad:
+        done = cli(*ENQUEUE, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stdout == ""
+        assert len(done.stderr.splitlines()) == 1 and line in done.stderr, (args, done.stderr)
+    assert count_runs(conn) == before
+
+
 BAD_DSNS = [
     "postgresql://bob:s3cretpw@127.0.0.1:1/nodb",
     "host=127.0.0.1 port=1 password=s3cretpw nonsense_option=1",

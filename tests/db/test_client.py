@@ -15,7 +15,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework import App, Client, ConfigError, Context, UnknownKind, WrongConnection
+from leasework import (
+    App,
+    AsyncTaskRun,
+    Client,
+    ConfigError,
+    Context,
+    Enqueued,
+    RunFailed,
+    TaskRun,
+    UnknownKind,
+    WrongConnection,
+)
 from leasework.testing import drain
 
 Conn = psycopg.Connection[Any]
@@ -215,6 +226,48 @@ def test_typed_enqueue_from_the_task_object(dsn: str, conn: Conn) -> None:
     assert conn.execute("SELECT count(*) FROM leasework.runs").fetchone() == (4,)
 
 
+def test_a_tasks_enqueue_run_returns_a_handle_that_waits_for_its_result(
+    dsn: str, conn: Conn
+) -> None:
+    """`task.enqueue_run(conn, ...)` and `await task.enqueue_run_async(aconn, ...)` (also after
+    `.configure(...)`): an Enqueued (a TaskRun) whose `wait()` returns the result, on the
+    connection it was enqueued on; the key's run returned says so, as app.enqueue_run does."""
+    app = App()
+
+    @app.task("double")
+    def double(ctx: Context, *, n: int) -> dict[str, int]:
+        return {"n": 2 * n}
+
+    @app.task("fails", max_attempts=1)
+    def fails(ctx: Context, payload: Any) -> None:
+        raise RuntimeError("no")
+
+    handle = double.enqueue_run(conn, n=21)
+    assert isinstance(handle, TaskRun) and isinstance(handle, Enqueued)
+    keyed = double.configure(key="k", priority=-1).enqueue_run(conn, n=1)
+    again = double.configure(key="k").enqueue_run(conn, n=2)
+    assert (again.run_id, again.existing, again.how) == (keyed.run_id, True, "active")
+    failing = fails.enqueue_run(conn, {})
+    drain(app, conn)
+    assert handle.wait(timeout=5) == {"n": 42}
+    assert keyed.wait(conn, timeout=5) == {"n": 2}
+    with pytest.raises(RunFailed, match="no"):
+        failing.wait(timeout=5)
+
+    async def main() -> Any:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            ahandle = await double.configure(tenant="t").enqueue_run_async(aconn, n=5)
+            assert isinstance(ahandle, AsyncTaskRun)
+            await asyncio.to_thread(drain, app, dsn)
+            return ahandle.run_id, await ahandle.wait(timeout=5)
+
+    run_id, result = asyncio.run(main())
+    assert result == {"n": 10}
+    assert conn.execute("SELECT tenant FROM leasework.runs WHERE id = %s", (run_id,)).fetchone() == (
+        "t",
+    )
+
+
 def test_mypy_checks_the_typed_enqueue(tmp_path: Path) -> None:
     snippet = tmp_path / "snippet.py"
     snippet.write_text(
@@ -252,6 +305,41 @@ def test_mypy_checks_the_typed_enqueue(tmp_path: Path) -> None:
                 send_report.enqueue(conn, wek=48)  # line 30
                 send_report.enqueue(conn, week="48")  # line 31
                 send_invoice.enqueue(conn, {"invoise": 7})  # line 32
+
+
+            @app.task("double")
+            def double(ctx: Context, *, n: int) -> dict[str, int]: return {"n": n}
+
+
+            @app.task("adouble")
+            async def adouble(ctx: Context, *, n: int) -> int: return n
+
+
+            def results(conn: psycopg.Connection[Any]) -> None:
+                a: dict[str, int] = double.enqueue_run(conn, n=1).wait(timeout=5)
+                b: dict[str, int] = double.configure(priority=1).enqueue_run(conn, n=1).wait()
+                c: int = adouble.enqueue_run(conn, n=1).wait()
+                d: str = double.enqueue_run(conn, n=1).wait()  # line 47
+                e: str = adouble.enqueue_run(conn, n=1).wait()  # line 48
+                double.enqueue_run(conn, m=1)  # line 49
+
+
+            async def aresults(aconn: psycopg.AsyncConnection[Any]) -> None:
+                a: dict[str, int] = await (await double.enqueue_run_async(aconn, n=1)).wait()
+                b: int = await (await adouble.enqueue_run_async(aconn, n=1)).wait(timeout=1)
+                c: dict[str, int] = await double.enqueue_run(aconn, n=1).wait()  # line 55
+                d: str = await (await adouble.enqueue_run_async(aconn, n=1)).wait()  # line 56
+
+
+            def policies(conn: psycopg.Connection[Any]) -> None:
+                from leasework import After
+
+                handle = double.enqueue_run(conn, n=1)
+                send_report.configure(after=[1, handle, After(2, "run"), After(handle, "cancel")])
+                wf = app.workflow()
+                node = wf.add("double", {}, after=After(3, on_failure="run"))
+                wf.add("double", {}, after=[node, After(node, "run")])
+                send_report.configure(after=[After(2, "maybe")])  # line 67
             """
         ).lstrip("\n")
     )
@@ -274,5 +362,5 @@ def test_mypy_checks_the_typed_enqueue(tmp_path: Path) -> None:
     )
     errors = [line for line in done.stdout.splitlines() if ": error:" in line]
     lines = sorted({int(line.split(":")[1]) for line in errors})
-    assert lines == [30, 31, 32], done.stdout + done.stderr
+    assert lines == [30, 31, 32, 47, 48, 49, 55, 56, 67], done.stdout + done.stderr
     assert any('Unexpected keyword argument "wek"' in e for e in errors)

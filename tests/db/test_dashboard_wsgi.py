@@ -17,9 +17,10 @@ from wsgiref.validate import validator
 import psycopg
 import pytest
 
-from leasework import App
+from leasework import App, Context
 from leasework.dashboard import DashboardApp, wsgi_app
 from leasework.errors import ConfigError
+from leasework.testing import drain
 
 from ..conftest import fast_config
 from .dashboard_helpers import Client
@@ -164,3 +165,39 @@ def test_wsgi_app_refuses_bad_arguments_in_one_line(dsn: str) -> None:
         wsgi_app(dsn, token="short")
     with pytest.raises(ConfigError, match="malformed"):
         wsgi_app("host=x port=notanumber =oops", config=fast_config(dsn))
+
+
+def test_a_runs_page_shows_its_durable_steps_escaped(dsn: str, conn: Conn) -> None:
+    """The run page lists the run's durable steps (ctx.step, as `leasework show` does): name,
+    when stored, attempt, size and the start of the stored value, every part escaped: a value
+    (or a name) holding markup is shown as text, never run."""
+    app = App()
+
+    @app.task("job", max_attempts=1)
+    def job(ctx: Context, payload: Any) -> Any:
+        ctx.step("fetch <b>", lambda: {"html": "<script>alert(1)</script>"})
+        ctx.step("long", lambda: "x" * 500)
+        return None
+
+    run_id = app.enqueue(conn, "job")
+    plain = app.enqueue(conn, "job", {}, delay=3600)  # no steps: no section
+    drain(app, dsn, ["job"])
+    with serving(validator(dispatcher(wsgi_app(dsn)))) as base:
+        c = Client(base, headers={"X-Host-Login": HOST_PASSWORD})
+        page = c.get(PREFIX + f"/runs/{run_id}")
+        assert page.status == 200
+        section = page.text[page.text.index('<section id="steps">') :]
+        section = section[: section.index("</section>")]
+        assert "Durable steps (2)" in section
+        assert "<script>" not in page.text and "<b>" not in section
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in section
+        assert "fetch &lt;b&gt;" in section
+        stored = conn.execute(
+            "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')"
+            " FROM leasework.run_steps WHERE run_id = %s AND name = 'long'",
+            (run_id,),
+        ).fetchone()
+        assert stored is not None and stored[0] in section
+        assert '"' + "x" * 119 + "…" in section.replace("&quot;", '"')  # a short view
+        assert "x" * 200 not in section
+        assert 'id="steps"' not in c.get(PREFIX + f"/runs/{plain}").text

@@ -1,7 +1,10 @@
 """Property tests of dependencies (README "Workflows") on random graphs with random outcomes
 and cancels, against the real statements: every run starts only after all its parents ended,
 never runs when a parent failed or was cancelled under the cancel policy, every run ends, and
-every batch's callback runs exactly once, after all its members."""
+every batch's callback runs exactly once, after all its members. Each edge's policy is the run's
+(`on_parent_failure`) or its own (`After(parent, on_failure)`), drawn at random: a run under
+"cancel" on a parent that ended failed or cancelled never runs; a run whose every such parent is
+under "run" runs once all its parents ended (unless it was cancelled itself)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from leasework import Client
+from leasework import After, Client
 from leasework.leases import lease
 from leasework.stages import deps
 from tests.conftest import truncate_all
@@ -24,9 +27,22 @@ ENDED = ("succeeded", "partial", "failed", "cancelled")
 @dataclass(frozen=True)
 class Node:
     parents: tuple[int, ...]
-    policy: str  # cancel | run
+    policy: str  # cancel | run: the run's own (on_parent_failure)
     outcome: str  # succeeded | partial | failed
     late: bool  # enqueued after the others started, not with them
+    edges: tuple[str, ...] = ()  # per parent: "" (the run's policy), or its own, cancel | run
+
+    def edge_policy(self, parent: int) -> str:
+        """The policy of the edge to node `parent`: its own, else the run's."""
+        own = self.edges[self.parents.index(parent)]
+        return own or self.policy
+
+    def after(self, ids: dict[int, int]) -> list[Any]:
+        """`after` as enqueued: a parent with a policy of its own in an After."""
+        return [
+            After(ids[p], own) if own else ids[p]  # type: ignore[arg-type]
+            for p, own in zip(self.parents, self.edges, strict=True)
+        ]
 
 
 @st.composite
@@ -41,6 +57,7 @@ def graphs(draw: st.DrawFn) -> tuple[list[Node], list[int], list[int]]:
                 draw(st.sampled_from(["cancel", "run"])),
                 draw(st.sampled_from(["succeeded", "succeeded", "partial", "failed"])),
                 draw(st.booleans()) if i else False,
+                tuple(draw(st.sampled_from(["", "", "cancel", "run"])) for _ in parents),
             )
         )
     cancels = draw(st.lists(st.integers(0, n - 1), max_size=2))
@@ -70,7 +87,7 @@ def test_random_graphs_keep_the_rules(conn: Conn, graph: Any, order: Any) -> Non
         for i, node in enumerate(nodes):
             if not node.late and all(p in ids for p in node.parents):
                 ids[i] = client.enqueue(
-                    conn, f"n{i}", {}, after=[ids[p] for p in node.parents] or None,
+                    conn, f"n{i}", {}, after=node.after(ids) or None,
                     on_parent_failure=node.policy if node.parents else None,
                 )
     # a batch over some of the nodes enqueued so far: the callback after them, policy batch
@@ -83,7 +100,7 @@ def test_random_graphs_keep_the_rules(conn: Conn, graph: Any, order: Any) -> Non
         for i, node in enumerate(nodes):
             if i not in ids and all(p in ids for p in node.parents):
                 ids[i] = client.enqueue(
-                    conn, f"n{i}", {}, after=[ids[p] for p in node.parents] or None,
+                    conn, f"n{i}", {}, after=node.after(ids) or None,
                     on_parent_failure=node.policy if node.parents else None,
                 )
                 break
@@ -91,6 +108,7 @@ def test_random_graphs_keep_the_rules(conn: Conn, graph: Any, order: Any) -> Non
             target = pending_cancels.pop()
             if target in ids:
                 client.cancel(conn, ids[target])
+        index = {run_id: i for i, run_id in ids.items()}
         kinds = [f"n{i}" for i in range(len(nodes))] + ["callback"]
         claims = lease.claim_runs(conn, kinds, worker="prop", lease=30.0)
         if claims:
@@ -102,13 +120,17 @@ def test_random_graphs_keep_the_rules(conn: Conn, graph: Any, order: Any) -> Non
                 (c.id,),
             ).fetchall()
             started[c.id] = [(p, s) for p, s, _ in parents]
+            kind = kind_of(conn, c.id)
+            node = None if kind == "callback" else nodes[int(kind[1:])]
             for p, s, anyway in parents:
                 assert s in ENDED, f"run {c.id} started while parent {p} was {s}"
-                assert anyway or s not in ("failed", "cancelled"), (
+                # the policy the graph gave this edge, not only the one the table holds
+                policy = "run" if node is None else node.edge_policy(index[p])
+                assert anyway == (policy == "run"), (c.id, p, policy, anyway)
+                assert policy == "run" or s not in ("failed", "cancelled"), (
                     f"run {c.id} started after parent {p} ended {s} under the cancel policy"
                 )
-            kind = kind_of(conn, c.id)
-            outcome = "succeeded" if kind == "callback" else nodes[int(kind[1:])].outcome
+            outcome = "succeeded" if node is None else node.outcome
             assert lease.finish(conn, c, outcome)  # type: ignore[arg-type]
             continue
         if deps.settle(conn, 3):
@@ -120,9 +142,16 @@ def test_random_graphs_keep_the_rules(conn: Conn, graph: Any, order: Any) -> Non
     # the callback ran exactly once, after every member
     assert callback in started
     assert {p for p, _ in started[callback]} == set(batch_members)
-    # a run whose parents all ended well and that nobody cancelled ran
+    # a run that nobody cancelled, each of whose parents ended well or is under "run", ran; one
+    # with a parent that ended failed or cancelled under "cancel" did not
     status = dict(rows)
     for i, node in enumerate(nodes):
-        parent_states = [status[ids[p]] for p in node.parents]
-        if i not in cancels and all(s in ("succeeded", "partial") for s in parent_states):
-            assert ids[i] in started, (i, node, parent_states)
+        edge_ends = [(status[ids[p]], node.edge_policy(p)) for p in node.parents]
+        blocked_by = [
+            s for s, policy in edge_ends if s in ("failed", "cancelled") and policy == "cancel"
+        ]
+        if blocked_by:
+            assert ids[i] not in started, (i, node, edge_ends)
+            assert status[ids[i]] == "cancelled", (i, node, edge_ends)
+        elif i not in cancels:
+            assert ids[i] in started, (i, node, edge_ends)

@@ -504,3 +504,32 @@ def test_migration_0018_gives_up_behind_a_long_transaction(scratch: Callable[[],
         with conn.transaction():
             db.apply_migrations(conn, [m for m in SHIPPED if m.version == 18])
         assert db.current_version(conn) == 18
+
+
+def test_the_dependency_policies_migration_grants_whoever_may_join_a_batch(
+    scratch: Callable[[], str],
+) -> None:
+    """The migration that adds leasework.set_dependency_policy grants it to the roles that may
+    call leasework.join_batch (the enqueue role of deploy/roles.sql), not to PUBLIC."""
+    role = f"leasework_mig_role_{secrets.token_hex(3)}"
+    (policies,) = [m for m in SHIPPED if m.name.endswith("dependency_policies")]
+    fn = "leasework.set_dependency_policy(bigint, bigint, text)"
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+        try:
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version < policies.version])
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION leasework.join_batch(bigint, bigint) TO {}")
+                .format(sql.Identifier(role))
+            )
+            with conn.transaction():
+                db.apply_migrations(conn, [policies])
+            assert conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE'),"
+                "       has_function_privilege('public', %s, 'EXECUTE')",
+                (role, fn, fn),
+            ).fetchone() == (True, False)
+        finally:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -211,7 +211,7 @@ def test_the_workflows_examples_run_as_written(dsn: str, conn: Any) -> None:
     from leasework.testing import drain
 
     blocks = re.findall(r"```python\n(.*?)```", page("workflows"), re.S)
-    depends, builder, fanout = blocks[:3]
+    depends, own_policy, builder, fanout = blocks[:4]
     app = App()
 
     @app.task("fetch")
@@ -226,6 +226,22 @@ def test_the_workflows_examples_run_as_written(dsn: str, conn: Any) -> None:
     exec(depends, space)
     drain(app, conn)
     assert app.get_run(conn, space["parsed"])["result"] == {"words": 3}  # type: ignore[index]
+
+    # a policy per dependency: the index runs although the mirror failed
+    @app.task("mirror", max_attempts=1)
+    def mirror(ctx: Any, payload: Any) -> None:
+        raise RuntimeError("the mirror is down")
+
+    @app.task("index")
+    def index(ctx: Any, payload: Any) -> Any:
+        return sorted(p.status for p in ctx.parents())
+
+    space = {"app": app, "psycopg": psycopg, "dsn": dsn, "url": "https://x"}
+    exec(own_policy, space)
+    drain(app, conn)
+    row = conn.execute("SELECT status, result FROM leasework.runs WHERE kind = 'index'").fetchone()
+    assert row == ("succeeded", ["failed", "succeeded"])
+    conn.execute("DELETE FROM leasework.runs")
 
     @app.task("summarise")
     def summarise(ctx: Any, payload: Any) -> None:

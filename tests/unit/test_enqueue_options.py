@@ -188,3 +188,26 @@ def test_a_family_that_overrides_the_old_name_is_still_asked() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Legacy().has_schedules() is False
+
+
+def test_after_gives_each_parent_the_runs_policy_or_its_own() -> None:
+    """check_after: bare parents (ids, handles) follow on_parent_failure, an After has its own;
+    only the policies that differ from the run's are sent, each parent once, in order."""
+    from leasework import After, Enqueued
+    from leasework.tasks import Dependencies, check_after
+
+    assert check_after({}) == Dependencies()
+    got = check_after({"after": [3, After(5, "run"), Enqueued(7), After(Enqueued(9), "cancel")]})
+    assert got == Dependencies([3, 5, 7, 9], None, ((5, "run"),))
+    got = check_after({"after": [3, After(5, "cancel"), After(5, "cancel")], "on_parent_failure": "run"})
+    assert got == Dependencies([3, 5, 5], "run", ((5, "cancel"),))
+    for given, message in [
+        ({"after": [After(1, "skip")]}, "must be 'cancel' or 'run', got 'skip'"),
+        ({"after": [1, After(1, "run")]}, "after gives run 1 two policies, 'cancel' and 'run'"),
+        ({"after": [After(1, "run"), After(1, "cancel")]}, "two policies, 'run' and 'cancel'"),
+        ({"after": [After(1, "run")], "on_parent_failure": "batch"}, "a member"),
+        ({"after": After(1, "run")}, "after must be a list of run ids, got After"),
+        ({"after": [After(True, "run")]}, "positive integers"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            check_after(given)

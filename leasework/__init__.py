@@ -25,6 +25,7 @@ from .errors import (
     WrongConnection,
 )
 from .handles import TaskHandle
+from .workers.acontext import AsyncContext
 from .workers.context import Context
 from .workers.worker import Worker
 
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Aborted",
     "App",
+    "AsyncContext",
     "Client",
     "Config",
     "ConfigError",

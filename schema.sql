@@ -523,11 +523,12 @@ $$;
 -- Why `payload` cannot be given to the handler of `kind` whose workers declared `accepts`
 -- (leasework.kinds), or NULL when it can: not a JSON object for a handler that takes keywords, a
 -- required key missing, a key it does not take. The words of Python's check (tasks.Accepts), so
--- that an enqueue is refused alike from Python and from SQL. (Migration 0028.)
+-- that an enqueue is refused alike from Python and from SQL. No SET clause: it runs under its
+-- caller's search_path (leasework.enqueue's pinned one), since a SET here cost a checked enqueue
+-- a third of the check (bench/enqueue_check.py); PUBLIC may not execute it. (Migration 0028.)
 CREATE OR REPLACE FUNCTION leasework.payload_problem(kind text, payload jsonb, accepts jsonb)
 RETURNS text
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
     takes text := accepts->>'takes';
     problem text;
@@ -563,6 +564,8 @@ BEGIN
                   quote_literal(kind), problem, coalesce(accepts->>'describe', takes));
 END
 $$;
+
+REVOKE EXECUTE ON FUNCTION leasework.payload_problem(text, jsonb, jsonb) FROM PUBLIC;
 
 -- The second half of the advisory lock a keyed enqueue holds (shared) until its transaction ends
 -- and expire_and_promote tries (exclusive) before promoting the key's waiting run, with classid

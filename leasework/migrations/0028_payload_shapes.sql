@@ -12,8 +12,7 @@ ALTER TABLE leasework.kinds ADD COLUMN IF NOT EXISTS accepts jsonb;
 -- Why `payload` cannot be given to the handler of `kind` (schema.sql says more).
 CREATE OR REPLACE FUNCTION leasework.payload_problem(kind text, payload jsonb, accepts jsonb)
 RETURNS text
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
     takes text := accepts->>'takes';
     problem text;
@@ -49,6 +48,8 @@ BEGIN
                   quote_literal(kind), problem, coalesce(accepts->>'describe', takes));
 END
 $$;
+
+REVOKE EXECUTE ON FUNCTION leasework.payload_problem(text, jsonb, jsonb) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION leasework.enqueue(
     kind text,

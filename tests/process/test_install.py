@@ -1,10 +1,11 @@
 """README "Installing" and "Quick start", as written: the wheel built from this checkout (`pip
-wheel --no-deps`), installed into a fresh virtualenv, then the quick start's own commands (read
-from the README) run with that virtualenv's `leasework`, in a directory of their own, against a
-database of their own that they create. The fresh virtualenv finds leasework's dependencies in
+wheel --no-deps`), or the checkout itself (`pip install -e .`, the quick start's own line),
+installed into a fresh virtualenv, then the quick start's own commands (read from the README)
+run with that virtualenv's `leasework`, in a directory of their own, against a database of their
+own that they create. The fresh virtualenv finds leasework's dependencies in
 the test environment's site-packages (a path in a .pth file: no index needed for them), never
-its leasework: the one imported is checked to be the wheel's. Building the wheel fetches the
-build backend (hatchling) from the package index unless it is installed here. About 20-40 s."""
+its leasework: the one imported is checked to be the one installed. Building fetches the build
+backend (hatchling) from the package index unless it is installed here. About 20 s each."""
 
 from __future__ import annotations
 
@@ -116,14 +117,41 @@ def test_the_wheel_installs_and_runs_the_quick_start(
         capture_output=True, text=True, timeout=120, env=_env(),
     )  # fmt: skip
     assert install.returncode == 0, install.stdout + install.stderr
+    assert imported_from(python, tmp_path).startswith(str(venv))
+    run_quick_start(venv, tmp_path, server_dsn, quickstart_db)
+
+
+def test_the_checkout_installs_editable_and_runs_the_quick_start(
+    tmp_path: Path, venv: Path, quickstart_db: str, server_dsn: str
+) -> None:
+    """The quick start's own install line, `pip install -e .`, from this checkout."""
+    if shutil.which("createdb") is None:
+        pytest.skip("the quick start's createdb (Postgres client tools) is not installed")
+    python = venv / "bin" / "python"
+    isolation = ["--no-build-isolation"] if _has("hatchling") and _has("editables") else []
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+         *isolation, "-e", str(ROOT)],
+        capture_output=True, text=True, timeout=180, env=_env(), cwd=ROOT,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stdout + install.stderr
+    assert imported_from(python, tmp_path).startswith(str(ROOT / "leasework"))
+    run_quick_start(venv, tmp_path, server_dsn, quickstart_db)
+
+
+def imported_from(python: Path, cwd: Path) -> str:
+    """Where `python` imports leasework from (outside this checkout, no PYTHONPATH)."""
     where = subprocess.run(
         [str(python), "-c", "import leasework; print(leasework.__file__)"],
-        capture_output=True, text=True, cwd=tmp_path, env=_env(),
+        capture_output=True, text=True, cwd=cwd, env=_env(),
     )  # fmt: skip
-    assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
+    assert where.returncode == 0, where.stderr
+    return where.stdout.strip()
 
-    # The quick start as written, but for what the wheel replaces (its virtualenv and install)
-    # and where it points (this test's server, directory and database).
+
+def run_quick_start(venv: Path, tmp_path: Path, server_dsn: str, quickstart_db: str) -> None:
+    """The quick start as written, but for what the test replaces (its virtualenv and install)
+    and where it points (this test's server, directory and database)."""
     lines = quick_start()
     assert lines[0].startswith("python3 -m venv") and lines[1].startswith("pip install")
     server = conninfo_to_dict(server_dsn)

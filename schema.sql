@@ -29,9 +29,16 @@ $$;
 -- upserts its app's kinds (seen_at, hourly). A queued run whose kind no worker declared in the
 -- last seven days is ended `failed` by fail_unknown_kinds once it has waited unknown_kind_after
 -- (stages/maintenance.sql), rather than staying queued for ever. (Migration 0009.)
+-- `accepts`: the payloads the kind's handler can be called with, as its workers declare it
+-- (tasks.Accepts.declared; the last declaration stands, NULL: none declared): {"takes": "any"},
+-- or "keywords" (a JSON object spread into keyword-only parameters) or "fields" (a JSON object's
+-- keys bound to a dataclass's fields, any other value passed as it is), with its `required` keys,
+-- the `allowed` ones (null: any) and a `describe` line; leasework.enqueue refuses a payload that
+-- cannot match (leasework.payload_problem). (Migration 0029.)
 CREATE TABLE IF NOT EXISTS leasework.kinds (
     kind    text PRIMARY KEY,
-    seen_at timestamptz NOT NULL DEFAULT now()
+    seen_at timestamptz NOT NULL DEFAULT now(),
+    accepts jsonb
 );
 
 -- One row per tenant, made on enqueue. The claim locks it (FOR UPDATE OF t SKIP LOCKED) so
@@ -513,6 +520,53 @@ SET search_path = pg_catalog, pg_temp AS $$
     END;
 $$;
 
+-- Why `payload` cannot be given to the handler of `kind` whose workers declared `accepts`
+-- (leasework.kinds), or NULL when it can: not a JSON object for a handler that takes keywords, a
+-- required key missing, a key it does not take. The words of Python's check (tasks.Accepts), so
+-- that an enqueue is refused alike from Python and from SQL. No SET clause: it runs under its
+-- caller's search_path (leasework.enqueue's pinned one), since a SET here cost a checked enqueue
+-- a third of the check (bench/enqueue_check.py); PUBLIC may not execute it. (Migration 0029.)
+CREATE OR REPLACE FUNCTION leasework.payload_problem(kind text, payload jsonb, accepts jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    takes text := accepts->>'takes';
+    problem text;
+BEGIN
+    IF takes IS NULL OR takes NOT IN ('keywords', 'fields') THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(payload) IS DISTINCT FROM 'object' THEN
+        IF takes = 'fields' THEN
+            RETURN NULL;  -- passed to the handler as it is
+        END IF;
+        problem := format('the payload is a JSON %s, not an object', jsonb_typeof(payload));
+    ELSE
+        -- A key it does not take first: a misspelt key is what went wrong, not the one it misses.
+        IF jsonb_typeof(accepts->'allowed') = 'array' THEN
+            SELECT 'the payload has an unexpected key ' || quote_literal(k.key)
+              INTO problem
+              FROM jsonb_object_keys(payload) AS k(key)
+             WHERE NOT accepts->'allowed' ? k.key
+             LIMIT 1;
+        END IF;
+        IF problem IS NULL THEN
+            SELECT 'the payload has no key ' || string_agg(quote_literal(r.key), ', ')
+              INTO problem
+              FROM jsonb_array_elements_text(accepts->'required') AS r(key)
+             WHERE NOT payload ? r.key;
+        END IF;
+    END IF;
+    IF problem IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN format('task %s cannot take this payload: %s; its handler takes %s',
+                  quote_literal(kind), problem, coalesce(accepts->>'describe', takes));
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION leasework.payload_problem(text, jsonb, jsonb) FROM PUBLIC;
+
 -- The second half of the advisory lock a keyed enqueue holds (shared) until its transaction ends
 -- and expire_and_promote tries (exclusive) before promoting the key's waiting run, with classid
 -- -1682930272 (hashtext('leasework.key')): the tenant and the key hashed together, a run without
@@ -916,6 +970,9 @@ $$;
 -- merges again.
 -- Read back by enqueue_run (runs.sql), leasework.enqueued_existing says which happened: false
 -- (a new run), true (the key's active or waiting run), window, debounced.
+-- A payload the kind's handler cannot take, as its workers declared it (leasework.kinds.accepts),
+-- is refused with 22023 naming the kind, what was wrong and what the handler takes (migration
+-- 0029): one look-up by primary key per enqueue.
 CREATE OR REPLACE FUNCTION leasework.enqueue(
     kind text,
     payload jsonb DEFAULT '{}',
@@ -949,6 +1006,7 @@ DECLARE
     active record;
     mergeable boolean;
     due timestamptz;
+    declared jsonb;
 BEGIN
     -- The kind's rule, ^[A-Za-z0-9_.:/@+-]{1,200}$, without a regular expression: after a
     -- pause the regex engine took up to a quarter of an enqueue's time (bench/README.md, issue 19,
@@ -1031,6 +1089,16 @@ BEGIN
     ELSIF octet_length(enqueue.payload::text) > 67108864 THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'payload is over 67108864 bytes (64 MiB)';
+    END IF;
+    -- The payloads the kind's workers declared their handler takes (leasework.kinds.accepts,
+    -- migration 0029): one look-up by primary key; nothing more for a kind that declared none or
+    -- takes any JSON.
+    SELECT k.accepts INTO declared FROM leasework.kinds k WHERE k.kind = enqueue.kind;
+    IF declared IS NOT NULL AND declared->>'takes' <> 'any' THEN
+        problem := leasework.payload_problem(enqueue.kind, enqueue.payload, declared);
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+        END IF;
     END IF;
     IF enqueue.tenant IS NOT NULL THEN
         INSERT INTO leasework.tenants (name) VALUES (enqueue.tenant) ON CONFLICT (name) DO NOTHING;

@@ -26,6 +26,7 @@ from .errors import (
 )
 from .handles import AsyncTaskRun, TaskHandle, TaskRun
 from .tasks import After
+from .workers.acontext import AsyncContext
 from .workers.context import Context
 from .workers.worker import Worker
 
@@ -35,6 +36,7 @@ __all__ = [
     "Aborted",
     "After",
     "App",
+    "AsyncContext",
     "AsyncTaskRun",
     "Client",
     "Config",

@@ -15,7 +15,7 @@ from . import operations
 from .client import Client, KindDefaults
 from .config import FIELDS, Config, catalogue, did_you_mean, section_fields, short
 from .errors import ConfigError, LeaseworkError, UnknownKind
-from .handles import TaskHandle, check_handler, is_async, prepare_handler
+from .handles import TaskHandle, accepts, check_handler, is_async, prepare_handler
 from .queries import load
 from .stages.async_runs import AsyncRunsStage
 from .stages.deps import DepsStage
@@ -27,6 +27,7 @@ from .tasks import (
     DEFAULT_TIMEOUT,
     MAX_TIMEOUT,
     TASK_LEASE_RANGE,
+    Accepts,
     Enqueued,
     EnqueueOptions,
     Merge,
@@ -263,6 +264,7 @@ class App(Client):
                     concurrency=concurrency or DEFAULT_CONCURRENCY,
                     windows=windows,
                     limits=limits,
+                    accepts=accepts(fn),
                 )
             else:
                 if concurrency is not None:
@@ -272,7 +274,7 @@ class App(Client):
                     )
                 task = Task(
                     kind, run, max_attempts, lease, timeout, batch=batch, windows=windows,
-                    limits=limits,
+                    limits=limits, accepts=accepts(fn),
                 )
             self.register(task)
             if spec is not None:
@@ -381,7 +383,14 @@ class App(Client):
             stages.extend(family.stages(config))
         stages.append(DepsStage())
         pruners = [p for family in families for p in family.pruners()]
-        stages.append(MaintenanceStage(config, extra=pruners, kinds=self.kinds()))
+        stages.append(
+            MaintenanceStage(
+                config,
+                extra=pruners,
+                kinds=self.kinds(),
+                accepts={k: t.accepts.declared() for k, t in self.tasks.items()},
+            )
+        )
         return stages
 
     # -- enqueue and cancel: the Client's, for the kinds registered here ---------------------
@@ -389,9 +398,7 @@ class App(Client):
     def defaults(self, kind: str) -> KindDefaults:
         """The registered task's settings; UnknownKind for a kind not registered here (a
         process that enqueues kinds it has no handler for uses a Client)."""
-        task = self.tasks.get(kind) if isinstance(kind, str) else None
-        if task is None:
-            raise UnknownKind(self._unknown(kind))
+        task = self._task(kind)
         w = task.windows
         return KindDefaults(
             task.max_attempts,
@@ -402,6 +409,17 @@ class App(Client):
             w.debounce_max,
             w.debounce_merge,
         )
+
+    def accepts(self, kind: str) -> Accepts:
+        """The payloads the registered task's handler can be called with (tasks.Accepts): an
+        enqueue refuses any other, before anything is written."""
+        return self._task(kind).accepts
+
+    def _task(self, kind: str) -> Task:
+        task = self.tasks.get(kind) if isinstance(kind, str) else None
+        if task is None:
+            raise UnknownKind(self._unknown(kind))
+        return task
 
     # -- workflows (README "Workflows") --------------------------------------------------------
 

@@ -17,7 +17,9 @@ from .config import Config
 from .errors import ConfigError, LeaseworkError, NotFound, WrongConnection
 from .queries import load
 from .tasks import (
+    ANY,
     DEFAULT_TIMEOUT,
+    Accepts,
     Dependencies,
     Enqueued,
     EnqueueOptions,
@@ -216,6 +218,7 @@ def _merged(client: Client, one: _One) -> Generator[Step, Any, Enqueued]:
             run_id, old, seen = pending
             merged = one.merge(old, one.body)
             client._dumps(merged)  # refused (too large, not JSON) before anything is written
+            client.accepts(p["kind"]).check(p["kind"], merged, " (the debounce_merge's)")
             send = {
                 **p,
                 "payload": Jsonb(merged, dumps=client._dumps),
@@ -309,6 +312,12 @@ class Client:
         check_kind(kind)
         return self.kind_defaults.get(kind, KindDefaults())
 
+    def accepts(self, kind: str) -> Accepts:
+        """The payloads a run of `kind` may carry: anything JSON for a Client, which knows no
+        handler (leasework.enqueue still checks what the kind's workers declared); the handler's
+        parameters for an App (App.accepts)."""
+        return ANY
+
     # -- checks (shared by the sync and async paths; nothing is sent before they pass) ---------
 
     def _dumps(self, obj: Any) -> bytes:
@@ -331,6 +340,7 @@ class Client:
             kind=kind,
             task=defaults.windows,
         )
+        self.accepts(kind).check(kind, body)
         after = check_after(options)
         if after.parents is not None and (opts.key is not None or opts.exclusive or windows.any):
             raise ConfigError(
@@ -363,6 +373,10 @@ class Client:
     def _many(self, kind: str, payloads: Iterable[Any], options: ManyOptions) -> _Many:
         defaults = self.defaults(kind)
         given = list(payloads)
+        accepts = self.accepts(kind)
+        if not accepts.anything:
+            for i, p in enumerate(given):
+                accepts.check(kind, p, f" (payload {i})")
         encoded = [self._dumps(p if p is not None else {}) for p in given]
         keys = options.get("keys")
         checked_keys: list[str | None] | None = None

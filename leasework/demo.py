@@ -4,8 +4,11 @@ with live progress bars, a batch of tasks (one fails once and is retried, one is
 mid-run) and a long checkpointed job whose worker is killed with SIGKILL and which resumes
 elsewhere from its checkpoint. Ends with a summary table; exit 0 when every outcome is right.
 
-With no database configured and none reachable it runs on an embedded Postgres (the `embedded`
-extra) under .leasework/, removed on exit. Never touches runs it did not make.
+It writes only into a database the user named (`--dsn`, LEASEWORK_DSN, the config file's
+`dsn`); without one, into a database of its own, `leasework_demo`, which it makes (and says so)
+on the server DATABASE_URL or libpq's defaults reach; with no server, or none that lets it make
+a database, on an embedded Postgres (the `embedded` extra) under .leasework/, removed on exit.
+Never touches runs it did not make.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from . import db, operations, status
 from .app import App
@@ -34,6 +39,7 @@ from .config import Config
 from .documents import Documents
 from .documents.embed import HashingEmbedder
 from .errors import ConfigError
+from .log import first_line
 from .syncs import Syncs
 from .syncs.kinds import connection_key
 from .workers.context import Context
@@ -98,6 +104,20 @@ def long_job(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     return {"steps": steps, "resumed_from": resumed_from, "attempt": ctx.attempt}
 
 
+def slow_outcome(row: dict[str, Any]) -> str:
+    """What became of demo.slow, in words whose numbers agree: the steps its partial result
+    says were done, and its last checkpoint (every 5 steps), where another attempt would resume;
+    the two differ by the steps done since that checkpoint."""
+    result = row.get("result")
+    done = result.get("done") if isinstance(result, dict) else None
+    total = row.get("total_units") or "?"
+    said = f"{row['status']} after {done if done is not None else '?'} of {total} steps"
+    checkpoint = row.get("processed_units")
+    if checkpoint is not None:
+        said += f" (last checkpoint: step {checkpoint}, taken every 5)"
+    return f"{said}; partial result kept: {orjson.dumps(result).decode()}"
+
+
 # -- the database ------------------------------------------------------------------------------
 
 
@@ -105,7 +125,8 @@ def long_job(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
 class Database:
     dsn: str
     embedded: Any = None  # a pgserver server, stopped and removed by close()
-    where: str = ""
+    where: str = ""  # the embedded server's directory
+    note: str = ""  # which database, said when it is the demo's own
 
     def close(self) -> None:
         if self.embedded is not None:
@@ -114,24 +135,83 @@ class Database:
             shutil.rmtree(self.where, ignore_errors=True)
 
 
-def open_database(cfg: Config, *, embedded: bool, root: Path) -> Database:
-    """The configured database; else libpq's defaults if a server answers; else embedded."""
-    if not embedded:
-        if cfg.dsn:
-            return Database(cfg.dsn)
+# The demo's own database, on the server DATABASE_URL or libpq's defaults reach, when no database
+# is named: made by the demo (and said so), kept afterwards for a look (`leasework dashboard`).
+DEMO_DATABASE = "leasework_demo"
+
+
+def named_dsn(cfg: Config) -> str | None:
+    """The database the user named for leasework: `--dsn`, LEASEWORK_DSN or the config file's
+    `dsn`. DATABASE_URL names the application's own database (the demo would migrate into it
+    and run its supervisor there), and libpq's defaults name whatever they reach: neither is
+    the demo's to write in."""
+    if not cfg.dsn:
+        return None
+    if "dsn" not in dict(cfg.origins) and cfg.dsn == os.environ.get("DATABASE_URL"):
+        return None
+    return cfg.dsn
+
+
+def own_database(server: str | None, name: str = DEMO_DATABASE) -> Database | str:
+    """Database `name` on the server `server` (a DSN; None: libpq's defaults) reaches, made if
+    it is missing; or why not (no server answers, or this role may not create a database)."""
+    target = make_conninfo(server or "", dbname=name)
+    try:
+        with db.connect(target, connect_timeout=3) as conn:
+            where = _server_of(conn)
+        return Database(target, note=f"database {name} on {where} (the demo's own, kept from "
+                        "an earlier demo)")
+    except db.DatabaseUnavailable as exc:
+        return str(exc)
+    except ConfigError:
+        pass  # missing (or refused): made from the server's maintenance database below
+    problem = f"database {name} is missing"
+    for maintenance in ("postgres", "template1"):
         try:
-            with db.connect(None, connect_timeout=3):
-                return Database("")
-        except db.DatabaseUnavailable:
-            pass
+            with db.connect(make_conninfo(server or "", dbname=maintenance), connect_timeout=3) as c:
+                where = _server_of(c)
+                with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                    c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            return Database(target, note=f"database {name} on {where} (made for the demo; "
+                            f"drop it with `dropdb {name}`)")
+        except db.DatabaseUnavailable as exc:
+            return str(exc)
+        except ConfigError as exc:  # no such maintenance database: the next one
+            problem = str(exc)
+        except psycopg.Error as exc:  # not allowed to create a database
+            return f"cannot create database {name}: {first_line(exc)}"
+    return problem
+
+
+def _server_of(conn: psycopg.Connection[Any]) -> str:
+    host = conn.info.host
+    return f"{host}:{conn.info.port}" if not host.startswith("/") else f"the socket in {host}"
+
+
+def open_database(
+    cfg: Config, *, embedded: bool, root: Path, own: str = DEMO_DATABASE
+) -> Database:
+    """Never a database the user did not name: the one named (named_dsn); else the demo's own
+    (`own`, own_database) on the server DATABASE_URL or libpq's defaults reach; else, no server
+    answering or none that lets it make a database, an embedded Postgres under `root`."""
+    why = "no database named"
+    if not embedded:
+        dsn = named_dsn(cfg)
+        if dsn is not None:
+            return Database(dsn)
+        found = own_database(cfg.dsn, own)
+        if isinstance(found, Database):
+            print(f"no database named (--dsn, LEASEWORK_DSN): using {found.note}", flush=True)
+            return found
+        why = f"no database named, and none of the demo's own: {found}"
     try:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
             import pgserver  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         raise ConfigError(
-            "no database configured or reachable, and the embedded extra is not installed: "
-            "set LEASEWORK_DSN, or pip install 'leasework[embedded]'"
+            f"{why}; and the embedded extra is not installed: name a database with --dsn or "
+            "LEASEWORK_DSN, or install pgserver (the embedded extra): pip install 'pgserver>=0.1.4'"
         ) from None
     where = root / "pg"
     shutil.rmtree(where, ignore_errors=True)
@@ -140,8 +220,8 @@ def open_database(cfg: Config, *, embedded: bool, root: Path) -> Database:
         warnings.simplefilter("ignore")
         server = pgserver.get_server(str(where), cleanup_mode="stop")  # type: ignore[attr-defined,unused-ignore]
     print(
-        f"no database configured or reachable: started an embedded Postgres in {where} "
-        "(stopped and removed on exit)",
+        f"{why if not embedded else 'asked for an embedded Postgres'}: started an embedded "
+        f"Postgres in {where} (stopped and removed on exit)",
         flush=True,
     )
     return Database(str(server.get_uri()), server, str(where))
@@ -483,10 +563,7 @@ class Story:
             f"demo.flaky ended {row['status']} after {row['attempts']} attempts",
         )
         row = self.run(slow_id)
-        print(
-            f"   #{slow_id} demo.slow: {row['status']} at {row['processed_units']}/200, "
-            f"partial result kept: {orjson.dumps(row['result']).decode()}"
-        )
+        print(f"   #{slow_id} demo.slow: {slow_outcome(row)}")
         self.expect(row["status"] == "cancelled", f"demo.slow ended {row['status']}")
         row = self.run(long_id)
         result = row["result"] or {}

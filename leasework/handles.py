@@ -2,7 +2,8 @@
 kind (`send_report.enqueue(conn, week=48)`, checked by mypy against the handler's own
 parameters). Also the checks a handler passes at registration: a plain function or an `async def`
 one (no generator), callable as `fn(ctx, payload)` or, when its parameters after `ctx` are
-keyword-only, as `fn(ctx, **payload)` (check_signature)."""
+keyword-only, as `fn(ctx, **payload)` (check_signature), and the payloads it can be called with
+(`accepts`: what an enqueue checks)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import psycopg
 
 from .client import Client
 from .errors import ConfigError
-from .tasks import Enqueued, EnqueueOptions, accept_options, unexpected_keyword
+from .tasks import ANY, Accepts, Enqueued, EnqueueOptions, accept_options, unexpected_keyword
 from .workers.context import Context
 
 P = ParamSpec("P")
@@ -31,6 +32,7 @@ __all__ = [
     "Configured",
     "TaskHandle",
     "TaskRun",
+    "accepts",
     "check_handler",
     "check_signature",
     "is_async",
@@ -121,6 +123,41 @@ def _shape(fn: Callable[..., Any]) -> _Shape:
     if isinstance(model, type) and dataclasses.is_dataclass(model):
         return _Shape(False, model=model)
     return _Shape(False)
+
+
+def accepts(fn: Callable[..., Any]) -> Accepts:
+    """The payloads `fn` can be called with, as prepare_handler calls it: keyword-only
+    parameters after ctx take a JSON object's keys (those without a default required, no other
+    unless `**kwargs`); a payload annotated with a dataclass takes an object whose keys fit its
+    fields (any other value is passed as it is); `fn(ctx, payload)` takes any JSON."""
+    shape = _shape(fn)
+    if shape.keywords:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        named = [p for p in params if p.kind is p.KEYWORD_ONLY]
+        return Accepts(
+            spread=True,
+            required=tuple(p.name for p in named if p.default is p.empty),
+            optional=tuple(p.name for p in named if p.default is not p.empty),
+            extra=any(p.kind is p.VAR_KEYWORD for p in params),
+        )
+    if shape.model is not None:
+        fields = [f for f in dataclasses.fields(shape.model) if f.init]
+        return Accepts(
+            model=shape.model.__name__,
+            required=tuple(
+                f.name
+                for f in fields
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            ),
+            optional=tuple(
+                f.name
+                for f in fields
+                if f.default is not dataclasses.MISSING
+                or f.default_factory is not dataclasses.MISSING
+            ),
+            extra=False,
+        )
+    return ANY
 
 
 def prepare_handler(kind: str, fn: Callable[..., Any]) -> Callable[[Any, Any], Any]:

@@ -21,7 +21,7 @@ from cronsim import CronSim, CronSimError
 from . import results
 from .config import Config
 from .encoding import check_json
-from .errors import ConfigError, WrongConnection
+from .errors import ConfigError, PayloadError, WrongConnection
 from .text import MAX_LABEL, control_problem
 
 Handler = Callable[[Any, Any], Any]  # fn(ctx, payload): a Context, or an AsyncContext
@@ -108,6 +108,104 @@ class Windows:
         return "unique_for" if self.unique_for is not None else "debounce"
 
 
+def json_type(value: Any) -> str:
+    """The JSON type of a payload as Python holds it, for an error line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    return type(value).__name__
+
+
+@dataclass(frozen=True)
+class Accepts:
+    """The payloads a task's handler can be called with (handles.accepts reads it from the
+    handler's parameters). `spread`: its parameters after ctx are keyword-only, so the payload
+    must be a JSON object, spread into them; else the payload is passed whole, and when it is
+    annotated with a dataclass (`model`) a JSON object is turned into one, so its keys must fit
+    the fields (any other JSON value is passed as it is). `required` keys must be there, no key
+    beyond `required` and `optional` may be unless `extra` (`**kwargs`). Without `spread` or
+    `model`, anything JSON is accepted. `declared()` is what the worker records in
+    leasework.kinds, for leasework.enqueue's own check."""
+
+    spread: bool = False
+    model: str | None = None
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    extra: bool = True
+
+    @property
+    def anything(self) -> bool:
+        return not self.spread and self.model is None
+
+    def takes(self) -> str:
+        """What the handler takes, for an error line."""
+        keys = [*self.required, *(f"{k} (optional)" for k in self.optional)]
+        if self.extra:
+            keys.append("any other key")
+        listed = ", ".join(keys) or "no key"
+        if self.spread:
+            return f"keyword arguments: a JSON object with {listed}"
+        if self.model is not None:
+            return f"a {self.model}: a JSON object with {listed} (or another JSON value, passed as it is)"
+        return "any JSON value"
+
+    def problem(self, payload: Any) -> str | None:
+        """What keeps `payload` (None: enqueued as {}) from binding to the handler, or None."""
+        if self.anything:
+            return None
+        body = {} if payload is None else payload
+        if not isinstance(body, Mapping):
+            if self.spread:
+                return f"the payload is a JSON {json_type(body)}, not an object"
+            return None
+        if not self.extra:  # first: a misspelt key is what went wrong, not the one it misses
+            known = (*self.required, *self.optional)
+            for key in body:
+                if key not in known:
+                    close = difflib.get_close_matches(str(key), known, n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    return f"the payload has an unexpected key {str(key)!r}{hint}"
+        missing = [k for k in self.required if k not in body]
+        if missing:
+            return f"the payload has no key {', '.join(map(repr, missing))}"
+        return None
+
+    def check(self, kind: str, payload: Any, where: str = "") -> None:
+        """PayloadError, in one line naming the kind, what was wrong and what the handler
+        takes, for a payload it cannot take; `where`: which payload (enqueue_many's)."""
+        problem = self.problem(payload)
+        if problem is not None:
+            raise PayloadError(
+                f"task {kind!r} cannot take this payload{where}: {problem}; its handler takes "
+                f"{self.takes()}"
+            )
+
+    def declared(self) -> dict[str, Any]:
+        """As leasework.kinds.accepts holds it (leasework.payload_problem reads it): `takes`
+        is "any", "keywords" (an object, spread) or "fields" (an object's keys checked, any
+        other JSON passed); `allowed` null with `extra`."""
+        if self.anything:
+            return {"takes": "any"}
+        return {
+            "takes": "keywords" if self.spread else "fields",
+            "required": list(self.required),
+            "allowed": None if self.extra else [*self.required, *self.optional],
+            "describe": self.takes(),
+        }
+
+
+ANY = Accepts()
+
+
 @dataclass(frozen=True)
 class Task:
     """A registered kind, as `@app.task` records it (`app.tasks[kind]`): its handler and its
@@ -137,6 +235,9 @@ class Task:
     # (operations.declared_limits: max_running, group_limit, rate as [count, seconds], rate_per);
     # empty: none. An operator's `leasework limits set` wins over it until reset.
     limits: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # The payloads its handler can be called with (checked at enqueue; declared by its workers in
+    # leasework.kinds for leasework.enqueue's check).
+    accepts: Accepts = ANY
 
 
 def check_kind(kind: object) -> str:

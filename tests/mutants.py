@@ -120,6 +120,31 @@ MUTANTS = [
         says="the task's unique_for was not applied",
         why="an enqueue that gives no window option gets none, not its task's unique_for",
     ),
+    Mutant(
+        name="enqueue-skips-the-payload-check",
+        path="client.py",
+        remove="        self.accepts(kind).check(kind, body)\n",
+        replace="",
+        tests=(
+            "tests/db/test_payload_shapes.py::test_enqueue_refuses_a_payload_the_handler_cannot_take",
+        ),
+        says="DID NOT RAISE",
+        why="an enqueue takes a payload its handler cannot be called with: the run fails every "
+        "attempt",
+    ),
+    Mutant(
+        name="sync-handler-warned-as-a-blocked-loop",
+        path="workers/aexecutor.py",
+        remove="level=30 if run_id is not None or not sync else 10,",
+        replace="level=30,",
+        tests=(
+            "tests/db/test_async.py"
+            "::test_a_sync_handler_of_a_mixed_worker_is_not_reported_as_blocking_the_loop",
+        ),
+        says="['loop_lagged']",
+        why="a sync handler run inline on a mixed worker's loop is warned about as an async "
+        "handler's blocking call",
+    ),
 ]
 
 

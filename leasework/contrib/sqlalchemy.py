@@ -1,4 +1,4 @@
-"""Enqueue inside a SQLAlchemy 2 transaction (`pip install leasework[sqlalchemy]`): pass the
+"""Enqueue inside a SQLAlchemy 2 transaction (the `sqlalchemy` extra: README "Installing"): pass the
 Session or Connection (sync or asyncio) on the psycopg driver (`postgresql+psycopg://`); the run
 is written on the ORM's own connection, in its open transaction, so it commits and rolls back
 with it. Anything else is refused in one line before anything is written."""

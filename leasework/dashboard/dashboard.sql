@@ -7,8 +7,10 @@ SELECT leasework.now() AS now
 
 -- name: dashboard_recent_runs
 -- The newest runs, whatever their status, so that every run is one click from the overview.
+-- created_at: a run queued for later changed when it was enqueued, not at its due time
+-- (pages.last_change, as /runs shows it).
 SELECT id, kind, key, tenant, status, attempts, max_attempts, processed_units, total_units,
-       queued_at, started_at, finished_at, left(coalesce(error, ''), 200) AS error
+       created_at, queued_at, started_at, finished_at, left(coalesce(error, ''), 200) AS error
   FROM leasework.runs
  ORDER BY id DESC
  LIMIT %(limit)s

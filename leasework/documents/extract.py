@@ -91,7 +91,7 @@ def _pdf_pages(stream: BinaryIO, max_pages: int, stats: PageStats) -> Iterator[P
         from pypdf.errors import PdfReadError
     except ImportError:
         raise ExtractError(
-            "PDF support needs the pdf extra: pip install 'leasework[pdf]'"
+            "PDF support needs pypdf (the pdf extra): pip install 'pypdf>=4'"
         ) from None
     try:
         reader = pypdf.PdfReader(stream)

@@ -138,7 +138,7 @@ def precheck(file: dict[str, Any] | None, store: FileStore, caps: Caps) -> str |
     if kind is None:
         return f"file {name!r}: unsupported type (text, Markdown and PDF are supported)"
     if kind == "pdf" and not extract.pdf_available():
-        return f"file {name!r}: PDF support needs the pdf extra: pip install 'leasework[pdf]'"
+        return f"file {name!r}: PDF support needs pypdf (the pdf extra): pip install 'pypdf>=4'"
     size = store.size(file["store_key"])
     if size is None:
         return f"file {name!r}: its bytes are missing from the file store ({file['store_key']})"

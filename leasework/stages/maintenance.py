@@ -10,7 +10,7 @@ family's `pruners()`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -161,12 +161,19 @@ class MaintenanceStage:
         extra: Sequence[Pruner] = (),
         limit: int | None = None,
         kinds: Sequence[str] = (),
+        accepts: Mapping[str, Mapping[str, Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.handlers = (*handlers, *extra)
         self.limit = limit if limit is not None else settings(config).maintenance_limit
         self.kinds = sorted(kinds)  # the kinds this worker has handlers for
+        # What each one's handler takes (tasks.Accepts.declared), recorded with it (None: not
+        # declared here, the recorded one kept).
+        self.accepts = [
+            None if accepts is None or k not in accepts else Jsonb(dict(accepts[k]))
+            for k in self.kinds
+        ]
         self._clock = clock
         self._declared_at: float | None = None
         self._due: idle.Seen = None
@@ -210,13 +217,14 @@ class MaintenanceStage:
         return DECLARE_EVERY - (self._clock() - self._declared_at)
 
     def _declare(self, conn: Conn) -> None:
-        """Record this worker's kinds in leasework.kinds: at the first poll, then hourly."""
+        """Record this worker's kinds, and what their handlers take, in leasework.kinds: at the
+        first poll, then hourly (the last declaration stands)."""
         now = self._clock()
         if not self.kinds or (
             self._declared_at is not None and now - self._declared_at < DECLARE_EVERY
         ):
             return
-        conn.execute(Q["declare_kinds"], {"kinds": self.kinds})
+        conn.execute(Q["declare_kinds"], {"kinds": self.kinds, "accepts": self.accepts})
         self._declared_at = now
 
     def _run(self, conn: Conn, h: Pruner) -> int:

@@ -56,10 +56,15 @@ RETURNING w.id
 
 
 -- name: declare_kinds
--- This worker has handlers for these kinds (every worker, at its first poll and hourly after).
-INSERT INTO leasework.kinds (kind, seen_at)
-SELECT k, leasework.now() FROM unnest(%(kinds)s::text[]) AS k
-ON CONFLICT (kind) DO UPDATE SET seen_at = EXCLUDED.seen_at
+-- This worker has handlers for these kinds (every worker, at its first poll and hourly after),
+-- which take these payloads (`accepts`, leasework.enqueue's check; NULL: not declared, the
+-- recorded one kept).
+INSERT INTO leasework.kinds (kind, seen_at, accepts)
+SELECT d.kind, leasework.now(), d.accepts
+  FROM unnest(%(kinds)s::text[], %(accepts)s::jsonb[]) AS d(kind, accepts)
+ON CONFLICT (kind) DO UPDATE
+   SET seen_at = EXCLUDED.seen_at,
+       accepts = coalesce(EXCLUDED.accepts, leasework.kinds.accepts)
 
 -- name: fail_unknown_kinds
 -- Queued runs due for longer than `after` seconds whose kind no worker declared in the last

@@ -7,8 +7,10 @@ before it claims the free slots in one more.
 
 The loop turns every TICK seconds; the keeper's thread notices a loop that has not turned for
 LAG_WARN (a synchronous call inside an async handler: every run of the worker waits behind it)
-and logs it with the run it caught running. The dead man's switch and the parent's watchdog still
-cover such a run: its interruption cannot land while the loop is blocked."""
+and logs it with the run it caught running. A sync handler of the same worker runs inline on the
+loop (README "Async handlers", Mixing): that stall is expected, and logged at DEBUG only. The
+dead man's switch and the parent's watchdog still cover such a run: its interruption cannot land
+while the loop is blocked."""
 
 from __future__ import annotations
 
@@ -89,11 +91,16 @@ class AsyncExecutor:
         late = now - self._tick_due
         if late > LAG_WARN:
             blocked = self._blocked
+            run_id = None if blocked is None else blocked[0]
+            # A sync handler run inline meanwhile is what a mixed worker does, not a blocking
+            # call in an async handler: DEBUG, unless an async run was caught holding the loop.
+            ex = self.executor
+            sync = ex.current is not None or ex.sync_ended > self._turned
             log.event(
                 "loop_lagged",
-                level=30,
+                level=30 if run_id is not None or not sync else 10,
                 seconds=round(late, 3),
-                run_id=None if blocked is None else blocked[0],
+                run_id=run_id,
             )
         self._blocked = None
         self._turned = now
@@ -102,7 +109,10 @@ class AsyncExecutor:
             self._ticker = self.loop.call_later(TICK, self._tick)
 
     def check_lag(self, now: float) -> None:
-        """From the keeper's thread: log, once per stall, the run whose code holds the loop."""
+        """From the keeper's thread: log, once per stall, the async run whose code holds the
+        loop (`loop_blocked`). A stall with no async handler's task on the loop (a sync
+        handler run inline, or leasework's own statements of a poll) is no blocking call in an
+        async handler: logged at DEBUG (`loop_busy`), with the sync run if one is running."""
         if not self.serving or self._blocked is not None or now - self._turned < LAG_WARN + TICK:
             return
         loop = self.loop
@@ -110,14 +120,30 @@ class AsyncExecutor:
         if loop is not None:
             with suppress(Exception):
                 task = asyncio.current_task(loop)  # a dict read: safe from another thread
-        ctx = next((c for c in list(self.running.values()) if c.task is task), None)
-        self._blocked = (None if ctx is None else ctx.claim.id, now)
+        ctx = (
+            None
+            if task is None
+            else next((c for c in list(self.running.values()) if c.task is task), None)
+        )
+        seconds = round(now - self._turned, 3)
+        if ctx is None:
+            self._blocked = (None, now)
+            sync = self.executor.current
+            log.event(
+                "loop_busy",
+                level=10,
+                sync_run_id=None if sync is None else sync.claim.id,
+                async_runs_waiting=len(self.running),
+                seconds=seconds,
+            )
+            return
+        self._blocked = (ctx.claim.id, now)
         log.event(
             "loop_blocked",
             level=30,
-            run_id=None if ctx is None else ctx.claim.id,
-            kind=None if ctx is None else ctx.claim.kind,
-            seconds=round(now - self._turned, 3),
+            run_id=ctx.claim.id,
+            kind=ctx.claim.kind,
+            seconds=seconds,
             hint="a synchronous call in an async handler stops every run of this worker: await "
             "it, or run it with asyncio.to_thread",
         )

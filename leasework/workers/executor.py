@@ -74,6 +74,7 @@ class Executor:
         self._stopping = stopping
         self.completer = Completer(config, worker_id=worker_id, conns=conns, rand=rand)
         self.current: Context | None = None
+        self.sync_ended = 0.0  # monotonic time the last sync handler's run ended (aexecutor)
         self.jobs_done = 0
         log.install_record_factory()  # the handlers' records carry their run, for any handler
 
@@ -168,6 +169,7 @@ class Executor:
             return status
         finally:
             self.current = None
+            self.sync_ended = time.monotonic()
             self.jobs_done += 1
 
     def run_batch(self, claims: Sequence[Claim], handler: Handler) -> int:

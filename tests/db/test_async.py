@@ -24,6 +24,7 @@ from leasework.config import parse_pools
 from leasework.leases import lease
 from leasework.testing import run_task
 from leasework.workers.acontext import AsyncContext
+from leasework.workers.aexecutor import LAG_WARN, TICK
 from leasework.workers.worker import Worker
 
 from ..conftest import expire_lease, get_run, wait_for
@@ -610,6 +611,51 @@ def test_a_blocking_call_keeps_its_lease_and_is_logged_with_its_run(
     blocked = [r for r in caplog.records if r.getMessage() == "loop_blocked"]
     assert blocked, "the blocked loop was not logged"
     assert blocked[0].fields["run_id"] == run_id  # type: ignore[attr-defined]
+
+
+def test_a_sync_handler_of_a_mixed_worker_is_not_reported_as_blocking_the_loop(
+    conn: Conn, make_worker: MakeWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker serving a sync and an async kind runs the sync handler inline on the loop (README
+    "Async handlers", Mixing): the keeper sees the loop stalled, but no async handler holds it,
+    so there is no `loop_blocked` (whose hint blames a synchronous call in an async handler) and
+    no warning at all."""
+    app = App()
+    looked = threading.Event()
+
+    @app.task("fetch")
+    async def fetch(ctx: AsyncContext, payload: Any) -> None:
+        return None
+
+    @app.task("report")
+    def report(ctx: Any, payload: Any) -> None:
+        # Held until the keeper has looked at the loop stalled past the threshold (20 s at most).
+        assert looked.wait(20), "the keeper never looked at the stalled loop"
+
+    worker = make_worker(app, **QUICK)
+    ax = worker.aexecutor
+    check = ax.check_lag
+
+    def watched(now: float) -> None:  # the keeper's thread, after each of its ticks
+        check(now)
+        if ax.serving and worker.current is not None and now - ax._turned >= LAG_WARN + TICK:
+            looked.set()
+
+    ax.check_lag = watched  # type: ignore[method-assign]
+    fetched = app.enqueue(conn, "fetch")
+    reported = app.enqueue(conn, "report")
+    caplog.set_level(logging.DEBUG, logger="leasework")
+    with serving(worker):
+        wait_for(
+            lambda: {get_run(conn, r)["status"] for r in (fetched, reported)} == {"succeeded"},
+            timeout=60,
+        )
+    assert looked.is_set()
+    events = [r.getMessage() for r in caplog.records]
+    assert "loop_blocked" not in events, "a sync handler was reported as an async one blocking"
+    assert "loop_busy" in events, "the stall was not logged at all (DEBUG)"
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not {"loop_blocked", "loop_lagged"} & set(warned), warned
 
 
 def test_a_graceful_stop_lets_runs_finish_and_claims_nothing_more(

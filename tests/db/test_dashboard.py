@@ -127,6 +127,33 @@ def test_run_page_shows_attempts_tables_payload_and_result(
     assert 'http-equiv="refresh"' in live  # running: it refreshes itself
 
 
+def _row_of(page: str, run_id: int) -> list[str]:
+    """The cells of the table row that links to run `run_id`."""
+    for row in re.findall(r"<tr>(.*?)</tr>", page, re.S):
+        if f'href="/runs/{run_id}"' in row:
+            return re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+    raise AssertionError(f"no row for run {run_id}")
+
+
+def test_a_delayed_runs_last_change_is_its_enqueue_on_every_page(
+    dash: Dashboard, conn: Conn
+) -> None:
+    """A run enqueued for ten minutes from now last changed when it was enqueued: the overview's
+    "last change" column says so, as /runs does, never its due time in the future."""
+    from leasework.dashboard.pages import when
+
+    (run_id,) = conn.execute("SELECT leasework.enqueue('later', delay => 600)").fetchone()
+    created, due = conn.execute(
+        "SELECT created_at, queued_at FROM leasework.runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert when(created) != when(due)
+    overview = _row_of(request(dash.url).text, run_id)
+    listed = _row_of(request(f"{dash.url}runs").text, run_id)
+    # the overview's last column, /runs' "last change (UTC)" (after "created (UTC)")
+    assert overview[-1] == listed[7] == when(created), (overview, listed)
+    assert when(due) not in overview
+
+
 def test_unknown_pages_and_runs_are_404(dash: Dashboard, conn: Conn) -> None:
     assert request(f"{dash.url}runs/999999").status == 404
     assert request(f"{dash.url}runs/abc").status == 404

@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from leasework.documents import ingest
 from leasework.leases import lease
@@ -640,3 +641,54 @@ def test_a_rate_window_ignored_is_caught(conn: Conn, tenant: str | None) -> None
         conn, RATE_WINDOW_IGNORED, partial(rated_kind_claims_only_its_rate, tenant=tenant)
     )
     assert "claims of a kind rated 2 per 10 s within its period" in str(err), err
+
+
+# The payload check (migration 0029): leasework.enqueue that never reads what the kind's workers
+# declared, and leasework.payload_problem that forgets the required keys.
+SHAPED = {
+    "takes": "keywords",
+    "required": ["week"],
+    "allowed": ["week", "fmt"],
+    "describe": "keyword arguments: a JSON object with week, fmt (optional)",
+}
+
+
+def sql_enqueue_refuses_what_the_handler_cannot_take(conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO leasework.kinds (kind, accepts) VALUES ('shaped', %s)"
+        " ON CONFLICT (kind) DO UPDATE SET accepts = EXCLUDED.accepts",
+        (Jsonb(SHAPED),),
+    )
+    for payload in ("[1]", "{}", '{"week": 1, "fromat": 2}'):
+        try:
+            with conn.transaction():
+                conn.execute("SELECT leasework.enqueue('shaped', %s::jsonb)", (payload,))
+        except psycopg.errors.InvalidParameterValue:
+            continue
+        raise AssertionError(f"payload {payload} was enqueued for a handler that cannot take it")
+
+
+PAYLOAD_MUTATIONS = [
+    pytest.param(
+        FunctionMutation(
+            ENQUEUE, "IF declared IS NOT NULL AND declared->>'takes' <> 'any' THEN", "IF false THEN"
+        ),
+        "payload [1] was enqueued",
+        id="declaration-never-read",
+    ),
+    pytest.param(
+        FunctionMutation(
+            "leasework.payload_problem(text,jsonb,jsonb)", "WHERE NOT payload ? r.key", "WHERE false"
+        ),
+        "payload {} was enqueued",
+        id="required-keys-forgotten",
+    ),
+]
+
+
+@pytest.mark.parametrize(("mutation", "says"), PAYLOAD_MUTATIONS)
+def test_payload_check_mutations_are_caught(
+    conn: Conn, mutation: FunctionMutation, says: str
+) -> None:
+    err = function_fails_with(conn, mutation, sql_enqueue_refuses_what_the_handler_cannot_take)
+    assert says in str(err), err

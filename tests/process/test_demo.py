@@ -5,6 +5,7 @@ the summary table. About 15 s. And the embedded Postgres it falls back to, start
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -54,6 +55,9 @@ def test_demo_runs_the_whole_story(demo_dsn: str, tmp_path: Path) -> None:
     assert "records: 4 live, 2 tombstoned" in out
     assert "demo.flaky: succeeded on attempt 2" in out
     assert "demo.slow: cancelled" in out
+    # its line's numbers agree: the steps done are those of its partial result
+    slow = re.search(r"demo\.slow: cancelled after (\d+) of 200 steps .*\{\"done\":(\d+)\}", out)
+    assert slow is not None and slow.group(1) == slow.group(2), out
     assert "['crashed', 'succeeded']" in out and "kill -9" in out
     assert "8/8 files ready" in out
     assert "Summary" in out and "total" in out

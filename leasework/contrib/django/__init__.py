@@ -1,7 +1,7 @@
-"""Enqueue inside a Django transaction (`pip install leasework[django]`, Django's psycopg 3
-backend): add "leasework.contrib.django" to INSTALLED_APPS, and `manage.py migrate` installs and
-upgrades the leasework schema; `manage.py leasework supervise` runs the leasework CLI on the
-database and app named by the LEASEWORK setting:
+"""Enqueue inside a Django transaction (the `django` extra: README "Installing"; Django's
+psycopg 3 backend): add "leasework.contrib.django" to INSTALLED_APPS, and `manage.py migrate`
+installs and upgrades the leasework schema; `manage.py leasework supervise` runs the leasework
+CLI on the database and app named by the LEASEWORK setting:
 
     LEASEWORK = {"APP": "myproject.tasks:app", "DATABASE": "default"}   # both optional
 

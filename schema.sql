@@ -596,7 +596,7 @@ CREATE TABLE IF NOT EXISTS leasework.run_deps (
     PRIMARY KEY (child, parent)
 );
 
--- A parent's children. Serves: decide_children (stages/deps.sql), `leasework show`.
+-- A parent's children. Serves: lock_children (stages/deps.sql), `leasework show`.
 CREATE INDEX IF NOT EXISTS run_deps_by_parent ON leasework.run_deps (parent);
 
 -- The deps stage's inbox: a parent whose children may now be decided (it ended: the trigger

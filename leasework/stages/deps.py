@@ -33,9 +33,10 @@ ENDED = ("succeeded", "partial", "failed", "cancelled")
 def settle(conn: Conn, limit: int, skipped: list[int] | None = None) -> int:
     """One bounded step: up to `limit` parents taken from the inbox, each in a transaction of
     its own (a running parent's row, when it is marked, is locked only for that short
-    transaction): marked if need be and, once ended, its blocked children decided; its inbox
-    rows deleted unless a row lock someone held left it (or one of its children) undecided.
-    Returns how many parents were handled; `skipped` gets the parents left for the next step."""
+    transaction): marked if need be and, once ended, its blocked children locked, then decided
+    by a statement whose snapshot follows the locks; its inbox rows deleted unless a row lock
+    someone held left it (or one of its children) undecided. Returns how many parents were
+    handled; `skipped` gets the parents left for the next step."""
     if skipped is None:
         skipped = []
     skipped.clear()
@@ -56,11 +57,16 @@ def settle(conn: Conn, limit: int, skipped: list[int] | None = None) -> int:
                 conn.execute(Q["done_ended"], {"ids": ids})  # marked: its end records itself
                 handled += 1
                 continue
-            counted = conn.execute(Q["decide_children"], {"parent": parent}).fetchone()
-            assert counted is not None
-            seen, locked, n, _ = counted
-            decided += int(n)
-            if locked == seen:
+            # Locked in one statement, decided in the next: its snapshot, taken after the
+            # locks, reads every edge committed before them (a run joining a batch, deps.sql).
+            children = conn.execute(Q["lock_children"], {"parent": parent}).fetchone()
+            assert children is not None
+            seen, kids = children
+            if kids:
+                counted = conn.execute(Q["decide_children"], {"kids": kids}).fetchone()
+                assert counted is not None
+                decided += int(counted[0])
+            if len(kids) == seen:
                 conn.execute(Q["done_ended"], {"ids": ids})
                 handled += 1
             else:  # a child someone holds: this parent's rows stay for the next step

@@ -41,16 +41,14 @@ WITH p AS MATERIALIZED (
 )
 SELECT status FROM p
 
--- name: decide_children
+-- name: lock_children
 -- The blocked children of one ended parent, each locked (SKIP LOCKED: one another worker is
--- deciding is left to it, and this parent's inbox row stays for the next step), each decided
--- once its every parent has ended, read with this statement's snapshot, taken after the inbox
--- row of this parent committed (every parent's end commits with its own inbox row, so the step
--- that reads the last one sees them all): `queued`, due now (or at its delay, if later), its
--- tenant back in the turns (leasework.tenant_queued_run); or `cancelled` when a parent ended
--- `failed` or `cancelled` and the edge is not `anyway`. A parent gone (pruned) counts as ended
--- well. Returns how many blocked children it saw (`seen`), locked (`locked`), and the kinds
--- made due, to NOTIFY (at commit).
+-- deciding, or a run joining its batch holds, is left to it, and this parent's inbox row stays
+-- for the next step). Returns how many blocked children it saw (`seen`) and the ids it locked,
+-- for decide_children, the next statement: it reads the edges and the parents' ends with a
+-- snapshot taken after these locks. This statement's snapshot is older than its locks, so an
+-- edge committed in between (leasework.join_batch: its lock of the callback's row gone with its
+-- commit) would be missing from it.
 WITH seen AS MATERIALIZED (
     SELECT c.id
       FROM leasework.run_deps d
@@ -62,15 +60,29 @@ WITH seen AS MATERIALIZED (
      WHERE c.id IN (SELECT id FROM seen) AND c.status = 'blocked'
      ORDER BY c.id
        FOR UPDATE SKIP LOCKED
-), verdict AS MATERIALIZED (
+)
+SELECT (SELECT count(*) FROM seen) AS seen, ARRAY(SELECT id FROM kids) AS locked
+
+-- name: decide_children
+-- The children lock_children locked (`kids`), in the same transaction, each decided once its
+-- every parent has ended, read with this statement's snapshot: taken after the inbox row of this
+-- parent committed (every parent's end commits with its own inbox row, so the step that reads
+-- the last one sees them all) and after the child's row lock (a run joining a batch holds the
+-- callback's row until it commits, so every member that joined is read here, and a join that
+-- comes later finds the batch closed): `queued`, due now (or at its delay, if later), its tenant
+-- back in the turns (leasework.tenant_queued_run); or `cancelled` when a parent ended `failed`
+-- or `cancelled` and the edge is not `anyway`. A parent gone (pruned) counts as ended well.
+-- Returns how many it decided, and the kinds made due, to NOTIFY (at commit).
+WITH verdict AS MATERIALIZED (
     SELECT k.id,
            count(*) FILTER (
                WHERE p.status NOT IN ('succeeded', 'partial', 'failed', 'cancelled')) AS open,
            min(d.parent) FILTER (
                WHERE NOT d.anyway AND p.status IN ('failed', 'cancelled')) AS bad
-      FROM kids k
+      FROM leasework.runs k
       JOIN leasework.run_deps d ON d.child = k.id
       LEFT JOIN leasework.runs p ON p.id = d.parent
+     WHERE k.id = ANY (%(kids)s::bigint[]) AND k.status = 'blocked'
      GROUP BY k.id
 ), decided AS (
     UPDATE leasework.runs r
@@ -89,8 +101,7 @@ WITH seen AS MATERIALIZED (
             OR leasework.tenant_queued_run(r.tenant, r.priority))
     RETURNING r.id, r.kind, r.status
 )
-SELECT (SELECT count(*) FROM seen) AS seen, (SELECT count(*) FROM kids) AS locked,
-       (SELECT count(*) FROM decided) AS decided,
+SELECT (SELECT count(*) FROM decided) AS decided,
        (SELECT count(pg_notify('leasework', q.kind))
           FROM (SELECT DISTINCT kind FROM decided WHERE status = 'queued') q) AS notified
 

@@ -46,7 +46,7 @@ def _copy_many() -> str:
     """The COPY of enqueue_many without keys (rows of _Many.copy_rows, ids drawn beforehand)."""
     return (
         'COPY leasework.runs (id, kind, tenant, "group", priority, payload, max_attempts, '
-        "lease_seconds, timeout_seconds, queued_at) FROM STDIN"
+        "lease_seconds, timeout_seconds, queued_at, tags) FROM STDIN"
     )
 
 
@@ -150,6 +150,7 @@ class _Many:
                 c["lease"],
                 c["timeout"],
                 due,
+                c["tags"],
             )
 
 
@@ -338,6 +339,7 @@ class Client:
             "debounce_max": windows.debounce_max,
             "merge_into": None,
             "merge_seen": None,
+            "tags": opts.tags,
         }
         if after.parents is not None:  # the statement of a run that waits (enqueue_after)
             params["after"] = after.parents
@@ -397,6 +399,7 @@ class Client:
             "unique_for": windows.unique_for,
             "debounce": windows.debounce,
             "debounce_max": windows.debounce_max,
+            "tags": opts.tags,
         }
         return _Many(common, encoded, checked_keys, windows, given, after)
 

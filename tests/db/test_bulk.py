@@ -239,8 +239,8 @@ def test_search_by_error_text_payload_and_tags(
     drain(make_worker(app), conn)
     conn.execute(
         "UPDATE leasework.runs SET status = 'failed', finished_at = now(), "
-        "error = 'disk 100%_full' WHERE id = %s",
-        (odd,),
+        "error = %s WHERE id = %s",
+        ("disk 100%_full", odd),
     )
 
     def found(**kw: Any) -> list[int]:

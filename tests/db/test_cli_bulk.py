@@ -79,7 +79,7 @@ def test_cancel_by_filter_counts_and_asks_for_yes(conn: Conn, cli: Any) -> None:
     assert [get_run(conn, i)["status"] for i in [*mine, other]] == ["cancelled", "cancelled", "queued"]
     one_line_exit_2(cli("cancel", "--payload", "{nope"), "--payload '{nope' is not JSON")
     one_line_exit_2(
-        cli("cancel", "--status", "failed", "--yes"), "only blocked, waiting, queued, running"
+        cli("cancel", "--status", "failed", "--yes"), "is not one of blocked, waiting, queued, running"
     )
 
 

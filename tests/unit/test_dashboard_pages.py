@@ -19,9 +19,13 @@ ALLOWED_TAGS = {
     "dl", "dt", "dd", "nav", "form", "input", "button", "label", "select", "option",
 }  # fmt: skip
 ALLOWED_ATTRS = {"lang", "charset", "name", "content", "http-equiv", "rel", "href", "type", "class", "id", "value", "max", "data-card",
-                 "method", "action", "data-action", "required", "selected", "placeholder"}  # fmt: skip
+                 "method", "action", "data-action", "required", "selected", "placeholder",
+                 # the runs list's bulk form: a checkbox per run outside it (form="bulk")
+                 "form", "checked", "aria-label"}  # fmt: skip
 # A kind's limits (the /kinds page's limits form) beside the actions' own fields.
-FORM_FIELDS = {"csrf", "back", "kind", "confirm", "max_running", "group_limit", "rate", "rate_per"}
+FORM_FIELDS = {"csrf", "back", "kind", "confirm", "max_running", "group_limit", "rate", "rate_per",
+               # the runs list's bulk form: the runs ticked, which runs, the list's filters
+               "id", "scope", "action", *(f"filter_{k}" for k in pages.RUN_FILTERS)}  # fmt: skip
 ROOT = "/ops/lw"
 ACTIONS = pages.View(ROOT, csrf="t0ken", flash="run 1 cancelled")
 

@@ -50,7 +50,7 @@ SELECT 'kind-' || (g %% 10),
 """
 
 SEARCHES: list[tuple[str, Filters]] = [
-    ("tag, one batch (200 runs per million)", Filters(tags=["batch-7"])),
+    ("tag, one batch (1,000 runs per million)", Filters(tags=["batch-5"])),
     ("tag, common (a fifth of the runs)", Filters(tags=["import"])),
     ("payload {account: 4242} (20 per million)", Filters(payload={"account": 4242})),
     ("payload {region: eu} (a third)", Filters(payload={"region": "eu"})),

@@ -55,7 +55,7 @@ SEARCHES: list[tuple[str, Filters]] = [
     ("payload {account: 4242} (20 per million)", Filters(payload={"account": 4242})),
     ("payload {region: eu} (a third)", Filters(payload={"region": "eu"})),
     ("error 'too many requests' (2%)", Filters(error="too many requests")),
-    ("error 'account 4242' (rare)", Filters(error="account 4242")),
+    ("error 'account 4242' (no run: trigrams say so)", Filters(error="account 4242")),
     ("error 'zz-not-there' (none)", Filters(error="zz-not-there")),
     ("kind + status failed + error '429'", Filters(kind="kind-3", statuses=["failed"], error="429")),
     ("kind + payload {account: 4242}", Filters(kind="kind-2", payload={"account": 4242})),
@@ -91,7 +91,7 @@ def measure(conn: psycopg.Connection[Any], repeat: int, label: str) -> list[list
         shape = plan(conn, f)
         scan = next(
             (
-                line.strip().split("  ")[0].removeprefix("->").strip()
+                line.strip().removeprefix("->").strip().split(" (")[0]
                 for line in shape
                 if "Scan" in line
             ),

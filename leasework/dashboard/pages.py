@@ -1100,7 +1100,7 @@ def bulk_confirm_page(
     body = (
         f'<section id="confirm"><h2>{esc(action)} {esc(number_text(count))} run'
         f'{"s" if count != 1 else ""}?</h2>'
-        f'<p id="confirm-line">{esc(action)} <strong id="confirm-count">{esc(count)}</strong> '
+        f'<p id="confirm-line">{esc(action)} <span class="n" id="confirm-count">{esc(count)}</span> '
         f"run(s): {esc(which)} ({esc(BULK_ACTIONS.get(action, ''))} ones only). Workers may claim "
         "runs meanwhile: a run claimed by then is acted on as it is then (a cancel asks it to "
         "stop).</p>"

@@ -7,6 +7,7 @@ checked with the label rule."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -350,3 +351,17 @@ def test_tags_from_sql(conn: Conn) -> None:
             conn.execute(f"SELECT leasework.enqueue('report', tags => {tags})")
         assert says in str(caught.value)
     assert snapshot(conn) == before
+
+
+def test_tags_on_the_awaited_enqueues(dsn: str, conn: Conn) -> None:
+    app = make_app()
+
+    async def go() -> tuple[int, list[int]]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            one = await app.enqueue_async(aconn, "bulk", tags=["async"])
+            copied = await app.enqueue_many_async(aconn, "bulk", [{}, {}], tags=["copied"])
+            return one, copied
+
+    one, copied = asyncio.run(go())
+    assert tags_of(conn, one) == ["async"]
+    assert [tags_of(conn, i) for i in copied] == [["copied"], ["copied"]]

@@ -177,6 +177,10 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     -- Whether a waiter asked for this run's end (leasework.run_outcome; migration 0027): then,
     -- and only then, its end NOTIFYs `leasework_ended` (runs_ended_notify). NULL: nobody did.
     notify_ended        boolean,
+    -- Labels an enqueue gave the run (`tags=[...]`, each a label: leasework.label_problem),
+    -- distinct and sorted; NULL: none. For operators' searches only (runs_tags, below); no
+    -- worker reads it. (Migration 0030.)
+    tags                text[],
     -- The status and the columns that go with it, one rule (leasework.run_state_valid, above).
     CONSTRAINT runs_state_valid CHECK (
         leasework.run_state_valid(status, lease_owner, lease_expires_at, finished_at))
@@ -935,6 +939,25 @@ SET search_path = pg_catalog, pg_temp AS $$
     END;
 $$;
 
+-- Why an enqueue's tags are refused, or NULL (migration 0030): at most 20, none NULL, each a
+-- label (leasework.label_problem: 1-200 characters, no control, bidi control or line separator).
+-- The words of leasework.tasks.check_tags.
+CREATE OR REPLACE FUNCTION leasework.tags_problem(tags text[]) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE
+        WHEN tags IS NULL THEN NULL
+        WHEN cardinality(tags) > 20 THEN format('tags: at most 20 per run, got %s', cardinality(tags))
+        WHEN array_position(tags, NULL) IS NOT NULL THEN 'tags must not hold NULL'
+        -- Named by position, not shown: a refused tag may hold what no line should.
+        ELSE (SELECT format('tag %s of %s %s', n, cardinality(tags), leasework.label_problem(t))
+                FROM unnest(tags) WITH ORDINALITY AS u(t, n)
+               WHERE leasework.label_problem(t) IS NOT NULL
+               ORDER BY n
+               LIMIT 1)
+    END;
+$$;
+
 -- Enqueue from SQL (triggers, other languages, and App.enqueue itself): the one way the enqueue
 -- role writes a run. SECURITY DEFINER, so that role needs no privilege on leasework.runs or
 -- leasework.tenants and cannot choose a status, a lease, an id or a timestamp; it checks what it
@@ -992,7 +1015,9 @@ CREATE OR REPLACE FUNCTION leasework.enqueue(
     merge_seen integer DEFAULT NULL,
     -- Dependencies (migration 0026): leasework.enqueue_blocked, below.
     after bigint[] DEFAULT NULL,
-    on_parent_failure text DEFAULT NULL
+    on_parent_failure text DEFAULT NULL,
+    -- Tags (migration 0030): leasework.tags_problem; the block at the top of the body.
+    tags text[] DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -1008,6 +1033,30 @@ DECLARE
     due timestamptz;
     declared jsonb;
 BEGIN
+    -- Tags (migration 0030), the only change 0030 makes to this body: a run with tags is
+    -- enqueued by this same function without them (every check and path below, unchanged), and
+    -- the run it made gets them (a debounced run takes them with the payload; a key's existing
+    -- run returned keeps its own). A run without tags pays this one test.
+    IF enqueue.tags IS NOT NULL THEN
+        problem := leasework.tags_problem(enqueue.tags);
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+        END IF;
+        PERFORM set_config('leasework.enqueued_existing', 'false', true);
+        run_id := leasework.enqueue(
+            enqueue.kind, enqueue.payload, enqueue.key, enqueue.tenant, enqueue."group",
+            enqueue.exclusive, enqueue.priority, enqueue.delay, enqueue.max_attempts,
+            enqueue.lease_seconds, enqueue.timeout_seconds, enqueue.unique_for, enqueue.debounce,
+            enqueue.debounce_max, enqueue.merge_into, enqueue.merge_seen, enqueue.after,
+            enqueue.on_parent_failure, NULL);
+        IF run_id IS NOT NULL AND cardinality(enqueue.tags) > 0
+           AND current_setting('leasework.enqueued_existing', true) IN ('false', 'debounced') THEN
+            UPDATE leasework.runs r
+               SET tags = ARRAY(SELECT DISTINCT t FROM unnest(enqueue.tags) AS t ORDER BY t)
+             WHERE r.id = run_id;
+        END IF;
+        RETURN run_id;
+    END IF;
     -- The kind's rule, ^[A-Za-z0-9_.:/@+-]{1,200}$, without a regular expression: after a
     -- pause the regex engine took up to a quarter of an enqueue's time (bench/README.md, issue 19,
     -- sixth pass), translate() a loop over the characters.
@@ -1414,7 +1463,7 @@ $$;
 -- default; a SECURITY DEFINER one must not be).
 REVOKE EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean,
     double precision, double precision, double precision, double precision, double precision,
-    double precision, double precision, double precision, bigint, integer, bigint[], text)
+    double precision, double precision, double precision, bigint, integer, bigint[], text, text[])
     FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.enqueue_blocked(text, jsonb, text, text, text, boolean,
     integer, double precision, integer, double precision, double precision, boolean, bigint[],
@@ -1448,6 +1497,41 @@ $$;
 -- Finished runs by age, for pruning. Serves: maintenance pruning.
 CREATE INDEX IF NOT EXISTS runs_finished_at
     ON leasework.runs (finished_at) WHERE finished_at IS NOT NULL;
+
+-- Operators' searches (migration 0030; docs/operations.md, "Search, tags and bulk actions"). Both partial:
+-- a run without tags, or without an error, is in neither, so an enqueue without tags and a run
+-- that succeeds at its first attempt write nothing here. Serves: list_runs, select_runs,
+-- count_runs (operations.sql) with --tag.
+CREATE INDEX IF NOT EXISTS runs_tags ON leasework.runs USING gin (tags) WHERE tags IS NOT NULL;
+
+-- Serves: the same with --error TEXT (ILIKE '%TEXT%'), when pg_trgm can be had: installed
+-- already (in whichever schema), or installable here (a trusted extension since Postgres 13:
+-- the database's CREATE privilege is enough), into the schema leasework. Without it the search
+-- reads the runs its other filters leave (bench/README.md, "Search"). Created once: a database
+-- that has the index keeps it.
+DO $$
+DECLARE
+    home text;
+BEGIN
+    IF to_regclass('leasework.runs_error_trgm') IS NOT NULL THEN
+        RETURN;
+    END IF;
+    SELECT n.nspname INTO home
+      FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+     WHERE e.extname = 'pg_trgm';
+    IF home IS NULL THEN
+        BEGIN
+            CREATE EXTENSION IF NOT EXISTS pg_trgm WITH SCHEMA leasework;
+            home := 'leasework';
+        EXCEPTION WHEN undefined_file OR insufficient_privilege OR feature_not_supported THEN
+            RAISE NOTICE 'pg_trgm is not available (%): --error searches read the runs', SQLERRM;
+            RETURN;
+        END;
+    END IF;
+    EXECUTE format('CREATE INDEX runs_error_trgm ON leasework.runs USING gin (error %I.gin_trgm_ops)'
+                   ' WHERE error IS NOT NULL', home);
+END
+$$;
 
 -- One row per worker process start; the id is never reused after a restart.
 CREATE TABLE IF NOT EXISTS leasework.workers (

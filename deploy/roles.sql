@@ -61,7 +61,7 @@ GRANT USAGE ON SCHEMA leasework TO leasework_enqueue;
 GRANT SELECT ON leasework.schema_version TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, boolean,
     double precision, double precision, double precision, double precision, double precision,
-    double precision, double precision, double precision, bigint, integer, bigint[], text)
+    double precision, double precision, double precision, bigint, integer, bigint[], text, text[])
     TO leasework_enqueue;
 -- The first half of a debounce_merge (a pending payload of a key this role could debounce).
 GRANT EXECUTE ON FUNCTION leasework.debounce_pending(text, text, text) TO leasework_enqueue;

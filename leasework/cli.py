@@ -22,7 +22,7 @@ from . import db, log
 from .app import App, Family
 from .config import Config
 from .dashboard.settings import DashboardSettings
-from .errors import ConfigError, LeaseworkError, SchemaMissing
+from .errors import ConfigError, LeaseworkError, SchemaMissing, StateConflict
 from .operations import LIMIT_NAMES, STATUSES
 from .status import (
     duration,
@@ -176,6 +176,29 @@ def _filters(p: argparse.ArgumentParser, *, statuses: str) -> None:
         metavar="AGE|TIME",
         help="only runs created since: an age (30m, 2h, 7d) or a time (2026-05-01T12:00, UTC)",
     )
+    p.add_argument(
+        "--error", metavar="TEXT", help="only runs whose error holds TEXT (case-insensitive)"
+    )
+    p.add_argument(
+        "--payload",
+        metavar="JSON",
+        help='only runs whose payload contains this JSON, e.g. \'{"account": 42}\'',
+    )
+    p.add_argument(
+        "--tag",
+        action="append",
+        metavar="TAG",
+        help="only runs with this tag; repeat for runs with every one of them",
+    )
+
+
+def _bulk(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument("--dry-run", action="store_true", help=f"{verb} nothing; print how many")
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help=f"by filter: {verb} without asking (else asked on a terminal, refused elsewhere)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,10 +314,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --after: a run waited for that ended failed or cancelled cancels this one "
         "(cancel, the default) or not (run)",
     )
+    p.add_argument(
+        "--tag",
+        action="append",
+        metavar="TAG",
+        help="a label to find the run by (runs --tag); repeat for several, at most 20",
+    )
 
-    p = sub.add_parser("cancel", help="cancel a run: queued now, running at its next check")
+    p = sub.add_parser(
+        "cancel", help="cancel runs by id or filter: queued now, running at their next check"
+    )
     _common(p)
-    p.add_argument("run_id", type=_run_id, metavar="RUN_ID", help="the run to cancel")
+    p.add_argument("run_ids", type=_run_id, nargs="*", metavar="RUN_ID", help="the runs to cancel")
+    _filters(p, statuses="blocked, waiting, queued, running; default all four")
+    _bulk(p, "cancel")
+
+    p = sub.add_parser(
+        "run-now", help="queued runs waiting for a delay or a backoff: due now, by id or filter"
+    )
+    _common(p)
+    p.add_argument("run_ids", type=_run_id, nargs="*", metavar="RUN_ID", help="the runs to start")
+    _filters(p, statuses="queued only")
+    _bulk(p, "start")
 
     p = sub.add_parser("runs", help="list runs, newest first, with filters and paging")
     _common(p)
@@ -330,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete the runs' durable steps (ctx.step), so every step runs again "
         "(default: kept, the retry resumes after the last stored step)",
     )
+    p.add_argument("--yes", action="store_true", help="accepted for scripts; retry never asks")
 
     p = sub.add_parser(
         "delete", help="delete finished runs (succeeded, partial, failed, cancelled)"
@@ -338,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_ids", type=_run_id, nargs="*", metavar="RUN_ID", help="the runs to delete")
     _filters(p, statuses="succeeded, partial, failed, cancelled; default all four")
     p.add_argument("--dry-run", action="store_true", help="delete nothing; print how many")
+    p.add_argument("--yes", action="store_true", help="accepted for scripts; delete never asks")
 
     p = sub.add_parser("pause", help="pause kinds: no worker claims their runs until resumed")
     _common(p)
@@ -737,6 +780,8 @@ def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
         options["after"] = args.after
     if args.on_parent_failure is not None:
         options["on_parent_failure"] = args.on_parent_failure
+    if args.tag:
+        options["tags"] = args.tag
     with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
         db.check_schema(conn)
         try:
@@ -758,16 +803,83 @@ def cmd_enqueue(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, cfg: Config) -> int:
-    with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+    from . import operations
+
+    if len(args.run_ids) == 1 and not _has_filter(args) and not args.dry_run:
+        (run_id,) = args.run_ids
+        with db.connect(cfg.dsn, pooler=cfg.pooler) as conn:
+            db.check_schema(conn)
+            status = App(cfg).cancel(conn, run_id)
+        if status == "running":
+            print(f"run {run_id}: cancel requested; it stops at its next control check")
+        elif status == "cancelled":
+            print(f"run {run_id}: cancelled")
+        else:
+            print(f"run {run_id}: already finished ({status})")
+        return EXIT_OK
+    _ids_or_filters(args, "cancel")
+    with db.connect(cfg.dsn, pooler=cfg.pooler, autocommit=True) as conn:
         db.check_schema(conn)
-        status = App(cfg).cancel(conn, args.run_id)
-    if status == "running":
-        print(f"run {args.run_id}: cancel requested; it stops at its next control check")
-    elif status == "cancelled":
-        print(f"run {args.run_id}: cancelled")
-    else:
-        print(f"run {args.run_id}: already finished ({status})")
+        filters = None
+        if not args.run_ids:
+            filters = _filters_from(args, conn, operations.CANCELLABLE)
+            if not args.dry_run:
+                _confirm(args, "cancel", operations.count(conn, filters, "cancel"), filters)
+        acted = operations.cancel(
+            conn, args.run_ids or None, filters=filters, dry_run=args.dry_run
+        )
+    if acted.dry_run:
+        print(f"would cancel {acted.count} run(s)")
+        return EXIT_OK
+    cancelled = len(acted.ids)
+    print(f"cancelled {cancelled} run(s)" + (": " + _id_list(acted.ids) if acted.ids else ""))
+    if acted.requested:
+        print(
+            f"cancel requested for {len(acted.requested)} running run(s), which stop at their "
+            f"next control check: {_id_list(acted.requested)}"
+        )
+    if acted.skipped:
+        print(f"already finished, left as they are: {_id_list(acted.skipped)}")
     return EXIT_OK
+
+
+def cmd_run_now(args: argparse.Namespace, cfg: Config) -> int:
+    from . import operations
+
+    _ids_or_filters(args, "run-now")
+    with db.connect(cfg.dsn, pooler=cfg.pooler, autocommit=True) as conn:
+        db.check_schema(conn)
+        filters = None
+        if not args.run_ids:
+            filters = _filters_from(args, conn, operations.RUN_NOW)
+            if not args.dry_run:
+                _confirm(args, "run now", operations.count(conn, filters, "run-now"), filters)
+        acted = operations.run_now(
+            conn, args.run_ids or None, filters=filters, dry_run=args.dry_run
+        )
+    if acted.dry_run:
+        print(f"would make {acted.count} run(s) due now")
+        return EXIT_OK
+    print(f"made {acted.count} run(s) due now" + (": " + _id_list(acted.ids) if acted.ids else ""))
+    if acted.skipped:
+        print(f"due already, left as they are: {_id_list(acted.skipped)}")
+    return EXIT_OK
+
+
+def _confirm(args: argparse.Namespace, verb: str, count: int, filters: Any) -> None:
+    """A bulk action by filter: with --yes, go; on a terminal, ask with the count; else refuse
+    (exit 2, one line with the count and --yes)."""
+    if args.yes or count == 0:
+        return
+    what = f"{count} run(s) match ({filters.described()})"
+    if sys.stdin.isatty() and sys.stderr.isatty():
+        print(f"leasework: {what}: {verb} them? [y/N] ", end="", file=sys.stderr, flush=True)
+        if sys.stdin.readline().strip().lower() in ("y", "yes"):
+            return
+        raise ConfigError(f"{verb}: not confirmed; nothing changed")
+    raise ConfigError(
+        f"{verb}: {what}; add --yes to {verb} them (or --dry-run to count only); nothing changed"
+    )
 
 
 def _filters_from(args: argparse.Namespace, conn: Any, allowed: Sequence[str]) -> Any:
@@ -776,13 +888,31 @@ def _filters_from(args: argparse.Namespace, conn: Any, allowed: Sequence[str]) -
     since = None
     if args.since:
         since = operations.parse_since(args.since, operations.db_now(conn))
+    payload = None
+    if args.payload is not None:
+        try:
+            payload = orjson.loads(args.payload)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(
+                f"--payload {args.payload[:80]!r} is not JSON ({exc}): give a JSON value the "
+                'payload must contain, such as \'{"account": 42}\''
+            ) from None
     return operations.Filters(
         statuses=operations.check_statuses(args.status, allowed),
         kind=args.kind,
         key=args.key,
         tenant=args.tenant,
         since=since,
+        error=args.error,
+        payload=payload,
+        tags=args.tag,
     )
+
+
+def _has_filter(args: argparse.Namespace) -> bool:
+    return any(
+        (args.status, args.kind, args.key, args.tenant, args.since, args.error, args.tag)
+    ) or args.payload is not None
 
 
 def _hint_kind(conn: Any, kind: str) -> None:
@@ -866,6 +996,8 @@ def render_runs(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         tries = f"{r['attempts']}/{r['max_attempts']}"
         note = r["key"] or ""
+        if r.get("tags"):
+            note = f"{note}  [{', '.join(r['tags'])}]".strip()
         if r.get("error"):
             first = r["error"].splitlines()[0] if r["error"].strip() else ""
             note = f"{note}  {first}".strip()
@@ -916,6 +1048,7 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         ("tenant", run["tenant"] or "-"),
         ("group", run["group"] or "-"),
         ("priority", str(run["priority"])),
+        ("tags", ", ".join(run.get("tags") or []) or "-"),
         ("attempts", f"{run['attempts']} of {run['max_attempts']}"),
         *(
             [("snoozes", f"{run['snoozes']} (not charged as attempts)")]
@@ -1051,12 +1184,13 @@ def _windows_lines(run: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _ids_or_filters(args: argparse.Namespace, action: str) -> None:
-    has_filter = any((args.status, args.kind, args.key, args.tenant, args.since))
+    has_filter = _has_filter(args)
     if args.run_ids and has_filter:
         raise ConfigError(f"{action}: give run ids or filters, not both")
     if not args.run_ids and not has_filter:
         raise ConfigError(
-            f"{action}: name run ids, or filters (--kind, --status, --key, --tenant, --since)"
+            f"{action}: name run ids, or filters (--kind, --status, --key, --tenant, --since, "
+            "--error, --payload, --tag)"
         )
 
 
@@ -1484,6 +1618,7 @@ _RUNNERS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "supervise": cmd_supervise,
     "enqueue": cmd_enqueue,
     "cancel": cmd_cancel,
+    "run-now": cmd_run_now,
     "runs": cmd_runs,
     "show": cmd_show,
     "retry": cmd_retry,
@@ -1549,7 +1684,7 @@ def _main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         cfg = _config(args)
         log.setup(cfg.log_level, cfg.log_format)
         return _RUNNERS[args.command](args, cfg)
-    except (ConfigError, SchemaMissing) as exc:
+    except (ConfigError, SchemaMissing, StateConflict) as exc:
         return _fail(str(exc), EXIT_USAGE)
     except LeaseworkError as exc:
         return _fail(str(exc), EXIT_ERROR)

@@ -48,7 +48,7 @@ def _copy_many() -> str:
     """The COPY of enqueue_many without keys (rows of _Many.copy_rows, ids drawn beforehand)."""
     return (
         'COPY leasework.runs (id, kind, tenant, "group", priority, payload, max_attempts, '
-        "lease_seconds, timeout_seconds, queued_at) FROM STDIN"
+        "lease_seconds, timeout_seconds, queued_at, tags) FROM STDIN"
     )
 
 
@@ -152,6 +152,7 @@ class _Many:
                 c["lease"],
                 c["timeout"],
                 due,
+                c["tags"],
             )
 
 
@@ -364,6 +365,7 @@ class Client:
             "debounce_max": windows.debounce_max,
             "merge_into": None,
             "merge_seen": None,
+            "tags": opts.tags,
         }
         if after.parents is not None:  # the statement of a run that waits (enqueue_after)
             params.update(_dependency_params(after))
@@ -426,6 +428,7 @@ class Client:
             "unique_for": windows.unique_for,
             "debounce": windows.debounce,
             "debounce_max": windows.debounce_max,
+            "tags": opts.tags,
         }
         return _Many(common, encoded, checked_keys, windows, given, after)
 

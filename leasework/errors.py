@@ -26,6 +26,13 @@ class NotFound(ConfigError):
     ConfigError; the dashboard answers it 404 rather than 409."""
 
 
+class StateConflict(LeaseworkError):
+    """An action a run's state does not allow, though the input is well formed: retrying a queued
+    run, deleting a running one, retrying a run whose key has another active run, running now a
+    run that is not queued. Exit code 2 in the CLI (as bad input), 409 in the dashboard; nothing
+    changed."""
+
+
 class UnknownKind(ConfigError):
     """A run kind no handler is registered for."""
 

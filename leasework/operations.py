@@ -6,8 +6,9 @@ changes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,7 +17,7 @@ import orjson
 import psycopg
 from psycopg.rows import dict_row
 
-from .errors import ConfigError, NotFound
+from .errors import ConfigError, NotFound, StateConflict
 from .queries import load
 from .text import label_problem
 
@@ -37,7 +38,6 @@ LIVE = frozenset({"blocked", "waiting", "queued", "running"})
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
 RETRYABLE = ("failed", "cancelled", "partial")
 MAX_PAGE = 1000
-BATCH = 1000  # runs acted on per statement when acting by filter
 
 _SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -163,15 +163,43 @@ def _shown(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+MAX_SEARCH = 1000  # characters of an --error search
+MAX_TAGS = 20  # tags a filter (or a run) names at most
+
+
 @dataclass(frozen=True)
 class Filters:
-    """Which runs: each field optional. `since` is the earliest created_at."""
+    """Which runs: each field optional. `since` is the earliest created_at. `error`: text its
+    error holds (a substring, case-insensitive); `payload`: a JSON value its payload contains
+    (`{"account": 42}`: jsonb containment, @>); `tags`: tags it has, every one. Checked when made
+    (ConfigError naming the bad one)."""
 
     statuses: list[str] | None = None
     kind: str | None = None
     key: str | None = None
     tenant: str | None = None
     since: datetime | None = None
+    error: str | None = None
+    payload: Any = None
+    tags: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None and (
+            not isinstance(self.error, str) or not 1 <= len(self.error) <= MAX_SEARCH
+        ):
+            raise ConfigError(
+                f"error search must be 1-{MAX_SEARCH} characters of text, got {_shown(self.error)}"
+            )
+        if self.payload is not None:
+            try:
+                orjson.dumps(self.payload)
+            except TypeError:
+                raise ConfigError(
+                    f"payload filter must be a JSON value such as {{\"account\": 42}}, got "
+                    f"{_shown(self.payload)}"
+                ) from None
+        if self.tags is not None:
+            object.__setattr__(self, "tags", check_tag_filter(self.tags))
 
     def params(self) -> dict[str, Any]:
         return {
@@ -180,11 +208,57 @@ class Filters:
             "key": self.key,
             "tenant": self.tenant,
             "since": self.since,
+            "error": None if self.error is None else "%" + _like_escaped(self.error) + "%",
+            "payload": None if self.payload is None else orjson.dumps(self.payload).decode(),
+            "tags": self.tags or None,
         }
 
     @property
     def empty(self) -> bool:
-        return not (self.kind or self.key or self.tenant or self.since)
+        return not (
+            self.kind
+            or self.key
+            or self.tenant
+            or self.since
+            or self.error
+            or self.payload is not None
+            or self.tags
+        )
+
+    def described(self) -> str:
+        """The filters given, as a log field or a confirm line: `kind=mail status=failed`."""
+        given = {
+            "status": ",".join(self.statuses) if self.statuses else None,
+            "kind": self.kind,
+            "key": self.key,
+            "tenant": self.tenant,
+            "since": self.since.isoformat() if self.since else None,
+            "error": self.error,
+            "payload": orjson.dumps(self.payload).decode() if self.payload is not None else None,
+            "tag": ",".join(self.tags) if self.tags else None,
+        }
+        return " ".join(f"{k}={v}" for k, v in given.items() if v is not None) or "none"
+
+
+def _like_escaped(text: str) -> str:
+    """`text` matched literally by LIKE / ILIKE (backslash is their default escape)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def check_tag_filter(tags: object) -> list[str]:
+    """Tags to filter by: a list of labels (leasework.label_problem's rule), distinct, sorted."""
+    if isinstance(tags, str | bytes) or not isinstance(tags, Iterable):
+        raise ConfigError(f"tags must be a list of strings, got {_shown(tags)}")
+    out = list(tags)
+    if len(out) > MAX_TAGS:
+        raise ConfigError(f"tags: at most {MAX_TAGS} in a filter, got {len(out)}")
+    for tag in out:
+        if not isinstance(tag, str):
+            raise ConfigError(f"a tag must be a string, got {_shown(tag)}")
+        problem = label_problem(tag)
+        if problem is not None:
+            raise ConfigError(f"tag {_shown(tag)} {problem}")
+    return sorted(set(out))
 
 
 @dataclass(frozen=True)
@@ -197,11 +271,18 @@ class Page:
 
 @dataclass(frozen=True)
 class Acted:
-    """What an action did: the runs it changed (ids) and, for a dry run, how many it would."""
+    """What an action did: the runs it changed (`ids`: retried, deleted, cancelled, made due) and
+    how many it acted on (`count`; for a dry run, how many it would). A cancel's running runs that
+    got a cancel request are `requested` (counted too); the runs an action left as they were
+    are `skipped` (by id: a finished run to cancel, a run due already to run now; by filter: a
+    run to retry whose key is busy). `pages`: the transactions it took (by filter)."""
 
     ids: list[int] = field(default_factory=list)
     dry_run: bool = False
     count: int = 0
+    requested: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    pages: int = 0
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -327,6 +408,22 @@ def paused(conn: Conn) -> list[dict[str, Any]]:
 
 
 # -- acting ------------------------------------------------------------------------------------
+#
+# By id, an action checks every run first (an unknown id, or a run whose state does not allow
+# it, changes nothing). By filter (and by id past PAGE runs) it walks the matching runs by id, a
+# page at a time, each page its own short transaction (one statement for cancel, run-now and
+# delete; retry's key checks and its update for retry), so that a bulk action over a million
+# runs never holds one giant transaction, and each page reads the runs as they are then: a run
+# a worker claimed since the count is running, and a cancel asks it to stop (leasework.cancel),
+# as a cancel of that one run would. The connection must not be inside a transaction of the
+# caller's (a page would then be a savepoint in it).
+
+PAGE = 500  # runs per page (and transaction) of a bulk action
+CANCELLABLE = ("blocked", "waiting", "queued", "running")
+RUN_NOW = ("queued",)
+
+# Called after each page has committed: (page number from 1, what the action did so far).
+PageHook = Callable[[int, "Acted"], None]
 
 
 # A run an action decides about: id, kind, key, status, tenant.
@@ -342,11 +439,15 @@ def _locked(conn: Conn, ids: list[int]) -> list[_Row]:
         (int(r[0]), str(r[1]), r[2], str(r[3]), r[4])
         for r in conn.execute(Q["lock_runs"], {"ids": ids}).fetchall()
     ]
-    missing = sorted(set(ids) - {r[0] for r in rows})
+    _refuse_missing(ids, [r[0] for r in rows])
+    return rows
+
+
+def _refuse_missing(wanted: Sequence[int], found: Iterable[int]) -> None:
+    missing = sorted(set(wanted) - set(found))
     if missing:
         shown = ", ".join(str(i) for i in missing[:10])
         raise NotFound(f"no run with id {shown} (it may have been pruned); nothing changed")
-    return rows
 
 
 def _refuse_statuses(
@@ -357,23 +458,15 @@ def _refuse_statuses(
         return
     first = bad[0]
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-    if first[3] in LIVE:
+    if first[3] in LIVE and action != "run now":
         why = f"is {first[3]}: only a finished run can be {action}"
         if first[3] in ("queued", "running", "waiting") and action == "deleted":
             why += " (cancel it first: leasework cancel ID)"
+        if first[3] == "queued" and action == "retried":
+            why += " (to start a queued run waiting for its due time now: leasework run-now ID)"
     else:
         why = f"is {first[3]}: only {', '.join(allowed)} runs can be {action}"
-    raise ConfigError(f"run {first[0]} {why}{more}; nothing changed")
-
-
-def _by_filter(
-    conn: Conn, filters: Filters, statuses: Sequence[str], after: int | None
-) -> list[_Row]:
-    params = {**filters.params(), "statuses": list(statuses), "after": after, "limit": BATCH}
-    return [
-        (int(r[0]), str(r[1]), r[2], str(r[3]), r[4])
-        for r in conn.execute(Q["select_runs"], params).fetchall()
-    ]
+    raise StateConflict(f"run {first[0]} {why}{more}; nothing changed")
 
 
 def _filter_statuses(filters: Filters, allowed: Sequence[str], action: str) -> list[str]:
@@ -386,6 +479,200 @@ def _filter_statuses(filters: Filters, allowed: Sequence[str], action: str) -> l
     return statuses
 
 
+def _need_filters(filters: Filters | None, action: str) -> Filters:
+    if filters is None or (filters.empty and not filters.statuses):
+        raise ConfigError(
+            f"{action}: name run ids, or filters (--kind, --status, --key, --tenant, --since, "
+            "--error, --payload, --tag)"
+        )
+    return filters
+
+
+def _check_page_size(page_size: int) -> int:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 10_000:
+        raise ConfigError(f"page_size must be an integer from 1 to 10000, got {page_size!r}")
+    return page_size
+
+
+def _outside_transaction(conn: Conn, action: str) -> None:
+    """A paged action commits each page: refused inside a transaction of the caller's, where its
+    pages would all commit together at the caller's commit (one giant transaction)."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise ConfigError(
+            f"{action} commits a page of runs at a time: call it on a connection "
+            "outside any transaction (autocommit, or after commit); nothing changed"
+        )
+
+
+def _walk(
+    conn: Conn,
+    query: str,
+    params: Mapping[str, Any],
+    page_size: int,
+    between_pages: PageHook | None,
+    acted: Callable[[Any], Acted],
+) -> Acted:
+    """Run a page statement (`query`: operations.sql, one statement per page: it returns how many
+    runs it read, the last id read, and what it did) from the lowest matching id up, each in a
+    transaction of its own, until a page reads fewer than `page_size` runs. `acted(row)`: what a
+    page did, summed into the result."""
+    total = Acted()
+    after: int | None = None
+    page = 0
+    while True:
+        with conn.transaction():
+            row = conn.execute(
+                Q[query], {**params, "after": after, "limit": page_size}
+            ).fetchone()
+        assert row is not None
+        page += 1
+        done = acted(row)
+        total = Acted(
+            sorted(total.ids + done.ids),
+            False,
+            total.count + done.count,
+            requested=sorted(total.requested + done.requested),
+            skipped=sorted(total.skipped + done.skipped),
+            pages=page,
+        )
+        if between_pages is not None:
+            between_pages(page, total)
+        if int(row[0]) < page_size:
+            return total
+        after = int(row[1])
+
+
+def _ids_params(ids: list[int]) -> dict[str, Any]:
+    """Parameters of a page statement acting on these ids only, whatever the filters."""
+    return {**Filters().params(), "ids": ids}
+
+
+def _filter_params(filters: Filters) -> dict[str, Any]:
+    return {**filters.params(), "ids": None}
+
+
+def cancel(
+    conn: Conn,
+    ids: Iterable[int] | None = None,
+    *,
+    filters: Filters | None = None,
+    dry_run: bool = False,
+    page_size: int = PAGE,
+    between_pages: PageHook | None = None,
+) -> Acted:
+    """Cancel runs, by id or by `filters` (their status filter among blocked, waiting, queued,
+    running; default all four), as `leasework.cancel` cancels one (App.cancel): a blocked,
+    waiting or queued run is `cancelled` now (`ids`); a running one gets a cancel request and
+    stops at its worker's next control check (`requested`); a finished one is left as it is
+    (`skipped`, by id). By id, every id must exist (NotFound, nothing changed). A page at a time
+    (`page_size` runs, each page its own transaction; `between_pages(page, so_far)` is called
+    after each commits): a run claimed between the count and its page is cancelled as running.
+    `dry_run`: count only."""
+    page_size = _check_page_size(page_size)
+    if ids is not None:
+        wanted = check_ids(ids)
+        rows = conn.execute(Q["run_statuses"], {"ids": wanted}).fetchall()
+        _refuse_missing(wanted, (int(r[0]) for r in rows))
+        live = [int(r[0]) for r in rows if r[1] in CANCELLABLE]
+        finished = sorted(int(r[0]) for r in rows if r[1] not in CANCELLABLE)
+        if dry_run:
+            return Acted([], True, len(live))
+        params = _ids_params(live)
+        statuses: list[str] = list(CANCELLABLE)
+    else:
+        f = _need_filters(filters, "cancel")
+        statuses = _filter_statuses(f, CANCELLABLE, "cancelled")
+        if dry_run:
+            return Acted([], True, _count(conn, f, statuses))
+        params = _filter_params(f)
+        finished = []
+    if ids is not None and not live:
+        return Acted([], False, 0, skipped=finished)
+    if ids is None or len(live) > page_size:  # a few ids may ride in the caller's transaction
+        _outside_transaction(conn, "cancel")
+
+    def page(row: Any) -> Acted:
+        cancelled, requested = list(row[2]), list(row[3])
+        return Acted(cancelled, False, len(cancelled) + len(requested), requested=requested)
+
+    done = _walk(conn, "cancel_page", {**params, "statuses": statuses}, page_size, between_pages, page)
+    return dataclasses.replace(done, skipped=sorted(done.skipped + finished))
+
+
+def run_now(
+    conn: Conn,
+    ids: Iterable[int] | None = None,
+    *,
+    filters: Filters | None = None,
+    dry_run: bool = False,
+    page_size: int = PAGE,
+    between_pages: PageHook | None = None,
+) -> Acted:
+    """Make queued runs that wait for their due time (a delay, a retry's backoff, a snooze, a
+    debounce) due now, and wake idle workers; by id (each must exist and be queued:
+    StateConflict otherwise, nothing changed; one due already is left as it is, `skipped`) or
+    by `filters` (queued runs only). Their attempts, history and everything else stay. A page
+    at a time, as `cancel`. `dry_run`: count the runs not yet due."""
+    page_size = _check_page_size(page_size)
+    if ids is not None:
+        wanted = check_ids(ids)
+        rows = conn.execute(Q["run_statuses"], {"ids": wanted}).fetchall()
+        _refuse_missing(wanted, (int(r[0]) for r in rows))
+        _refuse_statuses(
+            [(int(r[0]), "", None, str(r[1]), None) for r in rows], RUN_NOW, "run now"
+        )
+        waiting = [int(r[0]) for r in rows if r[2]]
+        due = sorted(int(r[0]) for r in rows if not r[2])
+        if dry_run:
+            return Acted([], True, len(waiting))
+        if not waiting:
+            return Acted([], False, 0, skipped=due)
+        params = _ids_params(waiting)
+    else:
+        f = _need_filters(filters, "run-now")
+        _filter_statuses(f, RUN_NOW, "run now")
+        if dry_run:
+            return Acted([], True, _count(conn, f, list(RUN_NOW), not_due=True))
+        params = _filter_params(f)
+        due = []
+    if ids is None or len(params["ids"]) > page_size:
+        _outside_transaction(conn, "run-now")
+
+    def page(row: Any) -> Acted:
+        return Acted(list(row[2]), False, len(row[2]))
+
+    done = _walk(conn, "run_now_page", params, page_size, between_pages, page)
+    return dataclasses.replace(done, skipped=sorted(done.skipped + due))
+
+
+def _count(conn: Conn, filters: Filters, statuses: Sequence[str], not_due: bool = False) -> int:
+    row = conn.execute(
+        Q["count_runs"], {**filters.params(), "statuses": list(statuses), "not_due": not_due}
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def count(conn: Conn, filters: Filters, action: str) -> int:
+    """How many runs `action` ("retry", "cancel", "delete", "run-now") would act on now, of
+    those matching `filters` (the dashboard's "all N matching this filter")."""
+    allowed = {
+        "retry": RETRYABLE,
+        "cancel": CANCELLABLE,
+        "delete": TERMINAL,
+        "run-now": RUN_NOW,
+    }[action]
+    statuses = [s for s in (filters.statuses or allowed) if s in allowed]
+    if not statuses:
+        return 0
+    return _count(conn, filters, statuses, not_due=action == "run-now")
+
+
+def count_matching(conn: Conn, filters: Filters, *, limit: int = 100_000) -> int:
+    """How many runs match `filters` (any status the filter allows), counted up to `limit`."""
+    row = conn.execute(Q["count_matching"], {**filters.params(), "limit": limit}).fetchone()
+    return int(row[0]) if row else 0
+
+
 def retry(
     conn: Conn,
     ids: Iterable[int] | None = None,
@@ -396,68 +683,127 @@ def retry(
     default_attempts: int = 3,
     dry_run: bool = False,
     clear_steps: bool = False,
+    page_size: int = PAGE,
+    between_pages: PageHook | None = None,
 ) -> Acted:
     """Put failed, cancelled or partial runs back to `queued`, due now, with a fresh attempt
     budget (`attempts`, else the kind's figure in `budgets`, else `default_attempts`), their
-    history, result and checkpoint kept. By id (every one must exist and be retryable, or
-    nothing changes) or by `filters` (a status filter limited to the retryable ones). Their
-    durable steps (ctx.step) are kept, so the retry resumes after the last stored step, unless
-    `clear_steps` (after a fix to a step: every step runs again)."""
+    history, result and checkpoint kept. By id (every one must exist and be retryable, and no
+    key busy, or nothing changes: NotFound, StateConflict) or by `filters` (a status filter
+    limited to the retryable ones), a page at a time as `cancel`: a run whose key has another
+    active run (or a run before it in the page) is left as it is and counted in `skipped`.
+    Their durable steps (ctx.step) are kept, so the retry resumes after the last stored step,
+    unless `clear_steps` (after a fix to a step: every step runs again)."""
     if attempts is not None and (
         isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 1000
     ):
         raise ConfigError(f"attempts must be an integer from 1 to 1000, got {attempts!r}")
-    budget_json = orjson.dumps(dict(budgets or {})).decode()
-    with conn.transaction():
-        if ids is not None:
+    page_size = _check_page_size(page_size)
+    retried = {
+        "attempts": attempts,
+        "budgets": orjson.dumps(dict(budgets or {})).decode(),
+        "default_attempts": default_attempts,
+    }
+    if ids is not None:
+        with conn.transaction():
             rows = _locked(conn, check_ids(ids))
             _refuse_statuses(rows, RETRYABLE, "retried")
-            batches = [rows]
-        else:
-            f = _need_filters(filters, "retry")
-            statuses = _filter_statuses(f, RETRYABLE, "retried")
-            batches = list(_batches(conn, f, statuses))
-        done: list[int] = []
-        count = 0
-        for rows in batches:
-            # A key is its tenant's (runs_one_active_per_key): (tenant, key) pairs.
-            keyed = [(r[4], r[2]) for r in rows if r[2] is not None]
-            if len(keyed) != len(set(keyed)):
-                dup = next(k for k in keyed if keyed.count(k) > 1)
-                raise ConfigError(
-                    f"two of these runs share key {dup[1]!r}{_in_tenant(dup[0])}: retry one at a "
-                    "time; nothing changed"
-                )
-            params = {"tenants": [t for t, _ in keyed], "keys": [k for _, k in keyed]}
-            busy = {(r[0], r[1]) for r in conn.execute(Q["busy_keys"], params).fetchall()}
-            if busy:
-                run = next(r for r in rows if (r[4], r[2]) in busy)
-                raise ConfigError(
-                    f"run {run[0]}: key {run[2]!r}{_in_tenant(run[4])} already has a queued or "
-                    "running run; nothing changed"
-                )
-            count += len(rows)
-            if dry_run or not rows:
-                continue
-            batch = [r[0] for r in rows]
-            conn.execute(Q["tally_retried"], {"ids": batch})
-            changed = conn.execute(
-                Q["retry_runs"],
-                {
-                    "ids": batch,
-                    "attempts": attempts,
-                    "budgets": budget_json,
-                    "default_attempts": default_attempts,
-                },
-            ).fetchall()
-            done.extend(int(r[0]) for r in changed)
-            if clear_steps and changed:
-                conn.execute(Q["clear_steps"], {"ids": [int(r[0]) for r in changed]})
-            for kind in sorted({str(r[1]) for r in changed}):
-                conn.execute(Q["notify_kind"], {"kind": kind})
-        if dry_run:
-            return Acted([], True, count)
-    return Acted(sorted(done), False, len(done))
+            _refuse_busy_keys(conn, rows)
+            if dry_run:
+                return Acted([], True, len(rows))
+            done = _retry_rows(conn, rows, retried, clear_steps)
+        return Acted(done, False, len(done))
+    f = _need_filters(filters, "retry")
+    statuses = _filter_statuses(f, RETRYABLE, "retried")
+    if dry_run:
+        return Acted([], True, _count(conn, f, statuses))
+    _outside_transaction(conn, "retry")
+    total = Acted()
+    after: int | None = None
+    page = 0
+    while True:
+        with conn.transaction():
+            params = {**f.params(), "statuses": statuses, "after": after, "limit": page_size}
+            rows = [
+                (int(r[0]), str(r[1]), r[2], str(r[3]), r[4])
+                for r in conn.execute(Q["select_runs"], params).fetchall()
+            ]
+            free, busy = _free_keys(conn, rows)
+            done = _retry_rows(conn, free, retried, clear_steps)
+        page += 1
+        total = Acted(
+            sorted(total.ids + done),
+            False,
+            total.count + len(done),
+            skipped=sorted(total.skipped + [r[0] for r in busy]),
+            pages=page,
+        )
+        if between_pages is not None:
+            between_pages(page, total)
+        if len(rows) < page_size:
+            return total
+        after = rows[-1][0]
+
+
+def _refuse_busy_keys(conn: Conn, rows: Sequence[_Row]) -> None:
+    """StateConflict when two of `rows` share a key in their tenant, or one's key has an active
+    run: retried, it would be a second active run of its key (runs_one_active_per_key)."""
+    keyed = [(r[4], r[2]) for r in rows if r[2] is not None]
+    if len(keyed) != len(set(keyed)):
+        dup = next(k for k in keyed if keyed.count(k) > 1)
+        raise StateConflict(
+            f"two of these runs share key {dup[1]!r}{_in_tenant(dup[0])}: retry one at a time; "
+            "nothing changed"
+        )
+    busy = _busy(conn, rows)
+    if busy:
+        run = next(r for r in rows if (r[4], r[2]) in busy)
+        raise StateConflict(
+            f"run {run[0]}: key {run[2]!r}{_in_tenant(run[4])} already has a queued or running "
+            "run; nothing changed"
+        )
+
+
+def _busy(conn: Conn, rows: Sequence[_Row]) -> set[tuple[str | None, str]]:
+    keyed = [(r[4], r[2]) for r in rows if r[2] is not None]
+    if not keyed:
+        return set()
+    params = {"tenants": [t for t, _ in keyed], "keys": [k for _, k in keyed]}
+    return {(r[0], r[1]) for r in conn.execute(Q["busy_keys"], params).fetchall()}
+
+
+def _free_keys(conn: Conn, rows: Sequence[_Row]) -> tuple[list[_Row], list[_Row]]:
+    """`rows` split into those a retry may take and those it must leave: a key with an active
+    run, or a key an earlier row of the page takes."""
+    busy = _busy(conn, rows)
+    free: list[_Row] = []
+    left: list[_Row] = []
+    for r in rows:
+        pair = (r[4], r[2])
+        if r[2] is not None and pair in busy:
+            left.append(r)
+            continue
+        if r[2] is not None:
+            busy.add((r[4], r[2]))
+        free.append(r)
+    return free, left
+
+
+def _retry_rows(
+    conn: Conn, rows: Sequence[_Row], retried: Mapping[str, Any], clear_steps: bool
+) -> list[int]:
+    """The retry of `rows` (locked, checked), inside the caller's transaction: their counts to
+    leasework.counters, back to queued, their steps cleared if asked, idle workers woken."""
+    if not rows:
+        return []
+    batch = [r[0] for r in rows]
+    conn.execute(Q["tally_retried"], {"ids": batch})
+    changed = conn.execute(Q["retry_runs"], {"ids": batch, **retried}).fetchall()
+    if clear_steps and changed:
+        conn.execute(Q["clear_steps"], {"ids": [int(r[0]) for r in changed]})
+    for kind in sorted({str(r[1]) for r in changed}):
+        conn.execute(Q["notify_kind"], {"kind": kind})
+    return sorted(int(r[0]) for r in changed)
 
 
 def delete(
@@ -466,12 +812,15 @@ def delete(
     *,
     filters: Filters | None = None,
     dry_run: bool = False,
+    page_size: int = PAGE,
+    between_pages: PageHook | None = None,
 ) -> Acted:
     """Delete finished runs (succeeded, partial, failed, cancelled), by id (every one must exist
-    and be finished, or nothing changes) or by `filters`. `dry_run`: count only. What they
-    counted for /metrics is kept (leasework.counters)."""
-    with conn.transaction():
-        if ids is not None:
+    and be finished, or nothing changes) or by `filters`, a page at a time as `cancel`.
+    `dry_run`: count only. What they counted for /metrics is kept (leasework.counters)."""
+    page_size = _check_page_size(page_size)
+    if ids is not None:
+        with conn.transaction():
             rows = _locked(conn, check_ids(ids))
             _refuse_statuses(rows, TERMINAL, "deleted")
             if dry_run:
@@ -479,36 +828,19 @@ def delete(
             gone = conn.execute(Q["delete_runs"], {"ids": [r[0] for r in rows]}).fetchall()
             done = sorted(int(r[0]) for r in gone)
             return Acted(done, False, len(done))
-        f = _need_filters(filters, "delete")
-        statuses = _filter_statuses(f, TERMINAL, "deleted")
-        if dry_run:
-            row = conn.execute(Q["count_runs"], {**f.params(), "statuses": statuses}).fetchone()
-            return Acted([], True, int(row[0]) if row else 0)
-        done = []
-        for rows in _batches(conn, f, statuses):
-            gone = conn.execute(Q["delete_runs"], {"ids": [r[0] for r in rows]}).fetchall()
-            done.extend(int(r[0]) for r in gone)
-    return Acted(sorted(done), False, len(done))
+    f = _need_filters(filters, "delete")
+    statuses = _filter_statuses(f, TERMINAL, "deleted")
+    if dry_run:
+        return Acted([], True, _count(conn, f, statuses))
+    _outside_transaction(conn, "delete")
 
+    def page(row: Any) -> Acted:
+        return Acted(list(row[2]), False, len(row[2]))
 
-def _need_filters(filters: Filters | None, action: str) -> Filters:
-    if filters is None or (filters.empty and not filters.statuses):
-        raise ConfigError(
-            f"{action}: name run ids, or filters (--kind, --status, --key, --tenant, --since)"
-        )
-    return filters
-
-
-def _batches(
-    conn: Conn, filters: Filters, statuses: Sequence[str]
-) -> Iterable[list[_Row]]:
-    after: int | None = None
-    while True:
-        rows = _by_filter(conn, filters, statuses, after)
-        if not rows:
-            return
-        yield rows
-        after = rows[-1][0]
+    return _walk(
+        conn, "delete_page", {**_filter_params(f), "statuses": statuses}, page_size,
+        between_pages, page,
+    )
 
 
 def pause(conn: Conn, kinds: Iterable[str], *, known: Iterable[str] = ()) -> list[str]:
@@ -715,6 +1047,9 @@ __all__ = [
     "Acted",
     "Filters",
     "Page",
+    "cancel",
+    "count",
+    "count_matching",
     "delete",
     "get_run",
     "held_back",
@@ -726,6 +1061,7 @@ __all__ = [
     "reset_limits",
     "resume",
     "retry",
+    "run_now",
     "set_limits",
     "set_tenant_rate",
 ]

@@ -6,7 +6,7 @@
 SELECT id, kind, key, tenant, "group", exclusive, priority, status, payload, result, error,
        attempts, max_attempts, lease_seconds, timeout_seconds, queued_at, created_at, started_at,
        finished_at, lease_owner, lease_worker, lease_expires_at, cancel_requested_at,
-       processed_units, total_units, snoozes, unique_at, debounce_count, debounce_deadline,
+       processed_units, total_units, snoozes, unique_at, debounce_count, debounce_deadline, tags,
        leasework.run_history(r) AS history,
        EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = r.kind) AS kind_paused
   FROM leasework.runs r
@@ -15,10 +15,13 @@ SELECT id, kind, key, tenant, "group", exclusive, priority, status, payload, res
 -- name: list_runs
 -- Newest first, keyset-paged on id (%(before)s: the last id of the previous page). Every filter
 -- is optional (NULL). Walks the primary key backwards, so a page costs its rows, not the table.
+-- The searches (migration 0028): %(error)s an ILIKE pattern (operations.Filters escapes the text
+-- and adds the %%), %(payload)s jsonb containment, %(tags)s every tag (runs_tags, runs_error_trgm;
+-- bench/search.py measures each over a million runs).
 SELECT id, kind, key, tenant, "group", status, attempts, max_attempts, priority,
        processed_units, total_units, created_at, queued_at, started_at, finished_at,
        lease_worker, cancel_requested_at IS NOT NULL AS cancel_requested,
-       left(coalesce(error, ''), 300) AS error
+       left(coalesce(error, ''), 300) AS error, tags
   FROM leasework.runs
  WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
    AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
@@ -26,6 +29,9 @@ SELECT id, kind, key, tenant, "group", status, attempts, max_attempts, priority,
    AND (%(key)s::text IS NULL OR key = %(key)s::text)
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(error)s::text IS NULL OR error ILIKE %(error)s::text)
+   AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+   AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
  ORDER BY id DESC
  LIMIT %(limit)s
 
@@ -49,6 +55,9 @@ SELECT id, kind, key, status, tenant
    AND (%(key)s::text IS NULL OR key = %(key)s::text)
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(error)s::text IS NULL OR error ILIKE %(error)s::text)
+   AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+   AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
    AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
  ORDER BY id
  LIMIT %(limit)s
@@ -121,13 +130,19 @@ DELETE FROM leasework.runs
 RETURNING id
 
 -- name: count_runs
+-- How many runs a bulk action would act on (a dry run, the dashboard's "all N matching");
+-- %(not_due)s: only those not due yet (run-now).
 SELECT count(*)::bigint
   FROM leasework.runs
  WHERE status = ANY(%(statuses)s::text[])
+   AND (NOT %(not_due)s::boolean OR queued_at > leasework.now())
    AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
    AND (%(key)s::text IS NULL OR key = %(key)s::text)
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(error)s::text IS NULL OR error ILIKE %(error)s::text)
+   AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+   AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
 
 -- name: known_kinds
 -- Of the kinds given, those leasework has heard of: a run or a schedule of that kind, or one a
@@ -295,3 +310,128 @@ SELECT coalesce(r.status, 'pruned') AS status, count(*) AS runs
  GROUP BY 1
 HAVING (SELECT count(*) FROM bounded) > 1
  ORDER BY 1
+
+-- name: run_statuses
+-- The runs named by id (a bulk cancel or run-now checks them first): status, and whether a
+-- queued one is not due yet.
+SELECT id, status, status = 'queued' AND queued_at > leasework.now() AS not_due
+  FROM leasework.runs
+ WHERE id = ANY(%(ids)s::bigint[])
+
+-- Bulk actions (operations.cancel, run_now, delete; README "Search, tags and bulk actions"): one
+-- statement per page, each in a transaction of its own. `page` reads the next %(limit)s matching
+-- runs by id after %(after)s (its snapshot: the caller pages on from its count and last id,
+-- and stops at a short page); the action then locks each and re-reads it, so a run that changed
+-- meanwhile is acted on as it is now, or passed by when it no longer matches its status.
+
+-- name: cancel_page
+-- leasework.cancel on each (schema.sql; what App.cancel does to one run): blocked, waiting and
+-- queued runs cancelled, running ones asked to stop (cancel_requested_at). The lock waits for a
+-- claim in flight (never SKIP LOCKED: a run skipped would escape the cancel), then the run is
+-- read again: claimed meanwhile, it is running, and gets a cancel request.
+WITH page AS MATERIALIZED (
+    SELECT id
+      FROM leasework.runs
+     WHERE status = ANY(%(statuses)s::text[])
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(key)s::text IS NULL OR key = %(key)s::text)
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(error)s::text IS NULL OR error ILIKE %(error)s::text)
+   AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+   AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+   AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
+     ORDER BY id
+     LIMIT %(limit)s
+), locked AS MATERIALIZED (
+    SELECT r.id
+      FROM leasework.runs r
+     WHERE r.id IN (SELECT id FROM page) AND r.status = ANY(%(statuses)s::text[])
+     ORDER BY r.id
+       FOR NO KEY UPDATE OF r
+), done AS MATERIALIZED (
+    SELECT id, leasework.cancel(id) AS status FROM locked
+)
+SELECT (SELECT count(*) FROM page) AS scanned,
+       (SELECT max(id) FROM page) AS last,
+       coalesce((SELECT array_agg(id ORDER BY id) FROM done WHERE status = 'cancelled'),
+                '{}') AS cancelled,
+       coalesce((SELECT array_agg(id ORDER BY id) FROM done WHERE status = 'running'),
+                '{}') AS requested
+
+-- name: run_now_page
+-- Queued runs not due yet (a delay, a backoff, a snooze, a debounce) made due now; nothing else
+-- of theirs changes. NOTIFY wakes idle workers for each kind made due.
+WITH page AS MATERIALIZED (
+    SELECT id
+      FROM leasework.runs
+     WHERE status = 'queued' AND queued_at > leasework.now()
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(key)s::text IS NULL OR key = %(key)s::text)
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(error)s::text IS NULL OR error ILIKE %(error)s::text)
+   AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+   AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+   AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
+     ORDER BY id
+     LIMIT %(limit)s
+), done AS MATERIALIZED (
+    UPDATE leasework.runs r
+       SET queued_at = leasework.now()
+     WHERE r.id IN (SELECT id FROM page)
+       AND r.status = 'queued' AND r.queued_at > leasework.now()
+    RETURNING r.id, r.kind
+), woken AS MATERIALIZED (
+    SELECT count(pg_notify('leasework', kind)) FROM (SELECT DISTINCT kind FROM done) k
+)
+SELECT (SELECT count(*) FROM page) AS scanned,
+       (SELECT max(id) FROM page) AS last,
+       coalesce((SELECT array_agg(id ORDER BY id) FROM done), '{}') AS made_due,
+       (SELECT * FROM woken) AS woken
+
+-- name: delete_page
+-- Finished runs among %(statuses)s deleted (terminal statuses only: guarded here too); the
+-- runs_deleted trigger hands their counts to leasework.counters in the same statement.
+WITH page AS MATERIALIZED (
+    SELECT id
+      FROM leasework.runs
+     WHERE status = ANY(%(statuses)s::text[])
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(key)s::text IS NULL OR key = %(key)s::text)
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(error)s::text IS NULL OR error ILIKE %(error)s::text)
+   AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+   AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+   AND (%(after)s::bigint IS NULL OR id > %(after)s::bigint)
+     ORDER BY id
+     LIMIT %(limit)s
+), gone AS MATERIALIZED (
+    DELETE FROM leasework.runs r
+     WHERE r.id IN (SELECT id FROM page) AND r.status = ANY(%(statuses)s::text[])
+       AND r.status IN ('succeeded', 'partial', 'failed', 'cancelled')
+    RETURNING r.id
+)
+SELECT (SELECT count(*) FROM page) AS scanned,
+       (SELECT max(id) FROM page) AS last,
+       coalesce((SELECT array_agg(id ORDER BY id) FROM gone), '{}') AS deleted
+
+-- name: count_matching
+-- The dashboard's "all N matching this filter": the runs matching the runs list's filters, in
+-- any status the filter allows, counted up to %(limit)s (a page shown must not scan a million).
+SELECT count(*)::bigint
+  FROM (SELECT 1
+          FROM leasework.runs
+         WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+           AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+           AND (%(key)s::text IS NULL OR key = %(key)s::text)
+           AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+           AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+           AND (%(error)s::text IS NULL OR error ILIKE %(error)s::text)
+           AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+           AND (%(tags)s::text[] IS NULL OR tags @> %(tags)s::text[])
+         LIMIT %(limit)s) AS matching

@@ -13,7 +13,7 @@ SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, %(key)s::text, %(te
                          %(delay)s::float8, %(max_attempts)s::integer, %(lease)s::float8,
                          %(timeout)s::float8, %(unique_for)s::float8, %(debounce)s::float8,
                          %(debounce_max)s::float8, %(merge_into)s::bigint,
-                         %(merge_seen)s::integer) AS id,
+                         %(merge_seen)s::integer, tags => %(tags)s::text[]) AS id,
        -- Set by leasework.enqueue for this call (transaction-local): 'false' when it inserted a
        -- run, else how it returned one of the key's ('true': the key's active or waiting run,
        -- 'window', 'debounced'). Evaluated after the call.
@@ -66,9 +66,9 @@ WITH held AS MATERIALIZED (
      WHERE k IS NOT NULL
 )
 INSERT INTO leasework.runs (kind, key, tenant, "group", priority, payload, max_attempts,
-                            lease_seconds, timeout_seconds, queued_at)
+                            lease_seconds, timeout_seconds, queued_at, tags)
 SELECT %(kind)s, k, %(tenant)s, %(group)s, %(priority)s, p::jsonb, %(max_attempts)s, %(lease)s,
-       %(timeout)s, leasework.now() + make_interval(secs => %(delay)s)
+       %(timeout)s, leasework.now() + make_interval(secs => %(delay)s), %(tags)s::text[]
   FROM unnest(%(payloads)s::text[], %(keys)s::text[]) WITH ORDINALITY AS u(p, k, n), held
  ORDER BY n
 ON CONFLICT (key, tenant) WHERE status IN ('queued', 'running') AND key IS NOT NULL DO NOTHING
@@ -86,7 +86,7 @@ SELECT e.id,
                                 %(group)s::text, false, %(priority)s::integer, %(delay)s::float8,
                                 %(max_attempts)s::integer, %(lease)s::float8, %(timeout)s::float8,
                                 %(unique_for)s::float8, %(debounce)s::float8,
-                                %(debounce_max)s::float8) AS id
+                                %(debounce_max)s::float8, tags => %(tags)s::text[]) AS id
        ) AS e
  ORDER BY u.n
 
@@ -113,7 +113,8 @@ SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, NULL::text, %(tenan
                          %(group)s::text, false, %(priority)s::integer, %(delay)s::float8,
                          %(max_attempts)s::integer, %(lease)s::float8, %(timeout)s::float8,
                          after => %(after)s::bigint[],
-                         on_parent_failure => %(on_parent_failure)s::text) AS id,
+                         on_parent_failure => %(on_parent_failure)s::text,
+                         tags => %(tags)s::text[]) AS id,
        'false' AS existing
 
 -- name: join_batch

@@ -22,7 +22,7 @@ from . import results
 from .config import Config
 from .encoding import check_json
 from .errors import ConfigError, PayloadError, WrongConnection
-from .text import MAX_LABEL, control_problem
+from .text import MAX_LABEL, control_problem, label_problem
 
 Handler = Callable[[Any, Any], Any]  # fn(ctx, payload): a Context, or an AsyncContext
 
@@ -493,6 +493,12 @@ class _RunOptions(TypedDict, total=False):
     max_attempts: int | None  # None: the task's, else the configured default
 
 
+class _TagOptions(TypedDict, total=False):
+    # Labels for operators' searches (`leasework runs --tag T`, README "Search, tags and bulk
+    # actions"): at most MAX_TAGS, each a label (check_tags); stored distinct and sorted.
+    tags: Sequence[str] | None
+
+
 class _OrderOptions(TypedDict, total=False):
     priority: int  # lower runs first
     delay: float  # seconds before the run is due
@@ -517,7 +523,7 @@ class _DepOptions(TypedDict, total=False):
 
 
 class EnqueueOptions(
-    _KeyOption, _RunOptions, _OrderOptions, _WindowOptions, _DepOptions, total=False
+    _KeyOption, _RunOptions, _TagOptions, _OrderOptions, _WindowOptions, _DepOptions, total=False
 ):
     """The options of an enqueue of one run (`Client.enqueue` and its variants, a task's
     `.configure`, `Family.enqueue`); their defaults are `Options`' (the windows': the task's)."""
@@ -525,7 +531,9 @@ class EnqueueOptions(
     exclusive: bool  # wait while the key is busy rather than return its run
 
 
-class ManyOptions(_RunOptions, _OrderOptions, _WindowOptions, _DepOptions, total=False):
+class ManyOptions(
+    _RunOptions, _TagOptions, _OrderOptions, _WindowOptions, _DepOptions, total=False
+):
     """The options of `Client.enqueue_many`: one key per payload rather than one key."""
 
     keys: Sequence[str | None] | None
@@ -547,6 +555,7 @@ class Options:
     priority: int = 0
     delay: float = 0.0
     max_attempts: int | None = None
+    tags: list[str] | None = None
 
 
 def accept_options(method: str, given: Mapping[str, object], accepted: type[Any]) -> None:
@@ -586,7 +595,32 @@ def check_options(given: Mapping[str, Any], *, reserved: bool = False) -> Option
         priority=check_priority(get("priority")),
         max_attempts=check_attempts(get("max_attempts")),
         delay=check_seconds("delay", get("delay"), allow_zero=True) or 0.0,
+        tags=check_tags(get("tags")),
     )
+
+
+MAX_TAGS = 20  # leasework.tags_problem's bound too
+
+
+def check_tags(value: object) -> list[str] | None:
+    """An enqueue's tags: None, or a list (tuple, set) of at most MAX_TAGS labels, each as a key
+    is (check_label: 1-200 characters, no control, bidi control or line separator); returned
+    distinct and sorted, as stored (None for an empty list). A refused tag is named by its place,
+    in the words of leasework.tags_problem (schema.sql)."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ConfigError(f"tags must be a list of strings, got {_short(value)}")
+    tags = list(value)
+    if len(tags) > MAX_TAGS:
+        raise ConfigError(f"tags: at most {MAX_TAGS} per run, got {len(tags)}")
+    for n, tag in enumerate(tags, start=1):
+        if not isinstance(tag, str):
+            raise ConfigError(f"tag {n} of {len(tags)} must be a string, got {_short(tag)}")
+        problem = label_problem(tag)
+        if problem is not None:
+            raise ConfigError(f"tag {n} of {len(tags)} {problem}")
+    return sorted(set(tags)) or None
 
 
 # "batch": run anyway, the parents counted as the members of the batch whose callback this is

@@ -648,6 +648,7 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
         ("key", esc(run.get("key") or "")),
         ("tenant", esc(run.get("tenant") or "")),
         ("group", esc(run.get("group") or "")),
+        ("tags", esc(", ".join(run.get("tags") or []))),
         ("priority", esc(run.get("priority"))),
         ("exclusive", "yes" if run.get("exclusive") else "no"),
         ("attempts", esc(f"{run.get('attempts')} of {run.get('max_attempts')}")),
@@ -966,7 +967,17 @@ def error_page(code: int, message: str, v: View = PLAIN) -> str:
     )
 
 
-RUN_FILTERS = ("status", "kind", "key", "tenant")
+RUN_FILTERS = ("status", "kind", "key", "tenant", "error", "payload", "tag")
+SEARCH_LABELS = {"error": "error holds", "payload": "payload contains (JSON)", "tag": "tag"}
+
+# The bulk actions of the runs list (POST /runs/bulk), in the order their buttons are drawn, with
+# the statuses each acts on (operations: RETRYABLE, CANCELLABLE, TERMINAL, queued not due).
+BULK_ACTIONS = {
+    "retry": "failed, cancelled or partial",
+    "cancel": "blocked, waiting, queued or running",
+    "run-now": "queued and not due yet",
+    "delete": "succeeded, partial, failed or cancelled",
+}
 
 
 def runs_page(
@@ -977,17 +988,22 @@ def runs_page(
     paused: Sequence[Mapping[str, Any]] = (),
     back: str = "/runs",
     v: View = PLAIN,
+    matching: int | None = None,
 ) -> str:
-    """The `/runs` page: every run, newest first, filtered by status, kind, key and tenant (a
-    plain GET form: no script) and paged by id (`before`); with actions on, each row's cancel or
-    retry (`back`: this page, where the action returns to) and paused kinds' resume."""
+    """The `/runs` page: every run, newest first, filtered by status, kind, key and tenant and
+    searched by error text, payload (JSON containment) and tag (a plain GET form: no script),
+    paged by id (`before`); with actions on, each row's cancel or retry (`back`: this page, where
+    the action returns to), paused kinds' resume, and the bulk actions: a checkbox per run
+    (`form="bulk"`) and, under a filter, "all N matching this filter" (`matching`: N), each
+    bulk action confirmed on a page of its own before anything changes."""
     options = "".join(
         f'<option value="{esc(s)}"{" selected" if filters.get("status") == s else ""}>{esc(s)}</option>'
         for s in ("", *STATUS_ORDER)
     )
     fields = "".join(
-        f'<label>{esc(name)}<input name="{esc(name)}" value="{esc(filters.get(name, ""))}"></label>'
-        for name in ("kind", "key", "tenant")
+        f'<label>{esc(SEARCH_LABELS.get(name, name))}<input name="{esc(name)}" '
+        f'value="{esc(filters.get(name, ""))}"></label>'
+        for name in ("kind", "key", "tenant", "error", "payload", "tag")
     )
     form = (
         f'<form class="filters" method="get" action="{esc(v.url("/runs"))}">'
@@ -996,6 +1012,14 @@ def runs_page(
     )
     body = [
         [
+            *(
+                [
+                    f'<input type="checkbox" name="id" value="{esc(r.get("id"))}" form="bulk" '
+                    f'aria-label="select run {esc(r.get("id"))}">'
+                ]
+                if v.actions
+                else []
+            ),
             run_link(r.get("id"), v),
             esc(r.get("kind")),
             esc(r.get("key") or ""),
@@ -1007,11 +1031,13 @@ def runs_page(
             f'<span class="error">{esc(first_line(r.get("error")))}</span>'
             if r.get("error")
             else "",
+            esc(", ".join(r.get("tags") or [])),
             *([run_actions(r, v, back=back, full=False)] if v.actions else []),
         ]
         for r in rows
     ]
     headers = [
+        *(["select"] if v.actions else []),
         "run",
         "kind",
         "key",
@@ -1021,6 +1047,7 @@ def runs_page(
         "created (UTC)",
         "last change (UTC)",
         "error",
+        "tags",
         *(["actions"] if v.actions else []),
     ]
     pager = ""
@@ -1037,11 +1064,88 @@ def runs_page(
             for p in paused
         )
         note = f'<p class="muted" id="paused">paused kinds: {names}</p>'
+    bulk = bulk_form(filters, matching, back=back, v=v) if rows else ""
     section = (
-        f'<section id="runs"><h2>Runs</h2>{form}{note}'
+        f'<section id="runs"><h2>Runs</h2>{form}{note}{bulk}'
         f"{table(headers, body, empty='no runs match')}{pager}</section>"
     )
     return layout("runs", section, refresh=None, v=v)
+
+
+def bulk_form(
+    filters: Mapping[str, str], matching: int | None, *, back: str, v: View
+) -> str:
+    """The runs list's bulk form (`id="bulk"`, which each row's checkbox names): which runs (the
+    ones ticked, or every run matching the page's filters: `matching` of them) and one button per
+    action. Posts to /runs/bulk, which answers a confirm page first."""
+    if v.csrf is None:
+        return ""
+    hidden = "".join(
+        f'<input type="hidden" name="{esc(k)}" value="{esc(value)}">'
+        for k, value in {
+            "csrf": v.csrf,
+            "back": back,
+            **{f"filter_{k}": f for k, f in filters.items() if f and k in RUN_FILTERS},
+        }.items()
+    )
+    scope = '<label><input type="radio" name="scope" value="ids" checked> the runs ticked below</label>'
+    if matching is not None:
+        shown = f"{number_text(matching)}{'+' if matching >= MATCHING_MAX else ''}"
+        scope += (
+            f' <label><input type="radio" name="scope" value="filter" id="scope-filter"> all '
+            f'<span id="matching">{esc(shown)}</span> runs matching this filter</label>'
+        )
+    danger = ' class="danger"'
+    buttons = "".join(
+        f'<button type="submit" name="action" value="{esc(name)}"'
+        f'{danger if name in ("cancel", "delete") else ""}>{esc(name)}</button> '
+        for name in BULK_ACTIONS
+    )
+    return (
+        f'<form class="action bulk" id="bulk" method="post" action="{esc(v.url("/runs/bulk"))}">'
+        f"{hidden}<p>{scope} &middot; {buttons}</p></form>"
+    )
+
+
+MATCHING_MAX = 100_000  # runs counted for "all N matching" at most (N+ past it)
+
+
+def bulk_confirm_page(
+    action: str,
+    *,
+    count: int,
+    which: str,
+    fields: Mapping[str, str],
+    ids: Sequence[int] = (),
+    back: str,
+    v: View,
+) -> str:
+    """The second step of a bulk action: what it will do to how many runs (`which`: the ids or
+    the filter), and the form that does it (the same fields, the ticked `ids`, confirm=yes)."""
+    hidden = "".join(
+        f'<input type="hidden" name="{esc(k)}" value="{esc(value)}">'
+        for k, value in [
+            *{**fields, "csrf": v.csrf or "", "confirm": "yes"}.items(),
+            *(("id", str(i)) for i in ids),
+        ]
+    )
+    body = (
+        f'<section id="confirm"><h2>{esc(action)} {esc(number_text(count))} run'
+        f'{"s" if count != 1 else ""}?</h2>'
+        f'<p id="confirm-line">{esc(action)} <span class="n" id="confirm-count">{esc(count)}</span> '
+        f"run(s): {esc(which)} ({esc(BULK_ACTIONS.get(action, ''))} ones only). Workers may claim "
+        "runs meanwhile: a run claimed by then is acted on as it is then (a cancel asks it to "
+        "stop).</p>"
+        + (
+            f'<form class="action" method="post" action="{esc(v.url("/runs/bulk"))}">{hidden}'
+            f'<button type="submit" id="confirm-button" class="danger">yes, {esc(action)} '
+            f"{esc(count)} run(s)</button></form> "
+            if count
+            else '<p class="empty">nothing to do.</p>'
+        )
+        + f'<a href="{esc(v.url(back))}">back</a></section>'
+    )
+    return layout(f"{action}?", body, refresh=None, v=v)
 
 
 def kinds_page(

@@ -26,6 +26,7 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
+import orjson
 import psycopg
 
 from .. import __version__, db, log, operations, status
@@ -33,7 +34,7 @@ from ..app import App
 from ..config import Config
 from ..config import load as load_config
 from ..documents import Documents
-from ..errors import ConfigError, LeaseworkError, NotFound, SchemaMissing
+from ..errors import ConfigError, LeaseworkError, NotFound, SchemaMissing, StateConflict
 from ..queries import load
 from ..stages.schedule import list_schedules
 from ..syncs import Syncs
@@ -55,6 +56,8 @@ TOKEN_LENGTH = (16, 4096)
 
 _RUN_PATH = re.compile(r"^/runs/([0-9]{1,19})/?$")
 _RUN_ACTION = re.compile(r"^/runs/([0-9]{1,19})/(cancel|retry|delete)$")
+_BULK_ACTION = "/runs/bulk"
+MAX_FIELDS = 100  # fields of an action's form: a page of ticked runs and the filters
 _KIND_ACTION = re.compile(r"^/kinds/(pause|resume|limits|reset-limits)$")
 _BACK = re.compile(r"^/(?!/)[^\x00-\x20\x7f\\]{0,1000}$")
 
@@ -89,6 +92,18 @@ class Refused(Exception):
     def __init__(self, code: HTTPStatus, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class Form(dict[str, str]):
+    """An action's form: each field's last value, and every value of a field given several times
+    (`all("id")`: the runs ticked in the runs list)."""
+
+    def __init__(self, last: Mapping[str, str], pairs: Mapping[str, list[str]]) -> None:
+        super().__init__(last)
+        self.pairs = {k: list(v) for k, v in pairs.items()}
+
+    def all(self, name: str) -> list[str]:
+        return self.pairs.get(name, [])
 
 
 @dataclass
@@ -345,27 +360,22 @@ class DashboardApp:
         )
 
     def runs(self, query: Mapping[str, str], v: pages.View = pages.PLAIN) -> str:
-        """`/runs?status=&kind=&key=&tenant=&before=`: every run, newest first, filtered, paged."""
+        """`/runs?status=&kind=&key=&tenant=&error=&payload=&tag=&before=`: every run, newest
+        first, filtered and searched, paged; with actions on and a filter, how many runs match
+        it (the bulk form's "all N matching", counted up to pages.MATCHING_MAX)."""
         filters = {k: query[k] for k in pages.RUN_FILTERS if query.get(k)}
         before = query.get("before") or None
         if before is not None and not (before.isdigit() and 0 < int(before) < 2**63):
             raise BadRequest(f"before must be a run id, got {before!r}")
-        status_filter = filters.get("status")
-        if status_filter is not None and status_filter not in operations.STATUSES:
-            raise BadRequest(f"status must be one of {', '.join(operations.STATUSES)}")
+        chosen = run_filters(filters)
+        matching = None
         with self.session() as conn:
             page = operations.list_runs(
-                conn,
-                operations.Filters(
-                    statuses=[status_filter] if status_filter else None,
-                    kind=filters.get("kind"),
-                    key=filters.get("key"),
-                    tenant=filters.get("tenant"),
-                ),
-                limit=RUNS_PAGE,
-                before=int(before) if before else None,
+                conn, chosen, limit=RUNS_PAGE, before=int(before) if before else None
             )
             paused = operations.paused(conn)
+            if v.actions and not (chosen.empty and not chosen.statuses):
+                matching = operations.count_matching(conn, chosen, limit=pages.MATCHING_MAX)
         here = {**filters, **({"before": before} if before else {})}
         back = "/runs" + (f"?{urlencode(here)}" if here else "")
         return pages.runs_page(
@@ -375,6 +385,7 @@ class DashboardApp:
             paused=paused,
             back=back,
             v=v,
+            matching=matching,
         )
 
     def kinds(self, v: pages.View = pages.PLAIN) -> str:
@@ -441,7 +452,8 @@ class DashboardApp:
     def post(self, req: Request) -> Response:
         run_match = _RUN_ACTION.match(req.path)
         kind_match = _KIND_ACTION.match(req.path)
-        if run_match is None and kind_match is None:
+        bulk = req.path == _BULK_ACTION
+        if run_match is None and kind_match is None and not bulk:
             raise Refused(HTTPStatus.NOT_FOUND, f"no action at {req.path[:200]!r}; nothing changed")
         site = req.header("Sec-Fetch-Site")
         if site and site not in ("same-origin", "none"):
@@ -456,6 +468,8 @@ class DashboardApp:
                 "nothing changed",
             )
         back = form.get("back") or ""
+        if bulk:
+            return self.bulk(req, form, back)
         if run_match is not None:
             run_id = int(run_match.group(1))
             if not 0 < run_id < 2**63:
@@ -490,7 +504,7 @@ class DashboardApp:
         )
 
     @staticmethod
-    def read_form(req: Request) -> dict[str, str]:
+    def read_form(req: Request) -> Form:
         """The urlencoded form body, whole and small, or a 4xx."""
         length = str(req.environ.get("CONTENT_LENGTH") or "").strip()
         if not length:
@@ -512,7 +526,7 @@ class DashboardApp:
             pairs = parse_qs(
                 raw.decode("ascii"),
                 keep_blank_values=True,
-                max_num_fields=20,
+                max_num_fields=MAX_FIELDS,
                 encoding="utf-8",
                 errors="strict",
             )
@@ -520,7 +534,104 @@ class DashboardApp:
             raise BadRequest("the form is not valid urlencoded UTF-8") from None
         if any("\x00" in k or "\x00" in v for k, vs in pairs.items() for v in vs):
             raise BadRequest("the form holds a NUL character (%00), which no field takes")
-        return {k: v[-1] for k, v in pairs.items()}
+        return Form({k: v[-1] for k, v in pairs.items()}, pairs)
+
+    def bulk(self, req: Request, form: Form, back: str) -> Response:
+        """POST /runs/bulk: a bulk action (retry, cancel, run-now, delete) on the runs ticked
+        (`scope=ids`, `id` fields) or on every run matching the runs list's filters
+        (`scope=filter`, `filter_*` fields). Without `confirm=yes` it changes nothing and answers
+        the confirm page (what, on how many); with it, it acts a page of runs at a time
+        (operations: each page its own transaction, in a session of its own), logs
+        `dashboard_bulk_action` (who: the remote address and user; which ids or filter; how
+        many) and answers 303 back to the list."""
+        action = form.get("action") or ""
+        if action not in pages.BULK_ACTIONS:
+            raise BadRequest(
+                f"action must be one of {', '.join(pages.BULK_ACTIONS)}, got {action[:40]!r}; "
+                "nothing changed"
+            )
+        scope = form.get("scope") or "ids"
+        if not _BACK.match(back) or not back.startswith("/runs"):
+            back = "/runs"
+        fields: dict[str, str] = {"action": action, "scope": scope, "back": back}
+        ids: list[int] | None = None
+        chosen: operations.Filters | None = None
+        if scope == "ids":
+            given = form.all("id")
+            if not given:
+                raise BadRequest(
+                    f"{action}: no run ticked (tick runs in the list, or choose all runs "
+                    "matching the filter); nothing changed"
+                )
+            if not all(i.isascii() and i.isdigit() and 0 < int(i) < 2**63 for i in given):
+                raise BadRequest("id must be run ids (positive integers); nothing changed")
+            ids = sorted({int(i) for i in given})
+            which = "runs " + ", ".join(str(i) for i in ids)
+        elif scope == "filter":
+            given_filters = {
+                k: form[f"filter_{k}"] for k in pages.RUN_FILTERS if form.get(f"filter_{k}")
+            }
+            chosen = run_filters(given_filters)
+            if chosen.empty and not chosen.statuses:
+                raise BadRequest(
+                    f"{action}: all matching needs a filter (a status, kind, key, tenant, "
+                    "error, payload or tag); nothing changed"
+                )
+            fields.update({f"filter_{k}": value for k, value in given_filters.items()})
+            which = f"every run matching {chosen.described()}"
+        else:
+            raise BadRequest(f"scope must be ids or filter, got {scope[:40]!r}; nothing changed")
+        v, _ = self.view(req)
+        if form.get("confirm") != "yes":
+            with self.session() as conn:
+                if ids is not None:
+                    count = len(ids)
+                else:
+                    assert chosen is not None
+                    count = operations.count(conn, chosen, action)
+            page = pages.bulk_confirm_page(
+                action, count=count, which=which, fields=fields, ids=ids or (), back=back, v=v
+            )
+            return Response(HTTPStatus.OK, page.encode())
+        with self.session(write=True, paged=True) as conn:
+            acted = self.act_in_bulk(conn, action, ids, chosen)
+        message = bulk_message(action, acted)
+        log.event(
+            "dashboard_bulk_action",
+            action=action,
+            scope=scope,
+            ids=ids if ids is not None else None,
+            filter=chosen.described() if chosen is not None else None,
+            count=acted.count,
+            requested=len(acted.requested),
+            skipped=len(acted.skipped),
+            pages=acted.pages,
+            client=str(req.environ.get("REMOTE_ADDR") or ""),
+            user=str(req.environ.get("REMOTE_USER") or "") or None,
+            outcome=message,
+        )
+        cookie = self._cookie(req, csrf.FLASH_COOKIE, csrf.sign(self.secret, message))
+        return Response(
+            HTTPStatus.SEE_OTHER,
+            f"{message}\n".encode(),
+            TEXT,
+            [("Location", _url(req.root + back)), ("Set-Cookie", cookie)],
+        )
+
+    def act_in_bulk(
+        self,
+        conn: psycopg.Connection[Any],
+        action: str,
+        ids: list[int] | None,
+        chosen: operations.Filters | None,
+    ) -> operations.Acted:
+        if action == "retry":
+            return self.app.retry(conn, ids, filters=chosen)
+        if action == "cancel":
+            return operations.cancel(conn, ids, filters=chosen)
+        if action == "run-now":
+            return operations.run_now(conn, ids, filters=chosen)
+        return self.app.delete(conn, ids, filters=chosen)
 
     def act_on_run(self, action: str, run_id: int) -> str:
         with self.session(write=True) as conn:
@@ -531,9 +642,9 @@ class DashboardApp:
                         raise NotFound(f"no run with id {run_id} (it may have been pruned)")
                     was, requested = str(row[0]), row[1]
                     if was not in pages.CANCELLABLE:
-                        raise ConfigError(f"run {run_id} is already {was}: nothing to cancel")
+                        raise StateConflict(f"run {run_id} is already {was}: nothing to cancel")
                     if requested is not None:
-                        raise ConfigError(
+                        raise StateConflict(
                             f"run {run_id}: a cancel is already requested; it stops at its next "
                             "control check"
                         )
@@ -573,7 +684,9 @@ class DashboardApp:
     # -- sessions ----------------------------------------------------------------------------------
 
     @contextmanager
-    def session(self, *, write: bool = False) -> Iterator[psycopg.Connection[Any]]:
+    def session(
+        self, *, write: bool = False, paged: bool = False
+    ) -> Iterator[psycopg.Connection[Any]]:
         """A read-only session with the leasework schema checked (`write`: an action's session,
         the only kind that may write). The database being down, busy or without the schema is
         Unavailable, with the reason on one password-free line; an action's own refusal
@@ -599,13 +712,17 @@ class DashboardApp:
                     # session someone else gets. Belt and braces: read-only unless an action's,
                     # so even a bug in a page cannot write through a read session.
                     conn.read_only = not write
-                    conn.autocommit = False
-                    conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
+                    # A bulk action (`paged`) commits a page of runs at a time (operations):
+                    # autocommit, each page a transaction of its own, bounded by its page size
+                    # rather than the statement timeout.
+                    conn.autocommit = paged
+                    if not paged:
+                        conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
                     db.check_schema(conn)
                     yield conn
                 except NotFound as exc:
                     raise Refused(HTTPStatus.NOT_FOUND, _one_line(exc)) from None
-                except ConfigError as exc:
+                except (ConfigError, StateConflict) as exc:
                     raise Refused(HTTPStatus.CONFLICT, _one_line(exc)) from None
                 except SchemaMissing as exc:
                     raise Unavailable(str(exc)) from None
@@ -682,6 +799,57 @@ def wsgi_app(
         db.check_dsn(dsn)
         config = dataclasses.replace(config, dsn=dsn)
     return DashboardApp(config, app=app, actions=actions, token=token, secret=secret)
+
+
+def run_filters(given: Mapping[str, str]) -> operations.Filters:
+    """The runs list's filters (pages.RUN_FILTERS: status, kind, key, tenant, error, payload,
+    tag) as operations.Filters; BadRequest, one line, for a bad one (a status that is none, a
+    payload that is not JSON)."""
+    status_filter = given.get("status")
+    if status_filter is not None and status_filter not in operations.STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(operations.STATUSES)}")
+    payload = None
+    if given.get("payload"):
+        try:
+            payload = orjson.loads(given["payload"])
+        except orjson.JSONDecodeError:
+            raise BadRequest(
+                f"payload {given['payload'][:80]!r} is not JSON: give a JSON value the payload "
+                'must contain, such as {"account": 42}'
+            ) from None
+    try:
+        return operations.Filters(
+            statuses=[status_filter] if status_filter else None,
+            kind=given.get("kind"),
+            key=given.get("key"),
+            tenant=given.get("tenant"),
+            error=given.get("error"),
+            payload=payload,
+            tags=[given["tag"]] if given.get("tag") else None,
+        )
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def bulk_message(action: str, acted: operations.Acted) -> str:
+    """The one line a bulk action leaves (the flash message, and the log's outcome)."""
+    done = {
+        "retry": "retried (queued again with a fresh attempt budget)",
+        "cancel": "cancelled",
+        "run-now": "made due now",
+        "delete": "deleted",
+    }[action]
+    line = f"{len(acted.ids)} run(s) {done}"
+    if acted.requested:
+        line += f"; cancel requested for {len(acted.requested)} running run(s)"
+    if acted.skipped:
+        why = {
+            "retry": "their key has another active run",
+            "cancel": "already finished",
+            "run-now": "due already",
+        }.get(action, "left as they were")
+        line += f"; {len(acted.skipped)} left as they are ({why})"
+    return line
 
 
 def limit_changes(form: Mapping[str, str]) -> dict[str, Any]:

@@ -430,6 +430,62 @@ def test_migration_0026_keeps_the_grants_of_the_enqueue_it_replaces(
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def test_migration_0030_keeps_the_grants_of_the_enqueue_it_replaces(
+    scratch: Callable[[], str],
+) -> None:
+    """0030 drops leasework.enqueue to add `tags`: whoever could call the old one may call the
+    new one, PUBLIC not; a call of the eighteen arguments before still works (no tags), a call
+    with tags stores them, and a run enqueued before keeps working (no tags)."""
+    role = f"leasework_mig_role_{secrets.token_hex(3)}"
+    old = (
+        "leasework.enqueue(text, jsonb, text, text, text, boolean, double precision,"
+        " double precision, double precision, double precision, double precision,"
+        " double precision, double precision, double precision, bigint, integer, bigint[], text)"
+    )
+    new = old.removesuffix(")") + ", text[])"
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+        try:
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version <= 29])
+            before = conn.execute("SELECT leasework.enqueue('report')").fetchone()
+            assert before is not None
+            conn.execute(
+                sql.SQL(f"GRANT EXECUTE ON FUNCTION {old} TO {{}}").format(sql.Identifier(role))
+            )
+            with conn.transaction():
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version == 30])
+            assert conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE'),"
+                "       has_function_privilege('public', %s, 'EXECUTE'),"
+                "       count(*) FROM pg_proc WHERE proname = 'enqueue'",
+                (role, new, new),
+            ).fetchone() == (True, False, 1)
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA leasework TO {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            plain = conn.execute(
+                "SELECT leasework.enqueue('report', '{}', NULL, NULL, NULL, false, 0, 0, 3, NULL,"
+                " 3600, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+            ).fetchone()
+            tagged = conn.execute(
+                "SELECT leasework.enqueue('report', tags => array['b', 'a'])"
+            ).fetchone()
+            conn.execute("RESET ROLE")
+            assert plain is not None and tagged is not None
+            assert conn.execute(
+                "SELECT id, tags FROM leasework.runs ORDER BY id"
+            ).fetchall() == [(before[0], None), (plain[0], None), (tagged[0], ["a", "b"])]
+            with conn.transaction():  # idempotent: applied again, nothing changes
+                db.apply_migrations(conn, [m for m in SHIPPED if m.version == 30])
+            assert conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, new)
+            ).fetchone() == (True,)
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 def test_migration_0018_keys_per_tenant_moves_the_families_keys(
     scratch: Callable[[], str],
 ) -> None:

@@ -576,7 +576,7 @@ def test_label_problem_accepting_del_is_caught(conn: Conn) -> None:
 ENQUEUE = (
     "leasework.enqueue(text, jsonb, text, text, text, boolean, double precision, double precision,"
     " double precision, double precision, double precision, double precision, double precision,"
-    " double precision, bigint, integer, bigint[], text)"
+    " double precision, bigint, integer, bigint[], text, text[])"
 )
 WINDOW_MUTATIONS = [
     pytest.param(

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from leasework import App, ConfigError, Context, operations
+from leasework import App, ConfigError, Context, StateConflict, operations
 from leasework.leases import lease
 from leasework.operations import Filters
 from leasework.workers.worker import Worker
@@ -171,9 +171,10 @@ def test_retry_and_delete_refuse_bad_input_and_change_nothing(
     before = snapshot(conn)
     with pytest.raises(ConfigError, match="no run with id 424242"):
         app.retry(conn, [failed, 424242])
-    with pytest.raises(ConfigError, match=f"run {queued} is running: only a finished run"):
+    # a state conflict is StateConflict, not ConfigError (bad input); nothing changes either way
+    with pytest.raises(StateConflict, match=f"run {queued} is running: only a finished run"):
         app.retry(conn, [failed, queued])
-    with pytest.raises(ConfigError, match=f"run {running} is running"):
+    with pytest.raises(StateConflict, match=f"run {running} is running"):
         app.delete(conn, [failed, running])
     with pytest.raises(ConfigError, match="no run with id 424242"):
         app.delete(conn, [424242])
@@ -192,7 +193,7 @@ def test_retry_refuses_a_run_whose_key_is_busy(
     busy = app.enqueue_run(conn, "ok", key="acct-1")
     assert busy.existing is False
     before = snapshot(conn)
-    with pytest.raises(ConfigError, match="key 'acct-1' already has a queued or running run"):
+    with pytest.raises(StateConflict, match="key 'acct-1' already has a queued or running run"):
         app.retry(conn, [failed])
     assert snapshot(conn) == before
 
@@ -212,7 +213,7 @@ def test_retry_looks_at_the_key_in_the_runs_own_tenant(
     assert app.cancel(conn, b) == "cancelled"
     app.enqueue(conn, "ok", key="acct-1", tenant="b")
     before = snapshot(conn)
-    with pytest.raises(ConfigError, match="key 'acct-1' in tenant 'b' already has a queued or"):
+    with pytest.raises(StateConflict, match="key 'acct-1' in tenant 'b' already has a queued or"):
         app.retry(conn, [b])
     assert snapshot(conn) == before
 

@@ -19,9 +19,13 @@ ALLOWED_TAGS = {
     "dl", "dt", "dd", "nav", "form", "input", "button", "label", "select", "option",
 }  # fmt: skip
 ALLOWED_ATTRS = {"lang", "charset", "name", "content", "http-equiv", "rel", "href", "type", "class", "id", "value", "max", "data-card",
-                 "method", "action", "data-action", "required", "selected", "placeholder"}  # fmt: skip
+                 "method", "action", "data-action", "required", "selected", "placeholder",
+                 # the runs list's bulk form: a checkbox per run outside it (form="bulk")
+                 "form", "checked", "aria-label"}  # fmt: skip
 # A kind's limits (the /kinds page's limits form) beside the actions' own fields.
-FORM_FIELDS = {"csrf", "back", "kind", "confirm", "max_running", "group_limit", "rate", "rate_per"}
+FORM_FIELDS = {"csrf", "back", "kind", "confirm", "max_running", "group_limit", "rate", "rate_per",
+               # the runs list's bulk form: the runs ticked, which runs, the list's filters
+               "id", "scope", "action", *(f"filter_{k}" for k in pages.RUN_FILTERS)}  # fmt: skip
 ROOT = "/ops/lw"
 ACTIONS = pages.View(ROOT, csrf="t0ken", flash="run 1 cancelled")
 
@@ -284,3 +288,36 @@ def test_a_runs_dependencies_carry_only_the_dashboards_markup(kind: str, status:
     assert 'href="/runs/3"' in page and 'href="/runs/9"' in page
     assert "graph: 3 runs" in page
     assert 'id="dependencies"' not in pages.run_page({"id": 7, "kind": "a", "status": "queued"}, now=None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(hostile, st.integers(min_value=0, max_value=10**12))
+def test_the_bulk_form_and_confirm_page_carry_only_their_own_markup(t: str, n: int) -> None:
+    """The runs list's bulk form under a hostile filter, and the confirm page of a bulk action
+    naming a hostile filter: every value escaped, every form under the root, the ticked runs and
+    the filters carried as hidden fields, confirm=yes only on the confirm page."""
+    filters = {name: t for name in pages.RUN_FILTERS}
+    listing = pages.runs_page(
+        [{"id": n + 1, "kind": t, "status": "failed", "attempts": 1, "max_attempts": 3}],
+        filters=filters,
+        next_before=None,
+        v=ACTIONS,
+        matching=n,
+    )
+    check_markup(listing, ROOT)
+    assert 'id="bulk"' in listing and 'form="bulk"' in listing and 'id="scope-filter"' in listing
+    assert 'name="confirm"' not in listing.split('id="bulk"', 1)[1].split("</form>", 1)[0]
+    page = pages.bulk_confirm_page(
+        "cancel",
+        count=n,
+        which=f"every run matching kind={t}",
+        fields={"action": "cancel", "scope": "filter", "back": "/runs", "filter_kind": t},
+        ids=[n + 1],
+        back="/runs",
+        v=ACTIONS,
+    )
+    found = check_markup(page, ROOT)
+    assert ("confirm-button" in page) is (n > 0)
+    if n > 0:
+        assert 'name="confirm" value="yes"' in page and f'name="id" value="{n + 1}"' in page
+        assert {"confirm", "id", "filter_kind"} <= found.fields

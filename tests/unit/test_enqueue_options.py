@@ -26,8 +26,12 @@ from leasework.testing import run_task
 # Unique windows and debounce (issue 31) were added to both, and to no other variant.
 WINDOWS = {"unique_for", "debounce", "debounce_max", "debounce_merge"}
 AFTER = {"after", "on_parent_failure"}  # dependencies (README "Workflows")
-ONE = {"key", "tenant", "group", "exclusive", "priority", "delay", "max_attempts", *WINDOWS, *AFTER}
-MANY = {"keys", "tenant", "group", "priority", "delay", "max_attempts", *WINDOWS, *AFTER}
+TAGS = {"tags"}  # search and tags (README "Search, tags and bulk actions")
+ONE = {
+    "key", "tenant", "group", "exclusive", "priority", "delay", "max_attempts",
+    *WINDOWS, *AFTER, *TAGS,
+}
+MANY = {"keys", "tenant", "group", "priority", "delay", "max_attempts", *WINDOWS, *AFTER, *TAGS}
 
 
 def test_each_variant_takes_the_keywords_it_always_took_the_windows_and_after() -> None:

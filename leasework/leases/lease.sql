@@ -545,7 +545,9 @@ SELECT r.id
 -- kind's claim recorded in its window in the same statement, so its runs need not go through
 -- claim_runs and leasework.admit one by one (bench/README.md, issue 31). In order: `sealing`
 -- locks the run being sealed if it is still ours (first, as finish_and_claim seals first: a
--- worker holding a kind's row never waits on a run's row); `candidate` is the quick claim (its
+-- worker holding a kind's row never waits on a run's row; matched by id and owner alone, as the
+-- owner-scoped statements are, so that its generic plan reads the primary key and not every
+-- entry of runs_running_by_expiry); `candidate` is the quick claim (its
 -- <handed_on> is handed_on_rated), gated as in the probed or lean form, and only while the seal
 -- will be made; `rated` records it in its kind's window (leasework.rate_windows, migration 0028)
 -- when the kind has a rate, under the window's row lock: a rival's claim committed meanwhile is
@@ -564,7 +566,7 @@ SELECT r.id
 -- Followed by finish_and_claim_queued's UPDATE, its claim being <rated_claim>.
 WITH sealing AS MATERIALIZED (
     SELECT s.id FROM leasework.runs s
-     WHERE s.id = %(id)s::bigint AND s.status = 'running' AND s.lease_owner = %(owner)s::uuid
+     WHERE s.id = %(id)s::bigint AND s.lease_owner = %(owner)s::uuid
        FOR UPDATE
 ), candidate AS MATERIALIZED (
     SELECT c.id, c.kind FROM (<quick_claim>) c

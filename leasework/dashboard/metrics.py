@@ -306,9 +306,9 @@ def limit_families(
             add(
                 name, reason, float(n) if reason == "group_full" and kind not in closed_kinds else 0
             )
-    for name, n in sorted(leases.items()):
-        live.add_metric([name], n)
-    for name in sorted({n for n, _ in sums}):
+    for name, count in sorted(leases.items()):
+        live.add_metric([name], count)
+    for name in sorted({held_name for held_name, _ in sums}):
         for reason in reasons:
             held.add_metric([name, reason], sums.get((name, reason), 0.0))
     return [max_running, live, rate, period, used, free, held]

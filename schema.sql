@@ -1874,8 +1874,8 @@ CREATE TRIGGER runs_deleted AFTER DELETE ON leasework.runs
 -- Only kinds with a limit have a row: the claim reads this table once per statement (`rules`),
 -- an index probe that finds nothing for a queue without limits. A claim that may take a run of
 -- a kind with a cap or a rate locks its row (FOR UPDATE, in kind order: claims of that kind are
--- serialized, leasework.admit), and `win` is the window of its rate (leasework.rate_recorded):
--- the kind's, or with rate_per = 'tenant' that of its runs without a tenant.
+-- serialized, leasework.admit). `win` held the window of its rate until migration 0031 moved it
+-- to leasework.rate_windows: nothing reads or writes it now; it goes in a later release.
 -- A rate's window (below, leasework.rate_window) has its shape and ranges, whoever wrote it: 44
 -- numbers, a width from 1 microsecond to a twentieth of 7 days, a slice number and running totals
 -- from 0 to 2^62, so that no reader's arithmetic overflows (a reader shows any row).
@@ -1930,6 +1930,19 @@ CREATE TABLE IF NOT EXISTS leasework.tenant_rates (
         AND coalesce(rate_seconds >= 0.1 AND rate_seconds <= 604800, true)),
     CONSTRAINT tenant_rates_window_valid CHECK (leasework.rate_window_valid(win))
 );
+
+-- A kind's rate window (leasework.rate_recorded's shape: see leasework.rate_window): the kind's,
+-- or with rate_per = 'tenant' that of its runs without a tenant. Made by leasework.admit the
+-- first time it admits a claim of a rated kind, written by admit (under the kind's
+-- kind_limits row lock, then this row's) and by finish_and_claim_rated (this row's lock alone:
+-- admit locks it before it reads the window, so the two take turns). Its one index is the key,
+-- which no write changes, and pages are kept mostly empty (fillfactor): every write is a HOT
+-- update on the same page.
+CREATE TABLE IF NOT EXISTS leasework.rate_windows (
+    kind text PRIMARY KEY,
+    win  bigint[],
+    CONSTRAINT rate_windows_valid CHECK (leasework.rate_window_valid(win))
+) WITH (fillfactor = 20);
 
 -- A rate's window: the claims it admitted, counted in slices of a twentieth of its period, as
 -- one bigint[]: {slice width in microseconds, the newest slice's number (database time in
@@ -2070,13 +2083,15 @@ $$;
 -- hint that keeps a full kind's runs out of the walk; leasework.admit decides, under the kind's
 -- lock and with a fresh snapshot): its cap has a free place and its rate (per kind) room for one
 -- more. The run being sealed with the claim (finish_and_claim: `finishing`, this `worker`'s)
--- does not hold a place: its seal commits with the claim.
+-- does not hold a place: its seal commits with the claim. (Migration 0031: the window is read
+-- from leasework.rate_windows.)
 CREATE OR REPLACE FUNCTION leasework.kind_open(l leasework.kind_limits, finishing bigint, worker text)
 RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF l.rate_count IS NOT NULL AND l.rate_per IS NULL
-       AND leasework.rate_used(l.win, l.rate_seconds, leasework.now()) >= l.rate_count THEN
+       AND leasework.rate_used((SELECT w.win FROM leasework.rate_windows w WHERE w.kind = l.kind),
+                               l.rate_seconds, leasework.now()) >= l.rate_count THEN
         RETURN false;
     END IF;
     RETURN l.max_running IS NULL OR leasework.running_of_kind(l.kind, finishing, worker) < l.max_running;
@@ -2165,6 +2180,7 @@ $$;
 
 -- When a run of `kind` (and `tenant`: NULL for runs without one) fits in its rate again: NULL
 -- when it has no rate, now when it fits now. Serves next_due: an idle worker sleeps until then.
+-- (Migration 0031: the kind's window is read from leasework.rate_windows.)
 CREATE OR REPLACE FUNCTION leasework.rate_free_at(kind text, tenant text)
 RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $$
@@ -2177,7 +2193,9 @@ BEGIN
     IF l.rate_count IS NULL THEN
         RETURN NULL;
     ELSIF l.rate_per IS NULL OR rate_free_at.tenant IS NULL THEN
-        RETURN leasework.rate_window_free_at(l.win, l.rate_count, l.rate_seconds, leasework.now());
+        RETURN leasework.rate_window_free_at(
+            (SELECT w.win FROM leasework.rate_windows w WHERE w.kind = rate_free_at.kind),
+            l.rate_count, l.rate_seconds, leasework.now());
     END IF;
     SELECT * INTO t FROM leasework.tenant_rates x
      WHERE x.kind = rate_free_at.kind AND x.tenant = rate_free_at.tenant;
@@ -2190,13 +2208,16 @@ $$;
 -- or a rate): `ids` in the claim's order, with their `kinds` and `tenants`; returns those it
 -- takes, at most `wanted`. The rows of the limited kinds among them are locked first, in kind
 -- order (FOR UPDATE: a second claim of the kind waits for this one to commit; one order, so two
--- claims never wait on each other), and every count is read after that, with a fresh snapshot
--- (VOLATILE): it sees each claim of the kind that committed before, which the claim statement's
--- own snapshot may not. Then, in order, a candidate of a limited kind is taken while its kind has
--- a free place under max_running (live leases, but the run `finishing` of `worker`: its seal
--- commits with this claim) and room in its rate: the kind's, or with rate_per = 'tenant' its
--- tenant's (runs without a tenant share one budget, the kind's window). What it takes is recorded
--- in the windows before it returns: the claim statement updates every run it returns.
+-- claims never wait on each other), then each rated kind's window (leasework.rate_windows, made
+-- if missing; the quick statement's rated form writes it under that row's lock alone), and every
+-- count is read after that, with a fresh snapshot (VOLATILE): it sees each claim of the kind that
+-- committed before, which the claim statement's own snapshot may not. Then, in order, a
+-- candidate of a limited kind is taken while its kind has a free place under max_running (live
+-- leases, but the run `finishing` of `worker`: its seal commits with this claim) and room in its
+-- rate: the kind's, or with rate_per = 'tenant' its tenant's (runs without a tenant share one
+-- budget, the kind's window). What it takes is recorded in the windows before it returns: the
+-- claim statement updates every run it returns. (Migration 0024 added the cap lock, 0031 the
+-- window's table.)
 CREATE OR REPLACE FUNCTION leasework.admit(
     ids bigint[], kinds text[], tenants text[], wanted integer, finishing bigint, worker text)
 RETURNS bigint[]
@@ -2208,9 +2229,11 @@ DECLARE
     per boolean[] := '{}';  -- rated per tenant
     loose bigint[] := '{}';  -- rated per tenant: room left for runs without a tenant
     took bigint[] := '{}';  -- claims to record in the kind's window (NULL: it has no rate)
+    secs double precision[] := '{}';  -- the kind's rate's period
     taken bigint[] := '{}';
     l leasework.kind_limits;
     t leasework.tenant_rates;
+    kw bigint[];
     r record;
     j integer;
     n bigint;
@@ -2232,12 +2255,21 @@ BEGIN
            FOR UPDATE
     LOOP
         n := NULL;
+        kw := NULL;
         IF l.max_running IS NOT NULL THEN
             n := l.max_running - leasework.running_of_kind(l.kind, finishing, worker);
         END IF;
         IF l.rate_count IS NOT NULL THEN
+            -- The kind's window, locked before it is read (the rated quick statement writes it
+            -- under this lock alone); made the first time.
+            SELECT w.win INTO kw FROM leasework.rate_windows w WHERE w.kind = l.kind FOR UPDATE;
+            IF NOT FOUND THEN
+                INSERT INTO leasework.rate_windows (kind) VALUES (l.kind)
+                ON CONFLICT (kind) DO NOTHING;
+                SELECT w.win INTO kw FROM leasework.rate_windows w WHERE w.kind = l.kind FOR UPDATE;
+            END IF;
             IF l.rate_per IS NULL THEN
-                n := least(n, l.rate_count - leasework.rate_used(l.win, l.rate_seconds, at));
+                n := least(n, l.rate_count - leasework.rate_used(kw, l.rate_seconds, at));
             END IF;
             took := took || 0::bigint;
         ELSE
@@ -2245,9 +2277,10 @@ BEGIN
         END IF;
         lk := lk || l.kind;
         room := room || n;
+        secs := secs || l.rate_seconds;
         per := per || (l.rate_per IS NOT NULL AND l.rate_count IS NOT NULL);
         loose := loose || CASE WHEN l.rate_per IS NOT NULL
-                               THEN l.rate_count - leasework.rate_used(l.win, l.rate_seconds, at)
+                               THEN l.rate_count - leasework.rate_used(kw, l.rate_seconds, at)
                           END;
     END LOOP;
     FOR i IN 1 .. coalesce(cardinality(ids), 0) LOOP
@@ -2282,8 +2315,8 @@ BEGIN
     END LOOP;
     FOR j IN 1 .. cardinality(lk) LOOP
         IF took[j] > 0 THEN
-            UPDATE leasework.kind_limits x
-               SET win = leasework.rate_recorded(x.win, x.rate_seconds, at, took[j])
+            UPDATE leasework.rate_windows x
+               SET win = leasework.rate_recorded(x.win, secs[j], at, took[j])
              WHERE x.kind = lk[j];
         END IF;
     END LOOP;

@@ -101,9 +101,10 @@ def rate_limited(conn: psycopg.Connection[Any]) -> None:
     """For the `rate_limited` app: its kind's window full for the next hour (one claim recorded
     now, as the app declares its rate) and ten runs of it due, which no claim may take."""
     conn.execute(
-        "INSERT INTO leasework.kind_limits (kind, declared, win)"
-        " VALUES ('metered', '{\"rate\": [1, 3600.0]}',"
-        "         leasework.rate_recorded(NULL, 3600, leasework.now(), 1));"
+        "INSERT INTO leasework.kind_limits (kind, declared)"
+        " VALUES ('metered', '{\"rate\": [1, 3600.0]}');"
+        "INSERT INTO leasework.rate_windows (kind, win)"
+        " VALUES ('metered', leasework.rate_recorded(NULL, 3600, leasework.now(), 1));"
         "INSERT INTO leasework.runs (kind) SELECT 'metered' FROM generate_series(1, 10)"
     )
 

@@ -87,12 +87,16 @@ SELECT kind, count(*)::bigint AS due,
 -- Every kind with a limit (leasework.kind_limits, README "Flow control") and how full it is now:
 -- `running`, its live leases (the places max_running counts); `rate_used`, the claims its rate's
 -- window counts now (the kind's; rated per tenant, those of its runs without a tenant) and
--- `rate_free_at`, when that window has room again (now when it has); `due`, its queued runs due;
+-- `rate_free_at`, when that window has room again (now when it has; `rate_free_in`, the seconds
+-- until then); `due`, its queued runs due;
 -- `held_back`, those of them no claim may take now: every one while the kind is at its cap or its
 -- rate, else (rated per tenant) those of tenants at their rate; and the tenants an operator gave
 -- a rate of their own. `overrides` holds what was set at run time (it wins over `declared`).
 SELECT l.kind, l.max_running, l.group_limit, l.rate_count, l.rate_seconds, l.rate_per,
-       l.declared, l.overrides, f.running, f.rate_used, f.rate_free_at, f.due,
+       l.declared, l.overrides, f.running, f.rate_used, f.rate_free_at,
+       extract(epoch FROM greatest(f.rate_free_at - leasework.now(), interval '0'))::float8
+           AS rate_free_in,
+       f.due,
        CASE WHEN f.full OR f.rate_full THEN f.due
             WHEN l.rate_per IS NOT NULL AND l.rate_count IS NOT NULL THEN (
                 SELECT coalesce(sum(q.n), 0)
@@ -110,13 +114,14 @@ SELECT l.kind, l.max_running, l.group_limit, l.rate_count, l.rate_seconds, l.rat
                                   ORDER BY t.tenant)
                    FROM leasework.tenant_rates t
                   WHERE t.kind = l.kind AND t.rate_count IS NOT NULL), '[]') AS tenant_rates
-  FROM leasework.kind_limits l,
+  FROM leasework.kind_limits l
+  LEFT JOIN leasework.rate_windows w ON w.kind = l.kind,
        LATERAL (SELECT leasework.running_of_kind(l.kind, NULL, NULL) AS running,
                        CASE WHEN l.rate_count IS NOT NULL
-                            THEN least(leasework.rate_used(l.win, l.rate_seconds, leasework.now()),
+                            THEN least(leasework.rate_used(w.win, l.rate_seconds, leasework.now()),
                                        2147483647) END AS rate_used,
                        CASE WHEN l.rate_count IS NOT NULL
-                            THEN leasework.rate_window_free_at(l.win, l.rate_count,
+                            THEN leasework.rate_window_free_at(w.win, l.rate_count,
                                                                l.rate_seconds, leasework.now())
                        END AS rate_free_at,
                        (SELECT count(*) FROM leasework.runs r

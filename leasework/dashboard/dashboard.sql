@@ -110,6 +110,33 @@ SELECT pool, count(*)::bigint AS alive, count(current_run)::bigint AS busy
  GROUP BY pool
  ORDER BY pool NULLS FIRST
 
+-- name: metrics_group_full
+-- Per kind, its due queued runs held back now by their group (README "Flow control", groups):
+-- not exclusive, with a tenant and a group whose other runs holding a live lease are as many as
+-- the kind's group_limit (1 when it sets none), as the claim's limiter counts them; a tenant's
+-- run of a kind rated per tenant whose window is full is left to that reason (leasework_rate_
+-- limited's rate_limited), and one whose tenant has an exclusive run holding a lease to that. Read at the scrape, nothing written at the claim: the groups holding
+-- live leases first (running runs are few), then the due runs of those groups only
+-- (runs_queued_by_tenant).
+WITH busy AS MATERIALIZED (
+    SELECT o.tenant, o."group", count(*) AS n
+      FROM leasework.runs o
+     WHERE o.status = 'running' AND o.lease_expires_at >= leasework.now()
+       AND o.tenant IS NOT NULL AND o."group" IS NOT NULL
+     GROUP BY o.tenant, o."group"
+)
+SELECT r.kind, count(*)::bigint AS n
+  FROM busy b
+  JOIN leasework.runs r ON r.tenant = b.tenant AND r."group" = b."group"
+  LEFT JOIN leasework.kind_limits l ON l.kind = r.kind
+ WHERE r.status = 'queued' AND r.queued_at <= leasework.now() AND NOT r.exclusive
+   AND b.n >= coalesce(l.group_limit, 1)
+   AND NOT EXISTS (SELECT 1 FROM leasework.runs x
+                    WHERE x.tenant = r.tenant AND x.status = 'running' AND x.exclusive
+                      AND x.lease_expires_at >= leasework.now())
+   AND (l.rate_per IS NULL OR l.rate_count IS NULL OR leasework.tenant_rate_open(r.kind, r.tenant))
+ GROUP BY r.kind
+
 -- name: metrics_duration_buckets
 SELECT leasework.duration_buckets() AS buckets
 

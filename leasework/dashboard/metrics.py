@@ -5,7 +5,7 @@ process (on any host) reports the same figures. Only reads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -62,6 +62,7 @@ def families(
         pooled = cur.execute(Q["metrics_pools"], stale).fetchall()
         counted = cur.execute(Q["metrics_counters"]).fetchall()
         row = cur.execute(Q["metrics_duration_buckets"]).fetchone()
+        grouped = cur.execute(Q["metrics_group_full"]).fetchall()
     bounds = [float(b) for b in (row or {}).get("buckets") or []]
     by_kind: dict[str, dict[str, int]] = dict(snap.get("runs_by_kind") or {})
     seen = set(by_kind) | {str(r["kind"]) for r in counted}
@@ -216,13 +217,25 @@ def families(
         debounced,
         duration,
         wait,
-        *limit_families(snap.get("limits") or []),
+        *limit_families(
+            snap.get("limits") or [],
+            {str(r["kind"]): int(r["n"]) for r in grouped},
+            labels=lambda kind: label.get(kind, OTHER if max_kinds is not None else visible(kind)),
+        ),
     ]
 
 
-def limit_families(limits: Iterable[Mapping[str, Any]]) -> list[Metric]:
+def limit_families(
+    limits: Iterable[Mapping[str, Any]],
+    group_full: Mapping[str, int] | None = None,
+    labels: Callable[[str], str] = visible,
+) -> list[Metric]:
     """Flow control (README, "Flow control"), per kind with a limit: each limit, how full it is,
-    and the due runs it holds back now (status.limits: one row per limited kind)."""
+    and the due runs it holds back now (status.limits: one row per limited kind), and per kind
+    the due runs its groups hold back (`group_full`: dashboard.sql, metrics_group_full). All read
+    at the scrape: the claim writes nothing for them. `labels` gives a kind's label (OTHER for a
+    kind past max_kinds_shown): a folded kind's live leases and held-back runs are summed under
+    it; its limits, which do not add up, are not shown."""
     max_running = GaugeMetricFamily(
         "leasework_kind_max_running",
         "A kind's cap: runs holding a live lease at once across every host (max_running).",
@@ -247,26 +260,58 @@ def limit_families(limits: Iterable[Mapping[str, Any]]) -> list[Metric]:
         "Claims a kind's rate window counts now (rated per tenant: its runs without a tenant).",
         labels=["kind"],
     )
+    free = GaugeMetricFamily(
+        "leasework_kind_rate_free_seconds",
+        "Seconds until a kind's rate window has room for one more claim (0: it has room now; "
+        "rated per tenant: its runs without a tenant).",
+        labels=["kind"],
+    )
     held = GaugeMetricFamily(
         "leasework_rate_limited",
-        "Due queued runs no claim may take now because of a limit: reason capped (the kind at its "
-        "cap) or rate_limited (its rate's window, or its tenant's, full).",
+        "Due queued runs no claim may take now because of a limit, each under one reason: capped "
+        "(the kind at its cap), rate_limited (its rate's window, or its tenant's, full), "
+        "group_full (its tenant's group holds as many live leases as the kind's group_limit).",
         labels=["kind", "reason"],
     )
+    reasons = ("capped", "rate_limited", "group_full")
+    sums: dict[tuple[str, str], float] = {}
+    leases: dict[str, float] = {}
+    closed_kinds: set[str] = set()
+
+    def add(name: str, reason: str, value: float) -> None:
+        sums[name, reason] = sums.get((name, reason), 0.0) + value
+
     for r in limits:
-        kind = visible(str(r["kind"]))
-        if r.get("max_running") is not None:
-            max_running.add_metric([kind], float(r["max_running"]))
-        live.add_metric([kind], float(r.get("running") or 0))
-        if r.get("rate_count") is not None:
-            rate.add_metric([kind, str(r.get("rate_per") or "kind")], float(r["rate_count"]))
-            period.add_metric([kind], float(r["rate_seconds"]))
-            used.add_metric([kind], float(r.get("rate_used") or 0))
+        kind = str(r["kind"])
+        name = labels(kind)
+        leases[name] = leases.get(name, 0.0) + float(r.get("running") or 0)
         closed = r.get("closed")
         held_back = float(r.get("held_back") or 0)
-        held.add_metric([kind, "capped"], held_back if closed == "capped" else 0.0)
-        held.add_metric([kind, "rate_limited"], 0.0 if closed == "capped" else held_back)
-    return [max_running, live, rate, period, used, held]
+        add(name, "capped", held_back if closed == "capped" else 0.0)
+        add(name, "rate_limited", 0.0 if closed == "capped" else held_back)
+        if closed:
+            closed_kinds.add(kind)  # every due run counted above, under its kind's reason
+        if name == OTHER:
+            continue
+        if r.get("max_running") is not None:
+            max_running.add_metric([name], float(r["max_running"]))
+        if r.get("rate_count") is not None:
+            rate.add_metric([name, str(r.get("rate_per") or "kind")], float(r["rate_count"]))
+            period.add_metric([name], float(r["rate_seconds"]))
+            used.add_metric([name], float(r.get("rate_used") or 0))
+            free.add_metric([name], float(r.get("rate_free_in") or 0))
+    for kind, n in (group_full or {}).items():
+        name = labels(kind)
+        for reason in reasons:
+            add(
+                name, reason, float(n) if reason == "group_full" and kind not in closed_kinds else 0
+            )
+    for name, count in sorted(leases.items()):
+        live.add_metric([name], count)
+    for name in sorted({held_name for held_name, _ in sums}):
+        for reason in reasons:
+            held.add_metric([name, reason], sums.get((name, reason), 0.0))
+    return [max_running, live, rate, period, used, free, held]
 
 
 def database_down(version: str = "") -> list[Metric]:

@@ -533,12 +533,11 @@ SELECT r.id
 
 -- name: handed_on_rated
 -- handed_on in finish_and_claim_rated, where a kind with a rate may be claimed too: a cap's place
--- is handed on as above (leasework.hand_on, after that statement's `sealing`), and a rate has
--- room in this statement's snapshot (a hint: `rated` below decides, under the kind's row lock).
-((l.max_running IS NULL
-  OR leasework.hand_on(l.kind, %(id)s::bigint, %(owner)s::uuid, l.max_running))
- AND (l.rate_count IS NULL
-      OR leasework.rate_used(l.win, l.rate_seconds, leasework.now()) < l.rate_count))
+-- is handed on as above (leasework.hand_on, after that statement's `sealing`). Whether the rate
+-- has room is `rated`'s to decide, under the window's row lock (no hint read before it: one
+-- look-up and one PL/pgSQL call less per claim; a full window costs one run locked and left).
+(l.max_running IS NULL
+ OR leasework.hand_on(l.kind, %(id)s::bigint, %(owner)s::uuid, l.max_running))
 
 -- name: finish_and_claim_rated
 -- finish_and_claim_queued for a worker that polls a kind with a rate (lease.Chain learns it when
@@ -546,28 +545,47 @@ SELECT r.id
 -- kind's claim recorded in its window in the same statement, so its runs need not go through
 -- claim_runs and leasework.admit one by one (bench/README.md, issue 31). In order: `sealing`
 -- locks the run being sealed if it is still ours (first, as finish_and_claim seals first: a
--- worker holding a kind's row never waits on a run's row); `candidate` is the quick claim (its
+-- worker holding a kind's row never waits on a run's row; matched by id and owner alone, as the
+-- owner-scoped statements are, so that its generic plan reads the primary key and not every
+-- entry of runs_running_by_expiry); `candidate` is the quick claim (its
 -- <handed_on> is handed_on_rated), gated as in the probed or lean form, and only while the seal
--- will be made; `rated` records it in its kind's window when the kind has a rate, under the
--- kind's row lock: a rival's claim committed meanwhile is re-read (the UPDATE's re-check), so the
--- window's room is decided on its latest count and never passed. A candidate of a rated kind
--- that finds no room is not claimed (it stays queued; its lock ends with the statement), and the
--- caller claims with claim_runs as when the quick statement claims nothing. Runs without a tenant
--- only, which take their kind's window (with rate_per, the budget runs without a tenant share).
+-- will be made; `rated` records it in its kind's window (leasework.rate_windows, migration 0031)
+-- when the kind has a rate, under the window's row lock: a rival's claim committed meanwhile is
+-- re-read (the UPDATE's re-check, its WHERE evaluated again on the latest version), so the
+-- window's room is decided on its latest count and never passed; leasework.admit locks the same
+-- row before it reads the window. A candidate of a rated kind that finds no room (or no window
+-- yet: admit makes it) is not claimed (it stays queued; its lock ends with the statement), and
+-- the caller claims with claim_runs as when the quick statement claims nothing. Runs without a
+-- tenant only, which take their kind's window (with rate_per, the budget runs without a tenant
+-- share). The common case costs no PL/pgSQL call: when the window's newest slice is the claim's
+-- own slice (same width, same slice number; the claims of a twentieth of the period), the count
+-- is leasework.rate_used's `win[44] - win[23]` and the record leasework.rate_recorded's
+-- `win[44] + 1`, written here as expressions (`q.width` and `q.slice` are leasework.rate_slice's
+-- arithmetic); any other window goes through those two functions. One narrow row whose key never
+-- changes: a HOT update (bench/README.md, issue 31, third pass).
 -- Followed by finish_and_claim_queued's UPDATE, its claim being <rated_claim>.
 WITH sealing AS MATERIALIZED (
     SELECT s.id FROM leasework.runs s
-     WHERE s.id = %(id)s::bigint AND s.status = 'running' AND s.lease_owner = %(owner)s::uuid
+     WHERE s.id = %(id)s::bigint AND s.lease_owner = %(owner)s::uuid
        FOR UPDATE
 ), candidate AS MATERIALIZED (
     SELECT c.id, c.kind FROM (<quick_claim>) c
      WHERE EXISTS (SELECT 1 FROM sealing) AND NOT (false <due_elsewhere>)
 ), rated AS (
-    UPDATE leasework.kind_limits x
-       SET win = leasework.rate_recorded(x.win, x.rate_seconds, leasework.now(), 1)
-      FROM candidate c
-     WHERE x.kind = c.kind AND x.rate_count IS NOT NULL
-       AND leasework.rate_used(x.win, x.rate_seconds, leasework.now()) < x.rate_count
+    UPDATE leasework.rate_windows x
+       SET win = CASE WHEN x.win[1] = q.width AND x.win[2] = q.slice
+                      THEN x.win[1:43] || (x.win[44] + 1)
+                      ELSE leasework.rate_recorded(x.win, q.seconds, leasework.now(), 1) END
+      FROM (SELECT c.kind, l.rate_count, l.rate_seconds AS seconds, s.width,
+                   floor(extract(epoch FROM leasework.now()) * 1000000 / s.width)::bigint AS slice
+              FROM candidate c
+              JOIN leasework.kind_limits l ON l.kind = c.kind AND l.rate_count IS NOT NULL,
+                   LATERAL (SELECT greatest(1, round(l.rate_seconds * 50000))::bigint AS width) s
+           ) q
+     WHERE x.kind = q.kind
+       AND CASE WHEN x.win[1] = q.width AND x.win[2] = q.slice
+                THEN x.win[44] - x.win[23]
+                ELSE leasework.rate_used(x.win, q.seconds, leasework.now()) END < q.rate_count
     RETURNING x.kind
 )
 

@@ -589,3 +589,40 @@ def test_the_dependency_policies_migration_grants_whoever_may_join_a_batch(
         finally:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_the_rate_windows_migration_keeps_each_kinds_window(scratch: Callable[[], str]) -> None:
+    """The migration that moves a kind's rate window into leasework.rate_windows copies the
+    windows kept in leasework.kind_limits, so the claims they count still count; applied again,
+    it keeps a window written since."""
+    mine = next(m for m in SHIPPED if m.name == "rate_windows")
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        with conn.transaction():
+            db.apply_migrations(conn, [m for m in SHIPPED if m.version < mine.version])
+        conn.execute(
+            "INSERT INTO leasework.kind_limits (kind, declared, win)"
+            " VALUES ('metered', '{\"rate\": [2, 3600]}',"
+            "         leasework.rate_recorded(NULL, 3600, now(), 2)),"
+            "        ('capped', '{\"max_running\": 1}', NULL)"
+        )
+
+        def used() -> list[tuple[Any, ...]]:
+            return conn.execute(
+                "SELECT kind, leasework.rate_used(win, 3600, now()) FROM leasework.rate_windows"
+            ).fetchall()
+
+        with conn.transaction():
+            db.apply_migrations(conn, [mine])
+        assert used() == [("metered", 2)]
+        conn.execute("INSERT INTO leasework.runs (kind) VALUES ('metered')")
+        admitted = conn.execute(
+            "SELECT leasework.admit(array_agg(id), array_agg(kind), ARRAY[NULL::text], 1, NULL,"
+            " 'w') FROM leasework.runs"
+        ).fetchone()
+        assert admitted == ([],), "a claim went past the window the migration kept"
+        conn.execute(
+            "UPDATE leasework.rate_windows SET win = leasework.rate_recorded(NULL, 3600, now(), 1)"
+        )
+        with conn.transaction():
+            db.apply_migrations(conn, [mine])
+        assert used() == [("metered", 1)]

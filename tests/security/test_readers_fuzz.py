@@ -95,10 +95,12 @@ VALUES (1, 0, 'p', 1, 'hello', '{0.5, 0.25}');
 INSERT INTO leasework.maintenance (handler, last_run_at, runs, last_result)
 VALUES ('prune_runs', now(), 1, '{"deleted": 0}');
 INSERT INTO leasework.paused_kinds (kind) VALUES ('echo');
-INSERT INTO leasework.kind_limits (kind, declared, overrides, win)
-VALUES ('echo', '{"max_running": 2, "group_limit": 3}', '{"rate": [5, 10], "rate_per": "tenant"}',
-        leasework.rate_recorded(NULL, 10, now(), 5)),
-       ('sync', '{"rate": [1, 3600]}', '{}', leasework.rate_recorded(NULL, 3600, now(), 1));
+INSERT INTO leasework.kind_limits (kind, declared, overrides)
+VALUES ('echo', '{"max_running": 2, "group_limit": 3}', '{"rate": [5, 10], "rate_per": "tenant"}'),
+       ('sync', '{"rate": [1, 3600]}', '{}');
+INSERT INTO leasework.rate_windows (kind, win)
+VALUES ('echo', leasework.rate_recorded(NULL, 10, now(), 5)),
+       ('sync', leasework.rate_recorded(NULL, 3600, now(), 1));
 INSERT INTO leasework.tenant_rates (kind, tenant, rate_count, rate_seconds, win)
 VALUES ('echo', 't1', 7, 60, leasework.rate_recorded(NULL, 60, now(), 7));
 INSERT INTO leasework.counters (kind, name, label, value)

@@ -219,7 +219,7 @@ def test_a_window_of_the_wrong_shape_is_refused(conn: Conn) -> None:
     rate(conn, rate="1/10s")
     good = conn.execute("SELECT leasework.rate_recorded(NULL, 10, now(), 1)").fetchone()
     assert good is not None
-    conn.execute("UPDATE leasework.kind_limits SET win = %s", (good[0],))
+    conn.execute("INSERT INTO leasework.rate_windows (kind, win) VALUES ('job', %s)", (good[0],))
     for bad in (
         [1, 2],
         [0, *good[0][1:]],
@@ -227,7 +227,7 @@ def test_a_window_of_the_wrong_shape_is_refused(conn: Conn) -> None:
         [good[0][0], 2**62, *good[0][2:]],
     ):
         with pytest.raises(psycopg.errors.CheckViolation):
-            conn.execute("UPDATE leasework.kind_limits SET win = %s", (bad,))
+            conn.execute("UPDATE leasework.rate_windows SET win = %s", (bad,))
 
 
 def rated_quick(conn: Conn, sealing: lease.Claim, one: bool, probed: bool = True) -> list[int]:
@@ -251,7 +251,8 @@ def rated_quick(conn: Conn, sealing: lease.Claim, one: bool, probed: bool = True
 
 def window_count(conn: Conn) -> int:
     row = conn.execute(
-        "SELECT leasework.rate_used(win, rate_seconds, leasework.now()) FROM leasework.kind_limits"
+        "SELECT leasework.rate_used(w.win, l.rate_seconds, leasework.now())"
+        " FROM leasework.kind_limits l LEFT JOIN leasework.rate_windows w USING (kind)"
         " WHERE kind = 'job'"
     ).fetchone()
     assert row is not None

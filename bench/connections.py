@@ -1,4 +1,4 @@
-"""What one host costs Postgres in connections (README, "Connections"): a real `leasework
+"""What one host costs Postgres in connections (docs/operations.md, "Sizing"): a real `leasework
 supervise --processes P` on a bench database, its sessions counted in pg_stat_activity by role
 (control, keeper, pool, supervisor, listen), sampled through three phases:
 

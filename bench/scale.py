@@ -1,4 +1,4 @@
-"""The scaling curve (README, "Scaling"): 1 to 64 worker processes spread over 4 hosts, each host a
+"""The scaling curve (docs/scaling.md): 1 to 64 worker processes spread over 4 hosts, each host a
 network namespace running a real `leasework supervise --processes K` that reaches one Postgres
 over its veth link (tests/faults/netns.py), directly and through PgBouncer in transaction mode
 (tests/pgbouncer.py, the hosts' LISTEN direct over `listen_dsn`). Processes are spread as evenly

@@ -1,4 +1,4 @@
-"""Operators' searches over a million finished runs (README "Search, tags and bulk actions"):
+"""Operators' searches over a million finished runs (docs/operations.md, "Search, tags and bulk actions"):
 loads N finished runs with INSERT ... SELECT generate_series (10 kinds; 90% succeeded, 8% failed
 with one of a few error texts, 2% cancelled; a payload with an account of 50,000; a fifth of the
 runs tagged), ANALYZEs, then prints each search's plan (EXPLAIN ANALYZE, the statement

@@ -70,7 +70,7 @@ GRANT EXECUTE ON FUNCTION leasework.cancel(bigint) TO leasework_enqueue;
 GRANT EXECUTE ON FUNCTION leasework.trace_run(bigint, text) TO leasework_enqueue;
 -- Add a run to an open batch (docs/workflows.md).
 GRANT EXECUTE ON FUNCTION leasework.join_batch(bigint, bigint) TO leasework_enqueue;
--- A dependency's own policy, on a run enqueued in the same transaction (README "Workflows").
+-- A dependency's own policy, on a run enqueued in the same transaction (docs/workflows.md).
 GRANT EXECUTE ON FUNCTION leasework.set_dependency_policy(bigint, bigint, text) TO leasework_enqueue;
 -- Waiting for a run's end (`handle.wait`, `app.wait`): the status, result and error of a run
 -- named by its id, and the mark that makes its end NOTIFY (leasework.run_outcome). Revoke it if

@@ -190,11 +190,11 @@ class App(Client):
         `batch=N` (short tasks only): a worker claims up to N runs of this kind in one statement,
         runs them one at a time, each under its own lease, and finishes the successes in one
         statement at the end of the batch. A crash re-runs the successes not yet written, and
-        runs claimed but not started hold their leases meanwhile (README, "Batches").
+        runs claimed but not started hold their leases meanwhile (docs/workflows.md, "Batches").
 
         An `async def` handler gets an AsyncContext and runs on the worker's event loop, up to
         `concurrency=` runs of its kind at once per worker process (default 10), each under its
-        own lease; a cancel, timeout or lost lease cancels its task (README, "Async handlers").
+        own lease; a cancel, timeout or lost lease cancels its task (docs/async.md).
 
         `unique_for=` seconds: one run per key within that window, finished runs counted (an
         enqueue of a key whose run was enqueued less than that ago, and did not fail or get
@@ -202,8 +202,8 @@ class App(Client):
         pending replaces its payload (or merges old and new with `debounce_merge(old, new)`) and
         makes it due that long from now, at most `debounce_max=` seconds after its first
         enqueue. Defaults for the kind's enqueues, which must then give a key; an enqueue may
-        give its own (README, "Flow control").
-        Flow control across every host (README, "Flow control"), admitted inside the claim:
+        give its own (docs/flow-control.md).
+        Flow control across every host (docs/flow-control.md), admitted inside the claim:
         `max_running=N` runs of the kind holding a live lease at most; `group_limit=N` runs of a
         tenant's group at once at most (default 1: a group is one at a time); `rate="100/10s"`
         claims at most per period, in any span of it (a sliding window), per kind or, with
@@ -421,7 +421,7 @@ class App(Client):
             raise UnknownKind(self._unknown(kind))
         return task
 
-    # -- workflows (README "Workflows") --------------------------------------------------------
+    # -- workflows (docs/workflows.md) --------------------------------------------------------
 
     def workflow(self) -> Workflow:
         """A graph of runs to enqueue in one transaction (chains, groups, joins, named nodes):

@@ -1135,7 +1135,7 @@ def render_run(run: dict[str, Any], now: Any) -> str:
 
 
 def _dependency_lines(found: dict[str, Any] | None) -> list[str]:
-    """What `show` says of a run's parents, children and graph (README "Workflows")."""
+    """What `show` says of a run's parents, children and graph (docs/workflows.md)."""
     if not found or not (found["parents"] or found["children"]):
         return []
     out = [""]
@@ -1158,7 +1158,7 @@ def _dependency_lines(found: dict[str, Any] | None) -> list[str]:
 
 
 def _windows_lines(run: dict[str, Any]) -> list[tuple[str, str]]:
-    """What `show` says of a run's unique window and debounce (README "Flow control")."""
+    """What `show` says of a run's unique window and debounce (docs/flow-control.md)."""
     lines = []
     merged = run.get("debounce_count")
     if merged is not None:

@@ -101,7 +101,7 @@ class _Many:
     keys: list[str | None] | None
     windows: Windows
     payloads: Sequence[Any]  # as given (a debounce_merge merges these)
-    # What each payload's run waits for (README "Workflows").
+    # What each payload's run waits for (docs/workflows.md).
     after: Dependencies = field(default_factory=Dependencies)
 
     def keyed_params(self) -> dict[str, Any]:
@@ -469,7 +469,7 @@ class Client:
 
     def _send(self, c: Conn, one: _One) -> Enqueued:
         """enqueue_run, or the statements of a debounce_merge (_merged), on `c`; then, when the
-        caller is in a span (tracing, README "Tracing"), its traceparent into a new run."""
+        caller is in a span (tracing, docs/operations.md, "Tracing"), its traceparent into a new run."""
         if one.merge is None:
             done = _enqueued(c.execute(_statement(one), one.params).fetchone())
         else:
@@ -591,7 +591,7 @@ class Client:
     @staticmethod
     def _trace_many(c: Conn, ids: list[int]) -> list[int]:
         """The runs `enqueue_many` made, given the caller's traceparent when it is in a span
-        (README "Tracing"): one statement more then, none otherwise."""
+        (docs/operations.md, "Tracing"): one statement more then, none otherwise."""
         parent = tracing.traceparent() if tracing.AVAILABLE and ids else None
         if parent is not None:
             c.execute(Q["trace_runs"], {"ids": ids, "traceparent": parent})
@@ -669,7 +669,7 @@ class Client:
         run_id = _check_run_id(run_id)
         return _cancelled(c.execute(Q["cancel_run"], {"id": run_id}).fetchone(), run_id)
 
-    # -- waiting for a run's end (results.py; README "Waiting for a result") --------------------
+    # -- waiting for a run's end (results.py; docs/workflows.md, "Waiting for a result") --------------------
 
     def wait(self, conn: Conn, run_id: int, *, timeout: float | None = None) -> Any:
         """Wait on `conn` (outside any transaction) until run `run_id` ends: its result, or

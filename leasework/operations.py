@@ -300,7 +300,7 @@ GRAPH_MAX = 10_000  # runs of a graph counted, parents or children listed, at mo
 
 
 def dependencies(conn: Conn, run_id: int) -> dict[str, Any]:
-    """A run's place in its graph (README "Workflows"): `parents` (the runs it waits or waited
+    """A run's place in its graph (docs/workflows.md): `parents` (the runs it waits or waited
     for) and `children` (the runs that wait or waited for it), each {id, kind, status,
     on_failure, member}; `graph`: {status: runs} over every run linked to it by dependencies,
     either way (empty for a run without any)."""

@@ -272,7 +272,7 @@ SELECT r.status, r.queued_at, r.tenant, r."group", r.exclusive,
  WHERE r.id = %(id)s
 
 -- name: run_parents
--- The runs a run waits (or waited) for, with the policy of each edge (README "Workflows").
+-- The runs a run waits (or waited) for, with the policy of each edge (docs/workflows.md).
 -- Serves: `leasework show`, the dashboard's run page.
 SELECT d.parent AS id, p.kind, coalesce(p.status, 'pruned') AS status,
        CASE WHEN d.anyway THEN 'run' ELSE 'cancel' END AS on_failure, d.member
@@ -318,7 +318,7 @@ SELECT id, status, status = 'queued' AND queued_at > leasework.now() AS not_due
   FROM leasework.runs
  WHERE id = ANY(%(ids)s::bigint[])
 
--- Bulk actions (operations.cancel, run_now, delete; README "Search, tags and bulk actions"): one
+-- Bulk actions (operations.cancel, run_now, delete; docs/operations.md, "Search, tags and bulk actions"): one
 -- statement per page, each in a transaction of its own. `page` reads the next %(limit)s matching
 -- runs by id after %(after)s (its snapshot: the caller pages on from its count and last id,
 -- and stops at a short page); the action then locks each and re-reads it, so a run that changed

@@ -92,7 +92,7 @@ SELECT e.id,
 
 -- name: trace_run
 -- The enqueuing span's traceparent, into the run the enqueue just made (leasework.trace_run,
--- schema.sql). Sent only when the enqueuing process has an active span (README "Tracing").
+-- schema.sql). Sent only when the enqueuing process has an active span (docs/operations.md, "Tracing").
 SELECT leasework.trace_run(%(id)s::bigint, %(traceparent)s::text)
 
 -- name: trace_runs
@@ -102,11 +102,11 @@ SELECT count(*) FILTER (WHERE leasework.trace_run(id, %(traceparent)s::text))
 
 -- name: run_traceparents
 -- A worker that traces reads the traceparents of the runs it is about to start (not returned by
--- the claim, which every worker would pay for; README "Tracing").
+-- the claim, which every worker would pay for; docs/operations.md, "Tracing").
 SELECT id, traceparent FROM leasework.runs WHERE id = ANY(%(ids)s::bigint[])
 
 -- name: enqueue_after
--- enqueue_run for a run that waits for others (README "Workflows"): leasework.enqueue with
+-- enqueue_run for a run that waits for others (docs/workflows.md): leasework.enqueue with
 -- `after` and `on_parent_failure` (leasework.enqueue_blocked, schema.sql); no key, exclusive or
 -- window (refused). A run without `after` is sent by enqueue_run, unchanged.
 SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, NULL::text, %(tenant)s::text,
@@ -118,7 +118,7 @@ SELECT leasework.enqueue(%(kind)s::text, %(payload)s::jsonb, NULL::text, %(tenan
        'false' AS existing
 
 -- name: join_batch
--- A run joins an open batch (leasework.join_batch, schema.sql; README "Workflows").
+-- A run joins an open batch (leasework.join_batch, schema.sql; docs/workflows.md).
 SELECT leasework.join_batch(%(batch)s::bigint, %(run)s::bigint)
 
 -- name: enqueue_after_policies

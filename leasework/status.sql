@@ -84,7 +84,7 @@ SELECT kind, count(*)::bigint AS due,
  ORDER BY kind
 
 -- name: status_limits
--- Every kind with a limit (leasework.kind_limits, README "Flow control") and how full it is now:
+-- Every kind with a limit (leasework.kind_limits, docs/flow-control.md) and how full it is now:
 -- `running`, its live leases (the places max_running counts); `rate_used`, the claims its rate's
 -- window counts now (the kind's; rated per tenant, those of its runs without a tenant) and
 -- `rate_free_at`, when that window has room again (now when it has; `rate_free_in`, the seconds

@@ -44,7 +44,7 @@ class Enqueued:
     there already rather than a new one. `how`, when it is: "active" (the key's active run, or
     its waiting run for an exclusive enqueue), "window" (the key's run of a unique window, which
     may have finished), "debounced" (the key's pending run, which took this payload).
-    `wait()` waits for the run's end (README "Waiting for a result")."""
+    `wait()` waits for the run's end (docs/workflows.md, "Waiting for a result")."""
 
     run_id: int
     existing: bool = False
@@ -231,7 +231,7 @@ class Task:
     # Its enqueues' unique window and debounce unless an enqueue says (Windows, README "Flow
     # control").
     windows: Windows = field(default_factory=Windows)
-    # Flow control across the fleet (README, "Flow control"), as its workers declare it
+    # Flow control across the fleet (docs/flow-control.md), as its workers declare it
     # (operations.declared_limits: max_running, group_limit, rate as [count, seconds], rate_per);
     # empty: none. An operator's `leasework limits set` wins over it until reset.
     limits: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -369,7 +369,7 @@ def check_priority(priority: object) -> int:
     return priority
 
 
-# -- unique windows and debounce (README "Flow control") -----------------------------------------
+# -- unique windows and debounce (docs/flow-control.md) -----------------------------------------
 
 
 def check_windows(given: Mapping[str, Any], *, task: str | None = None) -> Windows:
@@ -505,7 +505,7 @@ class _OrderOptions(TypedDict, total=False):
 
 
 class _WindowOptions(TypedDict, total=False):
-    # Unique windows and debounce (Windows; README "Flow control"): each needs a key. Not given:
+    # Unique windows and debounce (Windows; docs/flow-control.md): each needs a key. Not given:
     # the task's (`@app.task(kind, unique_for=...)`, KindDefaults); None: off for this enqueue.
     unique_for: float | None  # seconds: one run per key in that window, finished runs counted
     debounce: float | None  # seconds: coalesce into the key's pending run, due this long after
@@ -514,7 +514,7 @@ class _WindowOptions(TypedDict, total=False):
 
 
 class _DepOptions(TypedDict, total=False):
-    # Dependencies (README "Workflows"): the run waits (`blocked`) until every run in `after` has
+    # Dependencies (docs/workflows.md): the run waits (`blocked`) until every run in `after` has
     # ended; a parent that ended `failed` or `cancelled` then cancels it (on_parent_failure
     # "cancel", the default) or not ("run"); a parent given as After(run, on_failure) has a policy
     # of its own. No key, exclusive, unique_for or debounce with it.
@@ -624,7 +624,7 @@ def check_tags(value: object) -> list[str] | None:
 
 
 # "batch": run anyway, the parents counted as the members of the batch whose callback this is
-# (what app.batch gives its callback; README "Workflows").
+# (what app.batch gives its callback; docs/workflows.md).
 ON_PARENT_FAILURE = ("cancel", "run", "batch")
 
 # A dependency's own policy (After.on_failure; leasework.set_dependency_policy in SQL).
@@ -636,7 +636,7 @@ T_co = TypeVar("T_co", covariant=True)
 
 @dataclass(frozen=True)
 class After(Generic[T_co]):
-    """One parent with a policy of its own (README "Workflows", "A policy per dependency"):
+    """One parent with a policy of its own (docs/workflows.md, "A policy per dependency"):
     `after=[fetched, After(mirrored, on_failure="run")]` waits for both, and is cancelled if
     `fetched` fails or is cancelled, but runs whatever `mirrored`'s end. `parent`: a run id, or
     anything with an int `run_id` (an Enqueued); in a workflow, a node or a group. `on_failure`:

@@ -1,4 +1,4 @@
-"""Tracing with OpenTelemetry (the `otel` extra; README "Tracing"): the enqueuing span's W3C
+"""Tracing with OpenTelemetry (the `otel` extra; docs/operations.md, "Tracing"): the enqueuing span's W3C
 traceparent carried in the run, and the worker's spans of a run (its claim, its handler, its
 seal) continuing that trace. The import is tried once, here: without opentelemetry every entry
 point answers a constant and nothing is done per job. Imports nothing of leasework."""

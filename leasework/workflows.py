@@ -1,4 +1,4 @@
-"""Workflows (README "Workflows"): a graph of runs enqueued in one transaction (`Workflow`:
+"""Workflows (docs/workflows.md): a graph of runs enqueued in one transaction (`Workflow`:
 chains, groups, joins, nodes named), and batches (`Batch`: a set of runs with one callback run
 when all have ended, which runs may join while it is open). Built on `Client.enqueue` with
 `after` and on leasework.join_batch; the deps stage decides what waits (stages/deps.py)."""

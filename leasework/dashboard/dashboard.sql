@@ -111,7 +111,7 @@ SELECT pool, count(*)::bigint AS alive, count(current_run)::bigint AS busy
  ORDER BY pool NULLS FIRST
 
 -- name: metrics_group_full
--- Per kind, its due queued runs held back now by their group (README "Flow control", groups):
+-- Per kind, its due queued runs held back now by their group (docs/flow-control.md, groups):
 -- not exclusive, with a tenant and a group whose other runs holding a live lease are as many as
 -- the kind's group_limit (1 when it sets none), as the claim's limiter counts them; a tenant's
 -- run of a kind rated per tenant whose window is full is left to that reason (leasework_rate_

@@ -230,7 +230,7 @@ def limit_families(
     group_full: Mapping[str, int] | None = None,
     labels: Callable[[str], str] = visible,
 ) -> list[Metric]:
-    """Flow control (README, "Flow control"), per kind with a limit: each limit, how full it is,
+    """Flow control (docs/flow-control.md), per kind with a limit: each limit, how full it is,
     and the due runs it holds back now (status.limits: one row per limited kind), and per kind
     the due runs its groups hold back (`group_full`: dashboard.sql, metrics_group_full). All read
     at the scrape: the claim writes nothing for them. `labels` gives a kind's label (OTHER for a

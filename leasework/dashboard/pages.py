@@ -457,7 +457,7 @@ def folded_name(kind: str, folded: int) -> str:
 
 
 def _limits_section(limits: Sequence[Mapping[str, Any]]) -> str:
-    """Each kind with a limit (README, "Flow control"): its cap and how full, its group limit, its
+    """Each kind with a limit (docs/flow-control.md): its cap and how full, its group limit, its
     rate and the claims its window counts, the due runs held back; `*` set at run time (they win
     over the app's until `leasework limits reset`). Nothing when no kind has a limit."""
     if not limits:
@@ -675,12 +675,12 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
         fields.append(("cancel requested (UTC)", esc(when(run.get("cancel_requested_at")))))
     if run.get("kind_paused"):
         fields.append(("kind paused", status_badge("paused")))
-    if run.get("debounce_count") is not None:  # README "Debounce"
+    if run.get("debounce_count") is not None:  # docs/flow-control.md, "Debounce"
         latest = run.get("debounce_deadline")
         merged = f"{run.get('debounce_count')} enqueues merged; due at the latest "
         merged += when(latest) if latest else "(never bounded)"
         fields.append(("debounced", esc(merged)))
-    if run.get("unique_at") is not None:  # README "Unique windows"
+    if run.get("unique_at") is not None:  # docs/flow-control.md, "Unique windows"
         fields.append(("unique window since (UTC)", esc(when(run.get("unique_at")))))
     held = held_back_lines(run.get("held_back") or [], now)
     if held:
@@ -719,7 +719,7 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
 
 def _dependencies_section(found: Mapping[str, Any] | None, v: View) -> str:
     """A run's parents and children, each linked, with its status and the policy of the edge,
-    and its graph's runs by status (README "Workflows"); nothing for a run without any."""
+    and its graph's runs by status (docs/workflows.md); nothing for a run without any."""
     if not found or not (found.get("parents") or found.get("children")):
         return ""
     parts = ['<section id="dependencies"><h2>Dependencies</h2>']
@@ -751,7 +751,7 @@ STEP_PREVIEW = 120
 
 
 def _steps_section(steps: Sequence[Mapping[str, Any]] | None) -> str:
-    """A run's durable steps (ctx.step, README "Durable steps"), oldest first: name, when
+    """A run's durable steps (ctx.step, docs/workflows.md, "Durable steps"), oldest first: name, when
     stored, the attempt that stored it, size, and the start of its value's JSON, escaped (a
     value is whatever a step returned: text a page must never run)."""
     if not steps:
@@ -1157,7 +1157,7 @@ def kinds_page(
     folded: int = 0,
 ) -> str:
     """The `/kinds` page: every kind (registered with the app, or seen in a run) with its runs by
-    status, whether it is paused and its limits (README, "Flow control"); with actions on, pause
+    status, whether it is paused and its limits (docs/flow-control.md); with actions on, pause
     or resume, and set its limits at run time or reset them. With `folded` kinds summed into
     `other` (config `max_kinds_shown`), that row last, without actions."""
     paused_at = {str(p.get("kind")): p.get("paused_at") for p in paused}

@@ -54,7 +54,7 @@
 -- serves are never walked, whatever their number. It holds for every branch, batch claims and
 -- reclaims included; a running run finishes.
 --
--- Flow control (migration 0023, README "Flow control"): `rules` reads the limits of the kinds
+-- Flow control (migration 0023, docs/flow-control.md): `rules` reads the limits of the kinds
 -- asked for (leasework.kind_limits: no row, and nothing more to read, for a kind without one).
 -- A kind at its cap or its rate's limit in the statement's snapshot (leasework.kind_open: a hint)
 -- leaves `live`, so its runs are not walked and a tenant's other kinds' runs come first; a kind

@@ -1,4 +1,4 @@
-"""The `deps` stage: decides the runs that wait for others (README "Workflows"). A run that
+"""The `deps` stage: decides the runs that wait for others (docs/workflows.md). A run that
 something waits for records its end in `leasework.run_deps_ended` (the trigger runs_parent_ended,
 schema.sql), and an enqueue after a run it did not make records that parent there too; each step
 takes a bounded batch of those rows, marks each parent, and makes each blocked child whose every

@@ -1,4 +1,4 @@
--- The deps stage (stages/deps.py; README "Workflows"): decides the runs that wait for others
+-- The deps stage (stages/deps.py; docs/workflows.md): decides the runs that wait for others
 -- (status `blocked`, leasework.run_deps) once their parents ended. Each statement runs in the
 -- stage's one transaction per step. Nothing here writes a lease column, and no worker waits on
 -- it: every row lock is taken SKIP LOCKED, and a row skipped is tried again at the next step.

@@ -8,7 +8,7 @@ before it claims the free slots in one more.
 The loop turns every TICK seconds; the keeper's thread notices a loop that has not turned for
 LAG_WARN (a synchronous call inside an async handler: every run of the worker waits behind it)
 and logs it with the run it caught running. A sync handler of the same worker runs inline on the
-loop (README "Async handlers", Mixing): that stall is expected, and logged at DEBUG only. The
+loop (docs/async.md, Mixing): that stall is expected, and logged at DEBUG only. The
 dead man's switch and the parent's watchdog still cover such a run: its interruption cannot land
 while the loop is blocked."""
 

@@ -315,7 +315,7 @@ class Context(RunFacts):
     def parents(self) -> Parents:
         """The runs this run waited for (`after=`; a batch's members for its callback), each
         with its kind, final status, result and error, by id; `.counts` for a batch's callback.
-        One query, on the first call (README "Workflows")."""
+        One query, on the first call (docs/workflows.md)."""
         if self._parents is None:
             with self.connection() as conn:
                 self._parents = parents_of(conn.execute(PARENTS, {"id": self.claim.id}))

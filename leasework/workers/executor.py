@@ -82,7 +82,7 @@ class Executor:
         """Run the handler under the claim's lease and have its end written (Completer.conclude,
         `defer` as there). Returns the run's new status, or None when the lease was lost and
         nothing was written. A batch's run is held already (Keeper.hold_many). With tracing on
-        (README "Tracing"), under the run's spans."""
+        (docs/operations.md, "Tracing"), under the run's spans."""
         if tracing.AVAILABLE and tracing.enabled():
             return self._traced(claim, handler, defer)
         return self._run(claim, handler, defer, None)

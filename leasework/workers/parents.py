@@ -1,4 +1,4 @@
-"""The runs a run waited for, as its handler reads them (`ctx.parents()`, README "Workflows"):
+"""The runs a run waited for, as its handler reads them (`ctx.parents()`, docs/workflows.md):
 read with one statement when asked, never at the claim."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 -- What a handler reads of the runs its run waited for (ctx.parents(), workers/parents.py;
--- README "Workflows"): one statement, when the handler asks. A parent deleted since (pruned) is
+-- docs/workflows.md): one statement, when the handler asks. A parent deleted since (pruned) is
 -- left out.
 
 -- name: parents

@@ -1,4 +1,4 @@
-"""Faults during a workflow (tests/faults/scenarios.py, README "Workflows"): kill -9 of busy
+"""Faults during a workflow (tests/faults/scenarios.py, docs/workflows.md): kill -9 of busy
 children (at random moments, and right after a parent's seal) and a SIGSTOP past the lease
 while a graph and a batch run. The quick variant is tests/process/test_faults.py's."""
 

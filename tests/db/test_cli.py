@@ -406,7 +406,7 @@ def test_worker_with_a_bad_database_fails_in_one_line_within_seconds(
 
 
 def test_show_lists_a_runs_parents_children_and_graph(conn: Conn, cli: Any) -> None:
-    """README "Workflows": `leasework show` of a run in a graph says what it waits for, what
+    """docs/workflows.md: `leasework show` of a run in a graph says what it waits for, what
     waits for it, and the graph's runs by status; of a blocked run, which parents hold it."""
     from leasework import Client
 

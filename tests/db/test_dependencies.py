@@ -1,4 +1,4 @@
-"""Dependencies (README "Workflows"): a run enqueued with `after` waits (`blocked`) until every
+"""Dependencies (docs/workflows.md): a run enqueued with `after` waits (`blocked`) until every
 run it waits for has ended, then the deps stage makes it `queued` or, by its policy, `cancelled`;
 exactly once, whatever order its parents' ends commit in, and never waiting on a row lock. A run
 without dependencies fires nothing."""

@@ -1,4 +1,4 @@
-"""A policy per dependency (README "Workflows", "A policy per dependency"): `After(run,
+"""A policy per dependency (docs/workflows.md, "A policy per dependency"): `After(run,
 on_failure=...)` in `after`, and leasework.set_dependency_policy in SQL, give one parent a policy
 of its own; the others keep the run's `on_parent_failure`. Set in the enqueue's own transaction
 (a committed run's policy is refused), decided by the deps stage from the edges as set, and, for a

@@ -1,4 +1,4 @@
-"""Property tests of dependencies (README "Workflows") on random graphs with random outcomes
+"""Property tests of dependencies (docs/workflows.md) on random graphs with random outcomes
 and cancels, against the real statements: every run starts only after all its parents ended,
 never runs when a parent failed or was cancelled under the cancel policy, every run ends, and
 every batch's callback runs exactly once, after all its members. Each edge's policy is the run's

@@ -1,4 +1,4 @@
-"""/metrics for flow control (README "Metrics", "Flow control"): the due runs each limit holds
+"""/metrics for flow control (docs/operations.md, "Metrics", "Flow control"): the due runs each limit holds
 back now, by kind and reason (capped, rate_limited, group_full: each run under one), how long a
 kind's rate window stays full, and kinds past max_kinds_shown summed under kind="other". All read
 at the scrape: a claim writes nothing for them."""

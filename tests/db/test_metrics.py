@@ -1,4 +1,4 @@
-"""/metrics, second round (README "Metrics"): every ended attempt by kind and outcome, the
+"""/metrics, second round (docs/operations.md, "Metrics"): every ended attempt by kind and outcome, the
 queue-wait histogram, live workers by pool, counters that survive pruning and retries, and a
 scrape whose size is bounded however many kinds there are (max_kinds_shown: the rest under
 kind="other"; the dashboard's tables and `leasework status` too)."""

@@ -38,7 +38,7 @@ def bouncer(server_dsn: str) -> Iterator[Bouncer]:
 @pytest.fixture(scope="module")
 def wide_bouncer(server_dsn: str) -> Iterator[Bouncer]:
     """Enough server sessions that a keeper's renewal never queues behind a handler's
-    transaction (README, "Through a pooler")."""
+    transaction (docs/operations.md, "Through a pooler")."""
     with pgbouncer(server_dsn, pool_size=10) as b:
         yield b
 

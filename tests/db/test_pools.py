@@ -139,7 +139,7 @@ def test_notify_wakes_only_a_pool_that_claims_the_kind(dsn: str) -> None:
     rest = Worker(app, cfg, keeper_thread=False, pool="rest")
     assert reports.stage_for("reports") == "runs" and reports.stage_for("short") is None
     assert rest.stage_for("short") == "runs" and rest.stage_for("reports") is None
-    # leasework's own wake-ups (a parent ended: README "Workflows") wake every pool's workers
+    # leasework's own wake-ups (a parent ended: docs/workflows.md) wake every pool's workers
     assert reports.stage_for("leasework:deps") == rest.stage_for("leasework:deps") == "deps"
 
 

@@ -130,7 +130,7 @@ def test_the_enqueue_role_uses_unique_windows_and_debounce(conn, roles):
 
 
 def test_the_enqueue_role_enqueues_workflows_and_batches(conn, roles):
-    """Through the functions deploy/roles.sql grants it (README "Workflows"): a run after
+    """Through the functions deploy/roles.sql grants it (docs/workflows.md): a run after
     others, a workflow, a batch and a run joining it; the worker role's deps stage then decides
     the waiting runs."""
     app = _app()
@@ -319,7 +319,7 @@ def test_an_owner_with_createrole_makes_the_missing_roles(owners):
         ).fetchone() == (True, False)
 
 
-# -- Tracing (README "Tracing"): the enqueue role writes its span's traceparent into its run --------
+# -- Tracing (docs/operations.md, "Tracing"): the enqueue role writes its span's traceparent into its run --------
 
 
 def test_the_enqueue_role_keeps_its_trace_in_its_run(conn, roles):

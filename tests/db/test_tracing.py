@@ -1,4 +1,4 @@
-"""Tracing (README "Tracing"): the enqueue keeps the caller's trace context in the run, and the
+"""Tracing (docs/operations.md, "Tracing"): the enqueue keeps the caller's trace context in the run, and the
 worker continues it: `leasework.claim`, `leasework.run` (around the handler: run id, kind,
 attempt, tenant, outcome; an error status when the attempt failed) and `leasework.seal` spans in
 the same trace. Recorded with the SDK's in-memory exporter; without opentelemetry, nothing."""

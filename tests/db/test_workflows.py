@@ -1,4 +1,4 @@
-"""The workflow builder and batches (README "Workflows"): a graph enqueued in one transaction,
+"""The workflow builder and batches (docs/workflows.md): a graph enqueued in one transaction,
 named; a batch's callback fires exactly once, after every member (those that joined late too),
 with the counts of their ends; a closed batch refuses new members."""
 

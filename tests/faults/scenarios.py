@@ -246,7 +246,7 @@ def cancels_race_reclaims_and_retries(chaos: Chaos) -> None:
     assert cancelled[0][0] >= 1
 
 
-# -- workflows (README "Workflows") ----------------------------------------------------------
+# -- workflows (docs/workflows.md) ----------------------------------------------------------
 
 
 def _enqueue_workflow(run: ChaosRun) -> tuple[list[int], int]:

@@ -1,4 +1,4 @@
-"""What a host costs Postgres in connections (README, "Sizing"), counted in pg_stat_activity on
+"""What a host costs Postgres in connections (docs/operations.md, "Sizing"), counted in pg_stat_activity on
 a real supervisor: an idle child holds one (its main connection, lent to a handler's
 `ctx.transaction()` too), a child that has renewed a lease its keeper's too; the supervisor one. And the same supervisor
 through a PgBouncer in transaction mode: its children detect it, run and finish every run, and

@@ -1,4 +1,4 @@
-"""deploy/alerts.yml, the example alert rules of README "Metrics": `promtool check rules` accepts
+"""deploy/alerts.yml, the example alert rules of docs/operations.md, "Metrics": `promtool check rules` accepts
 them, and `promtool test rules` (tests/unit/alerts_test.yml) sees them fire once for figures two
 dashboards report alike, and not for a kind that is fine. Every metric they name is served."""
 

@@ -274,7 +274,7 @@ def test_run_page_says_a_run_is_debounced_or_holds_a_unique_window() -> None:
 @settings(max_examples=50, deadline=None)
 @given(kind=st.text(max_size=30), status=st.text(max_size=12))
 def test_a_runs_dependencies_carry_only_the_dashboards_markup(kind: str, status: str) -> None:
-    """README "Workflows": the run page lists parents and children, each linked, with its
+    """docs/workflows.md: the run page lists parents and children, each linked, with its
     status and policy, and the graph's runs by status; whatever text they hold."""
     found = {
         "parents": [{"id": 3, "kind": kind, "status": status, "on_failure": "cancel", "member": False}],

@@ -25,8 +25,8 @@ from leasework.testing import run_task
 
 # Unique windows and debounce (issue 31) were added to both, and to no other variant.
 WINDOWS = {"unique_for", "debounce", "debounce_max", "debounce_merge"}
-AFTER = {"after", "on_parent_failure"}  # dependencies (README "Workflows")
-TAGS = {"tags"}  # search and tags (README "Search, tags and bulk actions")
+AFTER = {"after", "on_parent_failure"}  # dependencies (docs/workflows.md)
+TAGS = {"tags"}  # search and tags (docs/operations.md, "Search, tags and bulk actions")
 ONE = {
     "key", "tenant", "group", "exclusive", "priority", "delay", "max_attempts",
     *WINDOWS, *AFTER, *TAGS,

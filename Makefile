@@ -27,13 +27,13 @@ screenshots: $(STAMP)
 
 # The tiers are folders (tests/README.md): `make test` runs every one but tests/chaos (unit, db,
 # process, security), `make chaos` tests/chaos alone; the manual's site is built first.
-# The tiers without processes of their own run on TEST_WORKERS pytest workers (pytest-xdist, a test
-# file per worker: each worker has its own database, tests/conftest.py); tests/process, whose
-# supervisors and faults want the machine's cores, runs after them on one.
+# Each tier runs on TEST_WORKERS pytest workers (pytest-xdist; each worker has its own database,
+# tests/conftest.py): unit, db and security a test file per worker, then tests/process, whose
+# supervisors and faults wait on conditions with generous deadlines, a test per worker.
 TEST_WORKERS ?= 2
 test: lint docs
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit tests/db tests/security
-	$(VENV)/bin/pytest -q tests/process
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist load tests/process
 
 # Each test file in a pytest of its own (tests/chaos excepted): every one must pass alone, not
 # only in the suite's order (tests/alone.py). Slow: one session, database and all, per file.

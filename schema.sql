@@ -1057,79 +1057,104 @@ BEGIN
         END IF;
         RETURN run_id;
     END IF;
-    -- The kind's rule, ^[A-Za-z0-9_.:/@+-]{1,200}$, without a regular expression: after a
-    -- pause the regex engine took up to a quarter of an enqueue's time (bench/README.md, issue 19,
-    -- sixth pass), translate() a loop over the characters.
-    IF enqueue.kind IS NULL OR length(enqueue.kind) NOT BETWEEN 1 AND 200
-       OR translate(enqueue.kind,
-                    'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:/@+-',
-                    '') <> '' THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
-            'kind %s is not valid: use 1-200 characters from letters, digits and _ . : / @ + -',
-            -- A kind with a control character is shown JSON-quoted (escaped), so that a newline
-            -- in it cannot break the one-line error.
-            CASE WHEN enqueue.kind IS NULL THEN 'NULL'
-                 WHEN enqueue.kind ~ '[\x01-\x1f\x7f]' THEN to_jsonb(left(enqueue.kind, 80))::text
-                 ELSE quote_literal(left(enqueue.kind, 80)) END);
-    END IF;
-    -- Each label set is checked; an unset one costs nothing (no query, no call).
-    problem := coalesce(
-        CASE WHEN enqueue.key IS NOT NULL THEN 'key ' || leasework.label_problem(enqueue.key) END,
-        CASE WHEN enqueue.tenant IS NOT NULL
-             THEN 'tenant ' || leasework.label_problem(enqueue.tenant) END,
-        CASE WHEN enqueue."group" IS NOT NULL
-             THEN 'group ' || leasework.label_problem(enqueue."group") END);
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
-    END IF;
-    -- A key under 'leasework:' is the families' (leasework:connection:{id}, leasework:file:{id}):
-    -- refused to a caller that may not insert into leasework.runs itself, so the enqueue role can
-    -- neither hold nor take a connection's or a file's runs (the worker role and the owner, whose
-    -- sessions enqueue them, gain nothing by it). The caller is the role its session SET, else its
-    -- login: inside this function current_user is the function's owner.
-    IF starts_with(enqueue.key, 'leasework:') AND NOT has_table_privilege(
-           coalesce(nullif(current_setting('role'), 'none'), session_user),
-           'leasework.runs', 'INSERT') THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = format(
-            'key %s is refused: keys starting with ''leasework:'' are reserved for leasework''s '
-            'own families (connections, files); use a key without that prefix',
-            quote_literal(left(enqueue.key, 80)));
-    END IF;
-    IF enqueue.priority IS NULL OR enqueue.exclusive IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = 'priority and exclusive must not be NULL';
-    END IF;
-    IF NOT (enqueue.priority = trunc(enqueue.priority)
-            AND enqueue.priority BETWEEN -2147483648 AND 2147483647) THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
-            'priority must be an integer from -2147483648 to 2147483647 (lower runs first), got %s',
-            enqueue.priority);
-    END IF;
-    IF NOT coalesce(enqueue.delay >= 0 AND enqueue.delay <= 31536000, false) THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
-            'delay must be a number of seconds from 0 to 31536000 (365 days), got %s', enqueue.delay);
-    END IF;
-    IF NOT coalesce(enqueue.max_attempts BETWEEN 1 AND 1000
-                    AND enqueue.max_attempts = trunc(enqueue.max_attempts), false) THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
-            'max_attempts must be an integer from 1 to 1000, got %s', enqueue.max_attempts);
-    END IF;
-    IF NOT coalesce(enqueue.lease_seconds >= 1 AND enqueue.lease_seconds <= 86400, true) THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
-            'lease_seconds must be from 1 to 86400, got %s', enqueue.lease_seconds);
-    END IF;
-    IF NOT coalesce(enqueue.timeout_seconds > 0 AND enqueue.timeout_seconds <= 2592000, true) THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
-            'timeout_seconds must be > 0 and at most 2592000 (30 days), got %s',
-            enqueue.timeout_seconds);
-    END IF;
-    IF enqueue.unique_for IS NOT NULL OR enqueue.debounce IS NOT NULL
-       OR enqueue.debounce_max IS NOT NULL OR enqueue.merge_into IS NOT NULL THEN
-        problem := leasework.window_problem(enqueue.key, enqueue.exclusive, enqueue.delay,
-                                            enqueue.unique_for, enqueue.debounce,
-                                            enqueue.debounce_max, enqueue.merge_into);
+    -- The checks below, in one expression first (migration 0032): each IF is an expression of
+    -- its own, which PL/pgSQL compiles again in every transaction (its state lives as long as
+    -- the transaction), and an enqueue is most often its transaction's only call; they were a
+    -- fifth of the function's time in a pickup (bench/README.md, issue 30, third pass). True
+    -- only when every check below passes (each one's condition false), so they run, and raise
+    -- as they always did, whenever it is not: a label, a window or a value out of range goes
+    -- the long way, and so does a NULL anywhere in it (IS NOT TRUE).
+    IF (enqueue.kind IS NOT NULL AND length(enqueue.kind) BETWEEN 1 AND 200
+            AND translate(enqueue.kind,
+                          'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:/@+-',
+                          '') = ''
+            AND enqueue.key IS NULL AND enqueue.tenant IS NULL AND enqueue."group" IS NULL
+            AND enqueue.exclusive IS NOT NULL
+            AND enqueue.priority = trunc(enqueue.priority)
+            AND enqueue.priority BETWEEN -2147483648 AND 2147483647
+            AND enqueue.delay >= 0 AND enqueue.delay <= 31536000
+            AND enqueue.max_attempts BETWEEN 1 AND 1000
+            AND enqueue.max_attempts = trunc(enqueue.max_attempts)
+            AND coalesce(enqueue.lease_seconds >= 1 AND enqueue.lease_seconds <= 86400, true)
+            AND coalesce(enqueue.timeout_seconds > 0 AND enqueue.timeout_seconds <= 2592000, true)
+            AND enqueue.unique_for IS NULL AND enqueue.debounce IS NULL
+            AND enqueue.debounce_max IS NULL AND enqueue.merge_into IS NULL) IS NOT TRUE THEN
+        -- The kind's rule, ^[A-Za-z0-9_.:/@+-]{1,200}$, without a regular expression: after a
+        -- pause the regex engine took up to a quarter of an enqueue's time (bench/README.md, issue 19,
+        -- sixth pass), translate() a loop over the characters.
+        IF enqueue.kind IS NULL OR length(enqueue.kind) NOT BETWEEN 1 AND 200
+           OR translate(enqueue.kind,
+                        'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:/@+-',
+                        '') <> '' THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+                'kind %s is not valid: use 1-200 characters from letters, digits and _ . : / @ + -',
+                -- A kind with a control character is shown JSON-quoted (escaped), so that a newline
+                -- in it cannot break the one-line error.
+                CASE WHEN enqueue.kind IS NULL THEN 'NULL'
+                     WHEN enqueue.kind ~ '[\x01-\x1f\x7f]' THEN to_jsonb(left(enqueue.kind, 80))::text
+                     ELSE quote_literal(left(enqueue.kind, 80)) END);
+        END IF;
+        -- Each label set is checked; an unset one costs nothing (no query, no call).
+        problem := coalesce(
+            CASE WHEN enqueue.key IS NOT NULL THEN 'key ' || leasework.label_problem(enqueue.key) END,
+            CASE WHEN enqueue.tenant IS NOT NULL
+                 THEN 'tenant ' || leasework.label_problem(enqueue.tenant) END,
+            CASE WHEN enqueue."group" IS NOT NULL
+                 THEN 'group ' || leasework.label_problem(enqueue."group") END);
         IF problem IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+        END IF;
+        -- A key under 'leasework:' is the families' (leasework:connection:{id}, leasework:file:{id}):
+        -- refused to a caller that may not insert into leasework.runs itself, so the enqueue role can
+        -- neither hold nor take a connection's or a file's runs (the worker role and the owner, whose
+        -- sessions enqueue them, gain nothing by it). The caller is the role its session SET, else its
+        -- login: inside this function current_user is the function's owner.
+        -- coalesce: without a key starts_with gives NULL, and NULL AND x still evaluates x, so the
+        -- privilege look-up ran on every enqueue without a key (migration 0032).
+        IF coalesce(starts_with(enqueue.key, 'leasework:'), false) AND NOT has_table_privilege(
+               coalesce(nullif(current_setting('role'), 'none'), session_user),
+               'leasework.runs', 'INSERT') THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = format(
+                'key %s is refused: keys starting with ''leasework:'' are reserved for leasework''s '
+                'own families (connections, files); use a key without that prefix',
+                quote_literal(left(enqueue.key, 80)));
+        END IF;
+        IF enqueue.priority IS NULL OR enqueue.exclusive IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+                MESSAGE = 'priority and exclusive must not be NULL';
+        END IF;
+        IF NOT (enqueue.priority = trunc(enqueue.priority)
+                AND enqueue.priority BETWEEN -2147483648 AND 2147483647) THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+                'priority must be an integer from -2147483648 to 2147483647 (lower runs first), got %s',
+                enqueue.priority);
+        END IF;
+        IF NOT coalesce(enqueue.delay >= 0 AND enqueue.delay <= 31536000, false) THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+                'delay must be a number of seconds from 0 to 31536000 (365 days), got %s', enqueue.delay);
+        END IF;
+        IF NOT coalesce(enqueue.max_attempts BETWEEN 1 AND 1000
+                        AND enqueue.max_attempts = trunc(enqueue.max_attempts), false) THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+                'max_attempts must be an integer from 1 to 1000, got %s', enqueue.max_attempts);
+        END IF;
+        IF NOT coalesce(enqueue.lease_seconds >= 1 AND enqueue.lease_seconds <= 86400, true) THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+                'lease_seconds must be from 1 to 86400, got %s', enqueue.lease_seconds);
+        END IF;
+        IF NOT coalesce(enqueue.timeout_seconds > 0 AND enqueue.timeout_seconds <= 2592000, true) THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = format(
+                'timeout_seconds must be > 0 and at most 2592000 (30 days), got %s',
+                enqueue.timeout_seconds);
+        END IF;
+        IF enqueue.unique_for IS NOT NULL OR enqueue.debounce IS NOT NULL
+           OR enqueue.debounce_max IS NOT NULL OR enqueue.merge_into IS NOT NULL THEN
+            problem := leasework.window_problem(enqueue.key, enqueue.exclusive, enqueue.delay,
+                                                enqueue.unique_for, enqueue.debounce,
+                                                enqueue.debounce_max, enqueue.merge_into);
+            IF problem IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+            END IF;
         END IF;
     END IF;
     -- SQL NULL and JSON null alike are stored as {}, as the Python path stores None.
@@ -1174,8 +1199,9 @@ BEGIN
                 enqueue.lease_seconds, enqueue.timeout_seconds,
                 leasework.now() + make_interval(secs => enqueue.delay))
         RETURNING id INTO run_id;
-        PERFORM pg_notify('leasework', enqueue.kind);
-        PERFORM set_config('leasework.enqueued_existing', 'false', true);
+        -- One PERFORM, not two: each runs a query of its own (migration 0032).
+        PERFORM pg_notify('leasework', enqueue.kind),
+                set_config('leasework.enqueued_existing', 'false', true);
         RETURN run_id;
     END IF;
     -- Held until this transaction ends: expire_and_promote skips a key whose enqueue is still

@@ -234,6 +234,19 @@ def _merged(client: Client, one: _One) -> Generator[Step, Any, Enqueued]:
     )
 
 
+class _Encoded:
+    """A Jsonb parameter's `dumps` that gives the payload as it was encoded and checked already
+    (Client._dumps), whatever it is asked to encode."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __call__(self, obj: Any) -> bytes:
+        return self.data
+
+
 def _statement(one: _One) -> bytes:
     """enqueue_run, or enqueue_after for a run that waits for others (enqueue_after_policies when
     some parent has a policy of its own): a run without them sends the statement it always
@@ -355,7 +368,9 @@ class Client:
             "group": opts.group,
             "exclusive": opts.exclusive,
             "priority": opts.priority,
-            "payload": Jsonb(body, dumps=self._dumps),
+            # Encoded once, here, where a payload that cannot be stored is refused before
+            # anything is sent; the parameter hands those bytes on.
+            "payload": Jsonb(body, dumps=_Encoded(self._dumps(body))),
             "max_attempts": opts.max_attempts or defaults.max_attempts or self.config.max_attempts,
             "lease": defaults.lease,
             "timeout": defaults.timeout,
@@ -369,7 +384,6 @@ class Client:
         }
         if after.parents is not None:  # the statement of a run that waits (enqueue_after)
             params.update(_dependency_params(after))
-        self._dumps(body)  # refuse before touching the database
         return _One(params, windows.debounce_merge, body)
 
     def _many(self, kind: str, payloads: Iterable[Any], options: ManyOptions) -> _Many:

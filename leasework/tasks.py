@@ -582,7 +582,10 @@ def check_options(given: Mapping[str, Any], *, reserved: bool = False) -> Option
     """The enqueue options `given` (accepted by accept_options) checked, the others at their
     default; ConfigError names a bad one. `reserved`: the key may be under RESERVED_KEY_PREFIX
     (a family's own run). `keys` is enqueue_many's to check against its payloads."""
-    default = Options()
+    if not given:
+        return NO_OPTIONS  # every default passes its check: nothing to look at
+
+    default = NO_OPTIONS
 
     def get(name: str) -> Any:
         return given.get(name, getattr(default, name))
@@ -598,6 +601,10 @@ def check_options(given: Mapping[str, Any], *, reserved: bool = False) -> Option
         tags=check_tags(get("tags")),
     )
 
+
+# An enqueue that gives no option (the usual one, and a run's pickup latency counts the Python
+# of its enqueue: bench/README.md, issue 30, third pass).
+NO_OPTIONS = Options()
 
 MAX_TAGS = 20  # leasework.tags_problem's bound too
 
@@ -662,6 +669,9 @@ class Dependencies:
     policies: tuple[tuple[int, Policy], ...] = ()
 
 
+NO_DEPENDENCIES = Dependencies()
+
+
 def check_after(given: Mapping[str, Any]) -> Dependencies:
     """`after` and `on_parent_failure` checked: a list of run ids (an int each, or anything with
     an int `run_id`, such as Enqueued, each maybe in an After with its own policy), and "cancel"
@@ -675,7 +685,7 @@ def check_after(given: Mapping[str, Any]) -> Dependencies:
     if after is None:
         if policy is not None:
             raise ConfigError("on_parent_failure needs after: the runs this run waits for")
-        return Dependencies()
+        return NO_DEPENDENCIES
     if isinstance(after, str | bytes | int | After) or not isinstance(after, Iterable):
         raise ConfigError(f"after must be a list of run ids, got {type(after).__name__}")
     default: Policy = "run" if policy in ("run", "batch") else "cancel"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+import zlib
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ CLAIM_PARAMS = ("kinds", "worker", "lease", "limit", "finishing")
 FINISH_AND_CLAIM_PARAMS = ("id", "owner", "result", "kinds", "worker", "lease")
 FINISH_AND_CLAIM_NUMBERED = wire.numbered(FINISH_AND_CLAIM, FINISH_AND_CLAIM_PARAMS)
 _claims_numbered: dict[bytes, bytes] = {}
+_claims_named: dict[bytes, bytes] = {}
 
 
 def claim_runs_numbered() -> bytes:
@@ -79,6 +81,15 @@ def claim_runs_numbered() -> bytes:
     if numbered is None:
         numbered = _claims_numbered[text] = wire.numbered(text, CLAIM_PARAMS)
     return numbered
+
+
+def claim_runs_name(numbered: bytes) -> bytes:
+    """The name a Chain prepares `numbered` (claim_runs_numbered) under: one per text, so that a
+    claim replaced in Q (a test's) is never sent under the name of another."""
+    name = _claims_named.get(numbered)
+    if name is None:
+        name = _claims_named[numbered] = b"leasework_claim_runs_%08x" % zlib.crc32(numbered)
+    return name
 FINISH_AND_CLAIM_LEAN_NUMBERED = wire.numbered(FINISH_AND_CLAIM_LEAN, QUICK_PARAMS)
 
 
@@ -130,6 +141,8 @@ _QUICK_FORMS = {
 Conn = psycopg.Connection[Any]
 # Chain.quick_rows' parameters (QUICK_PARAMS): text, but the owner in binary.
 _PARAM_FORMATS = [wire.TEXT, wire.BINARY, wire.TEXT, wire.TEXT, wire.TEXT, wire.TEXT]
+# Chain.claim_rows' parameters (CLAIM_PARAMS): all text.
+_CLAIM_FORMATS = [wire.TEXT] * len(CLAIM_PARAMS)
 AConn = psycopg.AsyncConnection[Any]
 ControlState = Literal["ok", "lost", "cancelled"]
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
@@ -220,7 +233,13 @@ def encode_result(value: Any, max_bytes: int = RESULT_CEILING) -> JsonText | Non
 
 
 def claim_runs(
-    conn: Conn, kinds: Sequence[str], *, worker: str, lease: float, limit: int = 1
+    conn: Conn,
+    kinds: Sequence[str],
+    *,
+    worker: str,
+    lease: float,
+    limit: int = 1,
+    chain: Chain | None = None,
 ) -> list[Claim]:
     """Claim up to `limit` due runs of `kinds` (queued, or running with an expired lease).
 
@@ -229,20 +248,29 @@ def claim_runs(
     statement (leasework.limiter_conflict), so two conflicting runs are never both `running` with
     live leases, not even for a moment: the seed's "two workers cannot both pass the check" holds
     in the database, not only in the handlers.
+
+    With a `chain` (a worker's, kept from claim to claim) on a direct connection outside a
+    transaction, the statement goes through libpq as the chain's own prepared statement
+    (Chain.claim_rows): the same text and parameters, sent without psycopg's cursor.
     """
     if not kinds:
         return []
+    sent = time.monotonic()
+    if chain is not None and wire.direct_and_idle(conn):
+        rows = chain.claim_rows(conn, kinds, worker, lease, limit)
+        if len(rows) > 1:
+            rows.sort(key=lambda r: (r[_CLAIMED], r[_CLAIMED + 1], r[0]))
+        return [_claim(r[:_CLAIMED], lease, sent) for r in rows]
     params = (list(kinds), worker, lease, limit, None)  # CLAIM_PARAMS
     # A connection outside autocommit still gets the claim committed on its own.
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
-    sent = time.monotonic()
     with own_tx, psycopg.RawCursor(conn) as cur:
         cur.execute(claim_runs_numbered(), params, prepare=True)
         rows = cur.fetchall()
         if not rows:
             return []
         if not _claim_columns_checked:  # cur.description builds 15 objects: once per process
-            _check_claim_columns(cur.description)
+            _check_claim_columns([d.name for d in cur.description or ()])
     # Plain tuples, in Claim's field order (the claim's RETURNING list): the claim is the hot path
     # of one-at-a-time mode, and a dict per row cost more than building the Claim itself.
     if len(rows) > 1:
@@ -377,24 +405,16 @@ class Chain:
             if rows and not _combined_columns_checked[True]:
                 _check_combined_columns([d.name for d in cur.description or ()], quick=True)
             return _quick_outcome(rows)
-        fixed = (params["kinds"], params["worker"], params["lease"])
-        prepared = self._wire
-        if prepared.pgconn is not conn.pgconn or fixed != self._fixed:
-            self._encoding = conn.info.encoding  # the text below goes in the client's encoding
-            self._fixed = fixed
-            self._fixed_values = (
-                fixed[0].encode(self._encoding),
-                fixed[1].encode(self._encoding),
-                repr(float(fixed[2])).encode(),
-            )
+        fixed = self._fixed_bytes(conn, params["kinds"], params["worker"], params["lease"])
         result, owner = params["result"], params["owner"]
         values: list[Any] = [
             b"%d" % params["id"],
             # The owner in binary (16 bytes): formatting a UUID as text costs more.
             (owner if isinstance(owner, uuid.UUID) else uuid.UUID(owner)).bytes,
             None if result is None else result.encode(self._encoding),
-            *self._fixed_values,
+            *fixed,
         ]
+        prepared = self._wire
         res = prepared.execute(conn, name, numbered, values, _PARAM_FORMATS)
         if not _combined_columns_checked[True]:
             _check_combined_columns(wire.column_names(res), quick=True)
@@ -407,6 +427,43 @@ class Chain:
             else:
                 claimed = prepared.load_row(res, i)[1:]
         return sealed, claimed
+
+
+    def claim_rows(
+        self, conn: Conn, kinds: Sequence[str], worker: str, lease: float, limit: int
+    ) -> list[tuple[Any, ...]]:
+        """Send claim_runs (as claim_runs_numbered gives it) for `kinds`, `worker`, `lease` and
+        `limit`, nothing being sealed with it, through libpq as quick_rows sends its statement:
+        its own prepared statement, the parameters that stay the same from claim to claim kept as
+        bytes, the rows returned in binary. A woken idle worker's claim (pickup latency:
+        bench/README.md, issue 30, third pass): psycopg's cursor spent about as long adapting the
+        parameters and preparing its own bookkeeping before the send as the raw loop's whole
+        wake-up took. The caller checked `wire.direct_and_idle(conn)`. Raises psycopg.Error as
+        the cursor would."""
+        numbered = claim_runs_numbered()
+        fixed = self._fixed_bytes(conn, self.kinds(kinds), worker, lease)
+        values = [*fixed, b"%d" % limit, None]  # CLAIM_PARAMS; nothing sealed
+        res = self._wire.execute(conn, claim_runs_name(numbered), numbered, values, _CLAIM_FORMATS)
+        if not _claim_columns_checked:
+            _check_claim_columns(wire.column_names(res))
+        return [self._wire.load_row(res, i) for i in range(res.ntuples)]
+
+    def _fixed_bytes(
+        self, conn: Conn, kinds: str, worker: str, lease: float
+    ) -> tuple[bytes, bytes, bytes]:
+        """The parameters that stay the same from statement to statement (`kinds` as the text of
+        a text[], the worker, the lease) as the bytes libpq sends, made again only when they or
+        the connection change."""
+        fixed = (kinds, worker, lease)
+        if self._wire.pgconn is not conn.pgconn or fixed != self._fixed:
+            self._encoding = conn.info.encoding  # the text below goes in the client's encoding
+            self._fixed = fixed
+            self._fixed_values = (
+                kinds.encode(self._encoding),
+                worker.encode(self._encoding),
+                repr(float(lease)).encode(),
+            )
+        return self._fixed_values
 
 
 def _quick_outcome(rows: Sequence[tuple[Any, ...]]) -> tuple[bool, tuple[Any, ...] | None]:
@@ -469,7 +526,7 @@ def finish_and_claim(
         if claim.tenant is None:
             return bool(row[0]), None
         # The sealed run's tenant: the limiter above saw it still running.
-        claims = claim_runs(conn, kinds, worker=worker, lease=lease)
+        claims = claim_runs(conn, kinds, worker=worker, lease=lease, chain=chain)
         return bool(row[0]), claims[0] if claims else None
     probed = chain.probed(sent)
     with own_tx:
@@ -487,7 +544,7 @@ def finish_and_claim(
     # entries of every run claimed since: a worker that drains its queue at every wake-up would
     # send nothing else).
     chain.claimed_nothing(sent)
-    claims = claim_runs(conn, kinds, worker=worker, lease=lease)
+    claims = claim_runs(conn, kinds, worker=worker, lease=lease, chain=chain)
     if not claims:
         chain.ran_dry()
     else:
@@ -528,11 +585,11 @@ _CLAIMED = len(CLAIM_COLUMNS)
 _claim_columns_checked = False
 
 
-def _check_claim_columns(description: Sequence[Any] | None) -> None:
+def _check_claim_columns(columns: Sequence[str]) -> None:
     """Once per process: the claim statement returns exactly Claim's fields, in order, and then
     ORDER_COLUMNS."""
     global _claim_columns_checked
-    names = tuple(d.name for d in description or ())
+    names = tuple(columns)
     if names != (*CLAIM_COLUMNS, *ORDER_COLUMNS):
         raise RuntimeError(
             f"claim_runs returns {names}, expected Claim's {CLAIM_COLUMNS} + {ORDER_COLUMNS}"

@@ -97,12 +97,15 @@ class RunsStage:
                     if pending is not None:
                         site.executor.completer.seal_success(*pending)
                         pending = None
+                    # Through the chain's own prepared statement (libpq): a woken idle
+                    # worker's first round trip is this claim (pickup latency).
                     claims = lease.claim_runs(
                         site.conns.main(),
                         kinds,
                         worker=site.worker_id,
                         lease=site.config.lease,
                         limit=whole,
+                        chain=site.executor.completer.chain,
                     )
                 if not claims:
                     drained = True

@@ -68,6 +68,11 @@ class Completer:
         # something was; its own prepared statement, a kept cursor.
         self._chain = lease.Chain(recheck=config.poll_interval)
 
+    @property
+    def chain(self) -> lease.Chain:
+        """The chain's prepared statements, for a claim of its own (lease.claim_runs)."""
+        return self._chain
+
     # -- an attempt's end -----------------------------------------------------------------------
 
     def conclude(

@@ -186,6 +186,37 @@ def test_sql_and_python_refuse_the_same_input_and_write_nothing(
     assert conn.execute("SELECT count(*) FROM leasework.runs").fetchone() == (0,)
 
 
+# What only SQL can pass (Python refuses these before anything is sent): NULL or NaN for an
+# argument of an enqueue without a label or a window. leasework.enqueue first asks whether every
+# check passes in one expression (migration 0032); a NULL or a NaN there must send the enqueue
+# the long way, check by check, and never past the checks.
+SQL_ONLY_BAD = [
+    ("NULL::text", "kind NULL is not valid"),
+    ("'report', priority => NULL", "priority and exclusive must not be NULL"),
+    ("'report', exclusive => NULL", "priority and exclusive must not be NULL"),
+    ("'report', delay => NULL", "delay must be a number of seconds"),
+    ("'report', delay => 'NaN'", "delay must be a number of seconds"),
+    ("'report', max_attempts => NULL", "max_attempts must be an integer from 1 to 1000"),
+    ("'report', max_attempts => 'NaN'", "max_attempts must be an integer from 1 to 1000"),
+    ("'report', priority => 'NaN'", "priority must be an integer"),
+    ("'report', lease_seconds => 0.5", "lease_seconds must be from 1 to 86400"),
+    ("'report', lease_seconds => 'NaN'", "lease_seconds must be from 1 to 86400"),
+    ("'report', timeout_seconds => 0", "timeout_seconds must be > 0"),
+    ("'report', timeout_seconds => 'NaN'", "timeout_seconds must be > 0"),
+    ("'report', merge_seen => 1, merge_into => 0", "merge_into needs debounce"),
+]
+
+
+@pytest.mark.parametrize(("call", "words"), SQL_ONLY_BAD)
+def test_sql_refuses_null_and_nan_arguments_and_writes_nothing(
+    conn: Conn, call: str, words: str
+) -> None:
+    with pytest.raises(pgerrors.InvalidParameterValue) as refused:
+        conn.execute(f"SELECT leasework.enqueue({call})")
+    assert words in str(refused.value)
+    assert conn.execute("SELECT count(*) FROM leasework.runs").fetchone() == (0,)
+
+
 TRIGGER = """
 CREATE TABLE sql_users (id bigint PRIMARY KEY, email text NOT NULL);
 CREATE FUNCTION sql_users_welcome() RETURNS trigger LANGUAGE plpgsql AS $$

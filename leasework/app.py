@@ -415,6 +415,10 @@ class App(Client):
         enqueue refuses any other, before anything is written."""
         return self._task(kind).accepts
 
+    def _defaults_source(self, kind: str) -> object:
+        """The registered Task (frozen): `defaults(kind)` is made from it alone."""
+        return self.tasks.get(kind)
+
     def _task(self, kind: str) -> Task:
         task = self.tasks.get(kind) if isinstance(kind, str) else None
         if task is None:

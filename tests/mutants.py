@@ -133,6 +133,25 @@ MUTANTS = [
         "attempt",
     ),
     Mutant(
+        name="plain-enqueue-keeps-stale-defaults",
+        path="client.py",
+        remove="        return source is self.source and config is self.config\n",
+        replace="        return True\n",
+        tests=("tests/db/test_enqueue_plain.py::test_a_kinds_new_defaults_are_seen",),
+        says="assert (4, 60.0",
+        why="an enqueue without options keeps the parameters made from a kind's old defaults",
+    ),
+    Mutant(
+        name="plain-enqueue-skips-the-payload-check",
+        path="client.py",
+        remove="        client.accepts(kind).check(kind, body)\n",
+        replace="",
+        tests=("tests/db/test_enqueue_plain.py::test_each_payload_is_checked_again",),
+        says="DID NOT RAISE",
+        why="a second enqueue of a kind without options takes a payload its handler cannot be "
+        "called with",
+    ),
+    Mutant(
         name="sync-handler-warned-as-a-blocked-loop",
         path="workers/aexecutor.py",
         remove="level=30 if run_id is not None or not sync else 10,",

@@ -425,6 +425,31 @@ BEGIN
 END
 $$;
 
+-- Runs without a tenant take turns with the tenants as one more participant (migration 0033;
+-- docs/concepts.md, "Turns"): their weight and their turn, one row. claim_runs reads and locks it
+-- only while tenants' picks compete with runs without a tenant in one statement (SKIP LOCKED: a
+-- claim never waits for it), and leasework.untenanted_served advances it by the runs it took.
+CREATE TABLE IF NOT EXISTS leasework.untenanted_turn (
+    one    boolean PRIMARY KEY DEFAULT true CONSTRAINT untenanted_turn_one CHECK (one),
+    weight double precision NOT NULL DEFAULT 1
+           CONSTRAINT untenanted_turn_weight_valid CHECK (weight >= 0.001 AND weight <= 1000),
+    turn   double precision NOT NULL DEFAULT 0
+);
+INSERT INTO leasework.untenanted_turn DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+-- Called by claim_runs when it took `taken` runs without a tenant while tenants competed, holding
+-- the row's lock (its `contest`): their turn moves on from `base` (their turn, never behind the
+-- first tenant's pick) by taken / weight.
+CREATE OR REPLACE FUNCTION leasework.untenanted_served(base double precision, taken bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    UPDATE leasework.untenanted_turn u
+       SET turn = untenanted_served.base + untenanted_served.taken / u.weight;
+    RETURN true;
+END
+$$;
+
 -- The best priority at which a queued run of `kind` (and `tenant`: NULL for runs without one) is
 -- due, NULL when none is. One index descent per priority present ahead of it: the claim reads
 -- the kind's range at that priority alone, bounded by queued_at <= now(), so delayed runs (a

@@ -109,7 +109,7 @@ def test_runs_without_a_tenant_are_one_more_participant(conn: Conn) -> None:
 
 def test_a_weight_for_runs_without_a_tenant(conn: Conn) -> None:
     app = make_app()
-    conn.execute("UPDATE leasework.untenanted_turn SET weight = 3")
+    operations.set_tenant_weight(conn, None, 3)  # the runs without a tenant
     app.enqueue_many(conn, "job", [{} for _ in range(60)])
     app.enqueue_many(conn, "job", [{} for _ in range(60)], tenant="light")
 

@@ -84,14 +84,14 @@
 -- of that tenant would otherwise claim nothing while other tenants' runs wait (and then idle).
 -- leasework.tenant_served() advances a claimed tenant's turn by 1 / weight and sets its priority
 -- again (schema.sql: when no enqueue of that tenant is in flight). Runs without a tenant are one
--- more participant (migration 0033): while tenants' picks compete with them in a statement,
--- `contest` locks their turn (leasework.untenanted_turn; SKIP LOCKED: a rival claim holding it
--- is taking them, and this one takes the tenants' picks), each run without a tenant takes the
--- next of their turns (up to the last pick's at its priority: a tenant offers one pick per
--- statement), `chosen` orders all by (priority, turn, queued_at, id), a reclaim (an expired
--- lease's run) first within its priority, and
--- leasework.untenanted_served() advances their turn by what it took. With no tenant competing
--- they are taken by (priority, queued_at, id), and nothing is locked or written. The two NOT EXISTS
+-- more participant (migration 0033): while tenants' picks compete with queued runs without a
+-- tenant in a statement, `contest` locks their turn (leasework.untenanted_turn; SKIP LOCKED: a
+-- rival claim holding it is taking them, and this one takes the tenants' picks), each such run
+-- takes the next of their turns (up to the last pick's at its priority: a tenant offers one pick
+-- per statement), `chosen` orders all by (priority, turn, queued_at, id), a reclaim (an expired
+-- lease's run) first within its priority, and leasework.untenanted_served() advances their turn
+-- by what it took. With no tenant competing they are taken by (priority, queued_at, id), and
+-- with none of them queued nothing is locked or written. The two NOT EXISTS
 -- of the tenants' walk end in OFFSET 0, which keeps the planner from turning them into joins: a
 -- generic plan built while one tenant holds most queued runs otherwise read that tenant's runs in
 -- full (a hash anti-join over a sequential scan) for every tenant walked, and its cost estimate
@@ -201,11 +201,12 @@ WITH rules AS MATERIALIZED (
     -- claim holds it, and never more than one turn of a pick's tenant behind that pick's (turns
     -- taken in order stay that close; further behind, they were idle while the tenants were
     -- served: back, they get that one turn, not a burst for the turns they missed). No row: no
-    -- tenant competes (nothing is locked or written), or a rival claim holds it.
+    -- tenant competes, or no run without a tenant is queued (a queue of tenants alone locks and
+    -- writes nothing here), or a rival claim holds it.
     SELECT greatest(u.turn, (SELECT min(p.turn - 1 / t.weight) FROM tenanted p
                                JOIN leasework.tenants t ON t.name = p.tenant)) AS base, u.weight
       FROM leasework.untenanted_turn u
-     WHERE EXISTS (SELECT 1 FROM tenanted)
+     WHERE EXISTS (SELECT 1 FROM tenanted) AND EXISTS (SELECT 1 FROM untenanted_queued)
        FOR UPDATE OF u SKIP LOCKED
 ), untenanted AS MATERIALIZED (
     -- Each queued run without a tenant takes the next of their turns (NULL when no tenant

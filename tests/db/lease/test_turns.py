@@ -453,3 +453,28 @@ def test_every_statement_that_queues_a_run_again_puts_its_tenant_back_in_the_tur
     assert priority("promo") == 0
     promoted = claim_one(conn)
     assert promoted is not None and promoted.id == waiting
+
+
+def test_a_queue_of_tenants_alone_never_locks_the_turn_of_runs_without_a_tenant(
+    conn: Conn, other: Conn
+) -> None:
+    """Their turn is locked and written only while runs without a tenant are queued beside the
+    tenants' picks: with none queued (a reclaim without a tenant included), a claim leaves it be."""
+    app = make_app()
+    expired = app.enqueue(conn, "job", {})
+    got = claim_one(conn)
+    assert got is not None and got.id == expired
+    conn.execute(
+        "UPDATE leasework.runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        (expired,),
+    )
+    tenanted = [app.enqueue(conn, "job", {}, tenant=t) for t in ("a", "b")]
+    with conn.transaction():
+        taken = lease.claim_runs(conn, KINDS, worker="w", lease=LEASE, limit=5)
+        assert sorted(c.id for c in taken) == sorted([expired, *tenanted])
+        # Not locked by this claim's transaction: another session takes its lock at once.
+        other.execute("SET lock_timeout = '1s'")
+        with other.transaction():
+            other.execute("SELECT * FROM leasework.untenanted_turn FOR UPDATE NOWAIT")
+    row = conn.execute("SELECT turn FROM leasework.untenanted_turn").fetchone()
+    assert row == (0.0,)

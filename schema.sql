@@ -172,10 +172,10 @@ CREATE TABLE IF NOT EXISTS leasework.runs (
     traceparent         text,
     -- Dependencies (migration 0026, README "Workflows"): true once a run waits for this one
     -- (leasework.run_deps), so that its end is recorded for the deps stage by the trigger
-    -- runs_parent_ended, whose WHEN reads this column: a run nothing waits for fires nothing.
+    -- runs_ended, whose WHEN reads this column: a run nothing waits for fires nothing.
     has_dependents      boolean NOT NULL DEFAULT false,
     -- Whether a waiter asked for this run's end (leasework.run_outcome; migration 0027): then,
-    -- and only then, its end NOTIFYs `leasework_ended` (runs_ended_notify). NULL: nobody did.
+    -- and only then, its end NOTIFYs `leasework_ended` (runs_ended). NULL: nobody did.
     notify_ended        boolean,
     -- Labels an enqueue gave the run (`tags=[...]`, each a label: leasework.label_problem),
     -- distinct and sorted; NULL: none. For operators' searches only (runs_tags, below); no
@@ -425,6 +425,31 @@ BEGIN
 END
 $$;
 
+-- Runs without a tenant take turns with the tenants as one more participant (migration 0033;
+-- docs/concepts.md, "Turns"): their weight and their turn, one row. claim_runs reads and locks it
+-- only while tenants' picks compete with runs without a tenant in one statement (SKIP LOCKED: a
+-- claim never waits for it), and leasework.untenanted_served advances it by the runs it took.
+CREATE TABLE IF NOT EXISTS leasework.untenanted_turn (
+    one    boolean PRIMARY KEY DEFAULT true CONSTRAINT untenanted_turn_one CHECK (one),
+    weight double precision NOT NULL DEFAULT 1
+           CONSTRAINT untenanted_turn_weight_valid CHECK (weight >= 0.001 AND weight <= 1000),
+    turn   double precision NOT NULL DEFAULT 0
+);
+INSERT INTO leasework.untenanted_turn DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+-- Called by claim_runs when it took `taken` runs without a tenant while tenants competed, holding
+-- the row's lock (its `contest`): their turn moves on from `base` (their turn, never behind the
+-- first tenant's pick) by taken / weight.
+CREATE OR REPLACE FUNCTION leasework.untenanted_served(base double precision, taken bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    UPDATE leasework.untenanted_turn u
+       SET turn = untenanted_served.base + untenanted_served.taken / u.weight;
+    RETURN true;
+END
+$$;
+
 -- The best priority at which a queued run of `kind` (and `tenant`: NULL for runs without one) is
 -- due, NULL when none is. One index descent per priority present ahead of it: the claim reads
 -- the kind's range at that priority alone, bounded by queued_at <= now(), so delayed runs (a
@@ -604,7 +629,7 @@ CREATE TABLE IF NOT EXISTS leasework.run_deps (
 CREATE INDEX IF NOT EXISTS run_deps_by_parent ON leasework.run_deps (parent);
 
 -- The deps stage's inbox: a parent whose children may now be decided (it ended: the trigger
--- runs_parent_ended) or whose end must be watched for (an enqueue after a run it did not make:
+-- runs_ended) or whose end must be watched for (an enqueue after a run it did not make:
 -- the stage sets its has_dependents, which that enqueue must not do itself, since the lock of a
 -- running parent's row would hold its worker's renewal and seal until the enqueue commits). No
 -- unique constraint: a seal must never wait on an enqueue's uncommitted row of the same parent.
@@ -616,33 +641,51 @@ CREATE TABLE IF NOT EXISTS leasework.run_deps_ended (
 -- A parent's inbox rows, taken together. Serves: take_parent (stages/deps.sql).
 CREATE INDEX IF NOT EXISTS run_deps_ended_by_parent ON leasework.run_deps_ended (parent);
 
--- A run that something waits for ended: record it for the deps stage and wake it (at commit).
--- SECURITY DEFINER: whoever ends the run (a worker, leasework.cancel for the enqueue role, an
--- operator) need not write run_deps_ended itself.
-CREATE OR REPLACE FUNCTION leasework.parent_ended() RETURNS trigger
+-- A run that something waits for ended, or one a waiter watches (leasework.run_outcome marks it
+-- notify_ended; migration 0027): the one trigger on a run's end (migration 0032). A run with
+-- dependents records its end for the deps stage (run_deps_ended) and wakes it, once, as it
+-- leaves the live states; a watched run NOTIFYs `leasework_ended` with its id whenever it is
+-- written ended. Both at commit, as every NOTIFY. SECURITY DEFINER: whoever ends the run (a
+-- worker, leasework.cancel for the enqueue role, an operator) need not write run_deps_ended
+-- itself. Called only for such runs (the trigger's WHEN), at each write of their status (a claim
+-- too: it returns at once).
+CREATE OR REPLACE FUNCTION leasework.run_ended() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    INSERT INTO leasework.run_deps_ended (parent) VALUES (NEW.id);
-    PERFORM pg_notify('leasework', 'leasework:deps');
+    IF NEW.status NOT IN ('succeeded', 'partial', 'failed', 'cancelled') THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.has_dependents AND OLD.status NOT IN ('succeeded', 'partial', 'failed', 'cancelled') THEN
+        INSERT INTO leasework.run_deps_ended (parent) VALUES (NEW.id);
+        PERFORM pg_notify('leasework', 'leasework:deps');
+    END IF;
+    IF NEW.notify_ended THEN
+        PERFORM pg_notify('leasework_ended', NEW.id::text);
+    END IF;
     RETURN NULL;
 END
 $$;
 
--- AFTER, with a WHEN: Postgres evaluates an AFTER ROW trigger's WHEN when it would queue the
--- event, so for a run nothing waits for (has_dependents false: every run enqueued without
--- being waited on) no event is queued and no function runs. What it still costs such a run:
--- for any AFTER ROW UPDATE trigger Postgres fetches the updated row's old version before it
--- tests the column list and the WHEN (a heap fetch of a row the statement just read, on every
--- update of runs: claim, renewal, seal), then the test itself, a column read. Not BEFORE: a
--- BEFORE trigger locks each row first whatever its WHEN says (bench/README.md, issue 29).
+-- AFTER, with a WHEN of two column reads: Postgres evaluates an AFTER ROW trigger's WHEN when it
+-- would queue the event, so for a run nothing waits for and nobody watches (every run enqueued
+-- without being waited on) no event is queued and no function runs. What it still costs such a
+-- run, on every update of runs that sets status (claim, seal; a renewal sets none): the updated
+-- row's old version fetched again (Postgres does it for any AFTER ROW UPDATE trigger before it
+-- tests the column list and the WHEN) and the WHEN read from the catalog's text, parsed and
+-- compiled, once per statement. Hence one trigger, not one per event, and a WHEN with no
+-- constants: two triggers whose WHENs held the ended states' text arrays were 7 % of a
+-- one-at-a-time job's server CPU, this one is 1.4 % (bench/README.md, issue 30, third pass). Not
+-- BEFORE: a BEFORE trigger locks each row first whatever its WHEN says (bench/README.md,
+-- issue 29).
 DROP TRIGGER IF EXISTS runs_parent_ended ON leasework.runs;
-CREATE TRIGGER runs_parent_ended
+DROP TRIGGER IF EXISTS runs_ended_notify ON leasework.runs;
+DROP FUNCTION IF EXISTS leasework.parent_ended();
+DROP TRIGGER IF EXISTS runs_ended ON leasework.runs;
+CREATE TRIGGER runs_ended
     AFTER UPDATE OF status ON leasework.runs
-    FOR EACH ROW WHEN (NEW.has_dependents
-                       AND NEW.status IN ('succeeded', 'partial', 'failed', 'cancelled')
-                       AND OLD.status NOT IN ('succeeded', 'partial', 'failed', 'cancelled'))
-    EXECUTE FUNCTION leasework.parent_ended();
+    FOR EACH ROW WHEN (NEW.has_dependents OR NEW.notify_ended)
+    EXECUTE FUNCTION leasework.run_ended();
 
 -- leasework.enqueue with `after` (its arguments checked there already): a run that waits for the
 -- runs `after`. Refused with a key, exclusive, unique_for or debounce (a run that waits holds no
@@ -1057,10 +1100,10 @@ BEGIN
         END IF;
         RETURN run_id;
     END IF;
-    -- The checks below, in one expression first (migration 0032): each IF is an expression of
+    -- The checks below, in one expression first (migration 0034): each IF is an expression of
     -- its own, which PL/pgSQL compiles again in every transaction (its state lives as long as
     -- the transaction), and an enqueue is most often its transaction's only call; they were a
-    -- fifth of the function's time in a pickup (bench/README.md, issue 30, third pass). True
+    -- fifth of the function's time in a pickup (bench/README.md, issue 30, fourth pass). True
     -- only when every check below passes (each one's condition false), so they run, and raise
     -- as they always did, whenever it is not: a label, a window or a value out of range goes
     -- the long way, and so does a NULL anywhere in it (IS NOT TRUE).
@@ -1110,7 +1153,7 @@ BEGIN
         -- sessions enqueue them, gain nothing by it). The caller is the role its session SET, else its
         -- login: inside this function current_user is the function's owner.
         -- coalesce: without a key starts_with gives NULL, and NULL AND x still evaluates x, so the
-        -- privilege look-up ran on every enqueue without a key (migration 0032).
+        -- privilege look-up ran on every enqueue without a key (migration 0034).
         IF coalesce(starts_with(enqueue.key, 'leasework:'), false) AND NOT has_table_privilege(
                coalesce(nullif(current_setting('role'), 'none'), session_user),
                'leasework.runs', 'INSERT') THEN
@@ -1199,7 +1242,7 @@ BEGIN
                 enqueue.lease_seconds, enqueue.timeout_seconds,
                 leasework.now() + make_interval(secs => enqueue.delay))
         RETURNING id INTO run_id;
-        -- One PERFORM, not two: each runs a query of its own (migration 0032).
+        -- One PERFORM, not two: each runs a query of its own (migration 0034).
         PERFORM pg_notify('leasework', enqueue.kind),
                 set_config('leasework.enqueued_existing', 'false', true);
         RETURN run_id;
@@ -1494,7 +1537,7 @@ REVOKE EXECUTE ON FUNCTION leasework.enqueue(text, jsonb, text, text, text, bool
 REVOKE EXECUTE ON FUNCTION leasework.enqueue_blocked(text, jsonb, text, text, text, boolean,
     integer, double precision, integer, double precision, double precision, boolean, bigint[],
     text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION leasework.parent_ended() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION leasework.run_ended() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.join_batch(bigint, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.written_by_this_transaction(xid) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION leasework.set_dependency_policy(bigint, bigint, text) FROM PUBLIC;
@@ -2374,24 +2417,10 @@ BEGIN
 END
 $$;
 REVOKE EXECUTE ON FUNCTION leasework.trace_run(bigint, text) FROM PUBLIC;
--- Waiting for a result and durable steps (migration 0027; README "Workflows"). A run someone
+-- Waiting for a result and durable steps (migration 0027; docs/workflows.md). A run someone
 -- waits for is marked notify_ended by leasework.run_outcome, and only such a run NOTIFYs
--- `leasework_ended` with its id when it ends: the trigger's WHEN clause is evaluated as the event
--- would be queued, so an ordinary run's seal queues nothing.
-CREATE OR REPLACE FUNCTION leasework.run_ended() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('leasework_ended', NEW.id::text);
-    RETURN NULL;
-END
-$$;
-
-DROP TRIGGER IF EXISTS runs_ended_notify ON leasework.runs;
-CREATE TRIGGER runs_ended_notify AFTER UPDATE OF status ON leasework.runs
-    FOR EACH ROW
-    WHEN (NEW.notify_ended AND NEW.status IN ('succeeded', 'partial', 'failed', 'cancelled'))
-    EXECUTE FUNCTION leasework.run_ended();
-
+-- `leasework_ended` with its id when it ends (the trigger runs_ended, with leasework.run_ended,
+-- above: an ordinary run's seal queues nothing).
 -- A run's status, result and error, for a waiter (the enqueue role too: SECURITY DEFINER, it reads
 -- no table). With `watch`, a live run is first marked notify_ended, so that its end NOTIFYs
 -- `leasework_ended`; the read after that mark sees any end committed before it (a seal that was

@@ -457,7 +457,12 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = p.add_subparsers(dest="tenants_action", metavar="ACTION")
     t = tsub.add_parser("set", help="set a tenant's weight (its share of turns; default 1)")
     _common(t)
-    t.add_argument("name", metavar="NAME", help="the tenant")
+    t.add_argument("name", metavar="NAME", nargs="?", help="the tenant")
+    t.add_argument(
+        "--untenanted",
+        action="store_true",
+        help="the runs without a tenant instead (one more participant in the turns)",
+    )
     t.add_argument(
         "--weight",
         type=float,
@@ -1420,14 +1425,22 @@ def cmd_tenants(args: argparse.Namespace, cfg: Config) -> int:
         tolerant(conn)  # a reader: any value a row holds is shown, none is an error
         db.check_schema(conn)
         if getattr(args, "tenants_action", None) == "set":
+            if (args.name is None) == (not args.untenanted):
+                raise ConfigError("tenants set: name a tenant, or give --untenanted (not both)")
             operations.set_tenant_weight(conn, args.name, args.weight)
-            print(terminal_safe(f"{args.name}: weight {args.weight:g}"))
+            who = "runs without a tenant" if args.name is None else args.name
+            print(terminal_safe(f"{who}: weight {args.weight:g}"))
             return EXIT_OK
         rows = operations.tenants(conn)
+        shared = operations.untenanted_turn(conn)
     if getattr(args, "json", False):
         sys.stdout.write(json_text(rows) + "\n")
         return EXIT_OK
     out = [f"{'tenant':<32} {'weight':>8} {'queued':>8} {'running':>8}  turn"]
+    out.append(
+        f"{'(runs without a tenant)':<32} {number_text(shared['weight']):>8} "
+        f"{shared['queued']:>8} {shared['running']:>8}  {number_text(shared['turn'])}"
+    )
     for r in rows:
         out.append(
             f"{r['name'][:32]:<32} {number_text(r['weight']):>8} {r['queued']:>8} "

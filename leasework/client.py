@@ -241,7 +241,7 @@ class _Plain:
     still checked (the handler's Accepts) and encoded: only the checks of the options, which
     were all at their defaults, are not made again. A run's pickup latency counts the Python of
     its enqueue, which after an idle pause runs many times slower than in a loop (bench/README.md,
-    issue 30, third pass)."""
+    issue 30, fourth pass)."""
 
     __slots__ = ("config", "params", "source")
 

@@ -877,22 +877,39 @@ def tenants(conn: Conn) -> list[dict[str, Any]]:
         return cur.execute(Q["tenants"]).fetchall()
 
 
-def set_tenant_weight(conn: Conn, name: str, weight: float) -> None:
+def set_tenant_weight(conn: Conn, name: str | None, weight: float) -> None:
     """Give a tenant `weight` turns for every one of a tenant of weight 1 (within a priority, the
     claim serves tenants with queued runs in turn; docs/state-machine.md). A tenant not seen yet
-    is made with it. Raises ConfigError for a weight outside 0.001-1000 or a bad name."""
-    if not isinstance(name, str):
+    is made with it. `name` None: the runs without a tenant, which take turns as one more
+    participant. Raises ConfigError for a weight outside 0.001-1000 or a bad name."""
+    if name is not None and not isinstance(name, str):
         raise ConfigError(f"tenant must be a string, got {type(name).__name__}")
-    problem = label_problem(name)  # the rule every enqueue applies to a tenant
-    if problem is not None:
+    problem = None if name is None else label_problem(name)  # every enqueue's rule for a tenant
+    if name is not None and problem is not None:
         raise ConfigError(f"tenant {name[:80]!r} {problem}")
-    if not (isinstance(weight, int | float) and WEIGHT_MIN <= weight <= WEIGHT_MAX):
+    if not (
+        isinstance(weight, int | float)
+        and not isinstance(weight, bool)
+        and WEIGHT_MIN <= weight <= WEIGHT_MAX
+    ):
         raise ConfigError(
             f"weight must be a number from {WEIGHT_MIN:g} to {WEIGHT_MAX:g} (1 is the default "
             f"share), got {weight!r}"
         )
     with conn.transaction():
-        conn.execute(Q["set_tenant_weight"], {"name": name, "weight": float(weight)})
+        if name is None:
+            conn.execute(Q["set_untenanted_weight"], {"weight": float(weight)})
+        else:
+            conn.execute(Q["set_tenant_weight"], {"name": name, "weight": float(weight)})
+
+
+def untenanted_turn(conn: Conn) -> dict[str, Any]:
+    """The turn runs without a tenant share: weight, turn, queued and running counts (weight 1
+    and turn 0 when its row is gone)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(Q["untenanted_turn"]).fetchone()
+    assert row is not None
+    return row
 
 
 # -- flow control: limits set at run time ---------------------------------------------------------

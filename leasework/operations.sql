@@ -190,6 +190,20 @@ SELECT t.name, t.weight, t.turn, t.priority,
   FROM leasework.tenants t
  ORDER BY t.name
 
+-- name: untenanted_turn
+-- The runs without a tenant, as one participant in the turns (leasework.untenanted_turn).
+SELECT coalesce((SELECT weight FROM leasework.untenanted_turn), 1) AS weight,
+       coalesce((SELECT turn FROM leasework.untenanted_turn), 0) AS turn,
+       (SELECT count(*) FROM leasework.runs r WHERE r.tenant IS NULL AND r.status = 'queued')
+           AS queued,
+       (SELECT count(*) FROM leasework.runs r WHERE r.tenant IS NULL AND r.status = 'running')
+           AS running
+
+-- name: set_untenanted_weight
+-- The row is made again if a TRUNCATE took it.
+INSERT INTO leasework.untenanted_turn (weight) VALUES (%(weight)s)
+ON CONFLICT (one) DO UPDATE SET weight = EXCLUDED.weight
+
 -- name: set_tenant_weight
 -- A tenant not seen yet is made, with this weight, so that its first runs already have it.
 INSERT INTO leasework.tenants (name, weight) VALUES (%(name)s, %(weight)s)

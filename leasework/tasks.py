@@ -603,7 +603,7 @@ def check_options(given: Mapping[str, Any], *, reserved: bool = False) -> Option
 
 
 # An enqueue that gives no option (the usual one, and a run's pickup latency counts the Python
-# of its enqueue: bench/README.md, issue 30, third pass).
+# of its enqueue: bench/README.md, issue 30, fourth pass).
 NO_OPTIONS = Options()
 
 MAX_TAGS = 20  # leasework.tags_problem's bound too

@@ -436,7 +436,7 @@ class Chain:
         `limit`, nothing being sealed with it, through libpq as quick_rows sends its statement:
         its own prepared statement, the parameters that stay the same from claim to claim kept as
         bytes, the rows returned in binary. A woken idle worker's claim (pickup latency:
-        bench/README.md, issue 30, third pass): psycopg's cursor spent about as long adapting the
+        bench/README.md, issue 30, fourth pass): psycopg's cursor spent about as long adapting the
         parameters and preparing its own bookkeeping before the send as the raw loop's whole
         wake-up took. The caller checked `wire.direct_and_idle(conn)`. Raises psycopg.Error as
         the cursor would."""

@@ -83,8 +83,15 @@
 -- workers all start at the tenant next in line, and one whose snapshot predates a rival's claim
 -- of that tenant would otherwise claim nothing while other tenants' runs wait (and then idle).
 -- leasework.tenant_served() advances a claimed tenant's turn by 1 / weight and sets its priority
--- again (schema.sql: when no enqueue of that tenant is in flight). Runs without a
--- tenant meet the tenants' picks in `chosen`, by (priority, queued_at, id). The two NOT EXISTS
+-- again (schema.sql: when no enqueue of that tenant is in flight). Runs without a tenant are one
+-- more participant (migration 0033): while tenants' picks compete with queued runs without a
+-- tenant in a statement, `contest` locks their turn (leasework.untenanted_turn; SKIP LOCKED: a
+-- rival claim holding it is taking them, and this one takes the tenants' picks), each such run
+-- takes the next of their turns (up to the last pick's at its priority: a tenant offers one pick
+-- per statement), `chosen` orders all by (priority, turn, queued_at, id), a reclaim (an expired
+-- lease's run) first within its priority, and leasework.untenanted_served() advances their turn
+-- by what it took. With no tenant competing they are taken by (priority, queued_at, id), and
+-- with none of them queued nothing is locked or written. The two NOT EXISTS
 -- of the tenants' walk end in OFFSET 0, which keeps the planner from turning them into joins: a
 -- generic plan built while one tenant holds most queued runs otherwise read that tenant's runs in
 -- full (a hash anti-join over a sequential scan) for every tenant walked, and its cost estimate
@@ -103,7 +110,7 @@ WITH rules AS MATERIALIZED (
            EXISTS (SELECT 1 FROM rules WHERE limited) AS limited
 ), tenanted_queued AS MATERIALIZED (
     SELECT p.* FROM (
-    SELECT c.id, t.name AS tenant, c.priority, c.queued_at, c.kind
+    SELECT c.id, t.name AS tenant, c.priority, c.queued_at, c.kind, t.turn
       FROM leasework.tenants t, LATERAL (
         SELECT h.*
           FROM unnest((SELECT k FROM live)::text[]) AS k(kind)
@@ -142,7 +149,7 @@ WITH rules AS MATERIALIZED (
      WHERE NOT leasework.limiter_conflict(p.id)
      LIMIT %(limit)s
 ), tenanted_expired AS MATERIALIZED (
-    SELECT r.id, r.tenant, r.priority, r.queued_at, r.kind
+    SELECT r.id, r.tenant, r.priority, r.queued_at, r.kind, NULL::double precision AS turn
       FROM leasework.runs r
       JOIN leasework.tenants t ON t.name = r.tenant
      WHERE r.status = 'running' AND r.lease_expires_at < leasework.now()
@@ -153,7 +160,7 @@ WITH rules AS MATERIALIZED (
      LIMIT %(limit)s
        FOR UPDATE OF r, t SKIP LOCKED
 ), tenanted AS (
-    SELECT DISTINCT ON (c.tenant) c.id, c.tenant, c.priority, c.queued_at, c.kind
+    SELECT DISTINCT ON (c.tenant) c.id, c.tenant, c.priority, c.queued_at, c.kind, c.turn
       FROM (SELECT * FROM tenanted_queued
             UNION ALL
             SELECT * FROM tenanted_expired WHERE NOT leasework.limiter_conflict(id)) c
@@ -188,26 +195,61 @@ WITH rules AS MATERIALIZED (
      ORDER BY r.priority, r.queued_at, r.id
      LIMIT %(limit)s
        FOR UPDATE OF r SKIP LOCKED
+), contest AS MATERIALIZED (
+    -- Runs without a tenant are one more participant in the turns, while tenants' picks compete
+    -- with them in this statement: their turn (leasework.untenanted_turn), locked if no rival
+    -- claim holds it, and never more than one turn of a pick's tenant behind that pick's (turns
+    -- taken in order stay that close; further behind, they were idle while the tenants were
+    -- served: back, they get that one turn, not a burst for the turns they missed). No row: no
+    -- tenant competes, or no run without a tenant is queued (a queue of tenants alone locks and
+    -- writes nothing here), or a rival claim holds it.
+    SELECT greatest(u.turn, (SELECT min(p.turn - 1 / t.weight) FROM tenanted p
+                               JOIN leasework.tenants t ON t.name = p.tenant)) AS base, u.weight
+      FROM leasework.untenanted_turn u
+     WHERE EXISTS (SELECT 1 FROM tenanted) AND EXISTS (SELECT 1 FROM untenanted_queued)
+       FOR UPDATE OF u SKIP LOCKED
+), untenanted AS MATERIALIZED (
+    -- Each queued run without a tenant takes the next of their turns (NULL when no tenant
+    -- competes); none while tenants compete and a rival claim holds their turn (it is taking
+    -- them). With the row gone (a user's TRUNCATE), the first pick's turn and no advance. An
+    -- expired lease's run (a reclaim), with or without a tenant, has no turn: it comes first
+    -- within its priority, as crash recovery should.
+    SELECT c.id, c.tenant, c.priority, c.queued_at, c.kind,
+           coalesce((SELECT base FROM contest), (SELECT min(p.turn) FROM tenanted p))
+           + (row_number() OVER (PARTITION BY c.priority ORDER BY c.queued_at, c.id) - 1)
+           / coalesce((SELECT weight FROM contest), 1) AS turn
+      FROM untenanted_queued c
+     WHERE NOT EXISTS (SELECT 1 FROM tenanted) OR EXISTS (SELECT 1 FROM contest)
+        OR NOT EXISTS (SELECT 1 FROM leasework.untenanted_turn)
+    UNION ALL
+    SELECT *, NULL FROM untenanted_expired
 ), candidates AS MATERIALIZED (
+    -- A tenant offers one pick per statement, so runs without a tenant take turns up to the last
+    -- pick's at their priority, not past it.
     SELECT * FROM tenanted
     UNION ALL
-    SELECT * FROM untenanted_queued
-    UNION ALL
-    SELECT * FROM untenanted_expired
+    SELECT u.* FROM untenanted u
+     WHERE u.turn IS NULL
+        OR u.turn <= coalesce((SELECT max(p.turn) FROM tenanted p WHERE p.priority = u.priority),
+                              u.turn)
 ), admitted AS MATERIALIZED (
-    SELECT leasework.admit(array_agg(id ORDER BY priority, queued_at, id),
-                           array_agg(kind ORDER BY priority, queued_at, id),
-                           array_agg(tenant ORDER BY priority, queued_at, id),
+    SELECT leasework.admit(array_agg(id ORDER BY priority, turn NULLS FIRST, queued_at, id),
+                           array_agg(kind ORDER BY priority, turn NULLS FIRST, queued_at, id),
+                           array_agg(tenant ORDER BY priority, turn NULLS FIRST, queued_at, id),
                            %(limit)s, %(finishing)s::bigint, %(worker)s) AS ids
       FROM candidates
 ), chosen AS MATERIALIZED (
     SELECT id, tenant
       FROM candidates
      WHERE NOT (SELECT limited FROM live) OR id = ANY((SELECT ids FROM admitted)::bigint[])
-     ORDER BY priority, queued_at, id
+     ORDER BY priority, turn NULLS FIRST, queued_at, id
      LIMIT %(limit)s
 ), served AS (
-    SELECT count(leasework.tenant_served(tenant, id)) AS n FROM chosen WHERE tenant IS NOT NULL
+    SELECT (SELECT count(leasework.tenant_served(tenant, id)) FROM chosen
+             WHERE tenant IS NOT NULL)
+         + (SELECT count(leasework.untenanted_served(c.base, n.taken))
+              FROM contest c, (SELECT count(*) AS taken FROM chosen WHERE tenant IS NULL) n
+             WHERE n.taken > 0) AS n
 )
 UPDATE leasework.runs r
    SET status = 'running',

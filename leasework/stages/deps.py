@@ -1,5 +1,5 @@
 """The `deps` stage: decides the runs that wait for others (docs/workflows.md). A run that
-something waits for records its end in `leasework.run_deps_ended` (the trigger runs_parent_ended,
+something waits for records its end in `leasework.run_deps_ended` (the trigger runs_ended,
 schema.sql), and an enqueue after a run it did not make records that parent there too; each step
 takes a bounded batch of those rows, marks each parent, and makes each blocked child whose every
 parent has ended `queued` or, by its policy, `cancelled` (deps.sql). Never writes a lease column;
@@ -19,7 +19,7 @@ Q = load("leasework.stages", "deps.sql")
 Conn = psycopg.Connection[Any]
 
 # The NOTIFY payload (channel `leasework`) that asks this stage at once: sent with a parent's end
-# by runs_parent_ended, and by an enqueue after a run it did not make (schema.sql).
+# by runs_ended, and by an enqueue after a run it did not make (schema.sql).
 WAKE = "leasework:deps"
 
 

@@ -26,7 +26,7 @@ SELECT first.parent,
 -- name: mark_parent
 -- A parent not yet marked: its row locked unless someone holds it (then NULL: its inbox rows
 -- wait for the next step) and marked, so that from the commit on its end fires
--- runs_parent_ended (schema.sql). The status returned is the latest committed, read under the
+-- runs_ended (schema.sql). The status returned is the latest committed, read under the
 -- lock: a parent that has not ended here records its own end. A parent already marked is never
 -- locked: its end records itself, and the status read without a lock says whether it ended.
 WITH p AS MATERIALIZED (

@@ -282,6 +282,26 @@ def test_tenants_lists_and_sets_a_weight(conn: Conn, cli: Any) -> None:
     assert conn.execute("SELECT * FROM leasework.tenants").fetchall() == before
 
 
+def test_tenants_set_a_weight_for_runs_without_a_tenant(conn: Conn, cli: Any) -> None:
+    conn.execute("SELECT leasework.enqueue('k')")
+    assert "runs without a tenant: weight 2" in ok(
+        cli("tenants", "set", "--untenanted", "--weight", "2")
+    )
+    assert conn.execute("SELECT weight FROM leasework.untenanted_turn").fetchall() == [(2.0,)]
+    listed = ok(cli("tenants"))
+    assert "(runs without a tenant)" in listed and "acme" not in listed
+    line = next(x for x in listed.splitlines() if x.startswith("(runs without a tenant)"))
+    assert line.split()[4:7] == ["2", "1", "0"]  # weight, queued, running
+    one_line_exit_2(cli("tenants", "set", "--weight", "2"), "name a tenant, or give --untenanted")
+    one_line_exit_2(
+        cli("tenants", "set", "acme", "--untenanted", "--weight", "2"),
+        "name a tenant, or give --untenanted",
+    )
+    one_line_exit_2(cli("tenants", "set", "--untenanted", "--weight", "0"), "weight must be")
+    assert conn.execute("SELECT weight FROM leasework.untenanted_turn").fetchall() == [(2.0,)]
+    assert conn.execute("SELECT count(*) FROM leasework.tenants").fetchone() == (0,)
+
+
 LIMITS_APP = """
 from leasework import App
 

@@ -237,7 +237,7 @@ def test_runs_without_dependencies_fire_nothing(app: App, conn: Conn) -> None:
     conn.execute("SET track_functions = 'all'")
     before = conn.execute(
         "SELECT coalesce((SELECT calls FROM pg_stat_user_functions"
-        " WHERE schemaname = 'leasework' AND funcname = 'parent_ended'), 0)"
+        " WHERE schemaname = 'leasework' AND funcname = 'run_ended'), 0)"
     ).fetchone()
     ids = [app.enqueue(conn, "step", {"name": str(i)}) for i in range(5)]
     app.enqueue_many(conn, "step", [{"name": "m"}] * 3)
@@ -246,7 +246,7 @@ def test_runs_without_dependencies_fire_nothing(app: App, conn: Conn) -> None:
     conn.execute("SELECT pg_stat_force_next_flush()")
     after = conn.execute(
         "SELECT coalesce((SELECT calls FROM pg_stat_user_functions"
-        " WHERE schemaname = 'leasework' AND funcname = 'parent_ended'), 0)"
+        " WHERE schemaname = 'leasework' AND funcname = 'run_ended'), 0)"
     ).fetchone()
     assert after == before
     assert conn.execute("SELECT count(*) FROM leasework.run_deps_ended").fetchone() == (0,)
@@ -446,3 +446,29 @@ def test_a_broken_deps_statement_is_caught(
     monkeypatch.setitem(deps.Q, query, mutant.encode() if isinstance(deps.Q[query], bytes) else mutant)
     with pytest.raises(AssertionError):
         check(app, conn)
+
+
+def test_the_end_trigger_fires_at_the_end_only(app: App, conn: Conn, dsn: str) -> None:
+    """The one trigger on a run's end (runs_ended) is called for a parent's and a watched run's
+    every status write, but records a parent's end and NOTIFYs a watched run's only as it ends:
+    its claim records nothing and sends nothing, its seal exactly one of each."""
+    parent = app.enqueue(conn, "step", {"name": "p"})
+    app.enqueue(conn, "step", {"name": "c"}, after=[parent])
+    deps.settle(conn, 100)  # the stage marks the parent has_dependents, and empties its inbox
+    conn.execute("SELECT * FROM leasework.run_outcome(%s, true)", (parent,))
+    assert conn.execute(
+        "SELECT has_dependents, notify_ended FROM leasework.runs WHERE id = %s", (parent,)
+    ).fetchone() == (True, True)
+    assert conn.execute("SELECT count(*) FROM leasework.run_deps_ended").fetchone() == (0,)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN leasework_ended")
+        got = claim(conn)
+        assert got.id == parent
+        assert conn.execute("SELECT count(*) FROM leasework.run_deps_ended").fetchone() == (0,)
+        assert list(listener.notifies(timeout=0.2, stop_after=1)) == []
+        lease.finish(conn, got, "succeeded")
+        assert conn.execute(
+            "SELECT count(*) FROM leasework.run_deps_ended WHERE parent = %s", (parent,)
+        ).fetchone() == (1,)
+        heard = list(listener.notifies(timeout=10, stop_after=1))
+        assert [n.payload for n in heard] == [str(parent)]

@@ -314,8 +314,8 @@ CLAIM_ORDER = [
     pytest.param(
         Mutation(
             "claim_runs",
-            "ORDER BY priority, queued_at, id",
-            "ORDER BY queued_at, priority, id",
+            "ORDER BY priority, turn NULLS FIRST, queued_at, id",
+            "ORDER BY queued_at, priority, turn NULLS FIRST, id",
             branch="chosen",
         ),
         None,

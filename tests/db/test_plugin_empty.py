@@ -1,5 +1,6 @@
 """The pytest plugin's `empty()`, run before each test that uses its fixtures: every leasework
-table (the schema version excepted) ends empty with its ids restarted, and a table the test did
+table (the schema version and the one-row untenanted_turn, set back, excepted) ends empty with
+its ids restarted, and a table the test did
 not touch is left as it is (TRUNCATE would give it new files for nothing)."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _files(conn: Conn) -> dict[str, int]:
 def _counts(conn: Conn) -> dict[str, int]:
     out = {}
     for table in _files(conn):
-        if table != "schema_version":
+        if table not in ("schema_version", "untenanted_turn"):  # the one-row ones
             row = conn.execute(f"SELECT count(*) FROM leasework.{table}").fetchone()
             out[table] = int(row[0]) if row else -1
     return out
@@ -40,10 +41,16 @@ def test_every_table_ends_empty_with_its_ids_restarted(conn: Conn) -> None:
     conn.execute("INSERT INTO leasework.paused_kinds (kind) VALUES ('job')")
     version = conn.execute("SELECT version FROM leasework.schema_version").fetchone()
 
+    conn.execute("UPDATE leasework.untenanted_turn SET turn = 7, weight = 2")
+
     empty(conn)
 
     assert set(_counts(conn).values()) == {0}
     assert conn.execute("SELECT version FROM leasework.schema_version").fetchone() == version
+    # The turn runs without a tenant share is set back as migrate made it, not emptied.
+    assert conn.execute("SELECT turn, weight FROM leasework.untenanted_turn").fetchall() == [
+        (0.0, 1.0)
+    ]
     assert app.enqueue(conn, "job", {}) == 1
 
 

@@ -188,7 +188,7 @@ def test_sql_and_python_refuse_the_same_input_and_write_nothing(
 
 # What only SQL can pass (Python refuses these before anything is sent): NULL or NaN for an
 # argument of an enqueue without a label or a window. leasework.enqueue first asks whether every
-# check passes in one expression (migration 0032); a NULL or a NaN there must send the enqueue
+# check passes in one expression (migration 0034); a NULL or a NaN there must send the enqueue
 # the long way, check by check, and never past the checks.
 SQL_ONLY_BAD = [
     ("NULL::text", "kind NULL is not valid"),

@@ -1,7 +1,7 @@
 """claim_runs sent through a worker's Chain (libpq, its own prepared statement): what an idle
-worker woken by a NOTIFY sends first. The same statement and the same rules as through psycopg's
-cursor: priority before queued_at, the limiter of a tenant's group, a paused kind passed by, a
-delayed run left, a batch in claim order; the cursor again inside a transaction."""
+worker woken by a NOTIFY sends first. The same statement, so the same claims in the same order
+as through psycopg's cursor (priorities, turns, a tenant's group held back, a paused kind passed
+by, a delayed run left), a batch in claim order; the cursor again inside a transaction."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import psycopg
 from leasework import App
 from leasework.leases import lease
 from leasework.workers.worker import Worker
+
+from ...conftest import truncate_all
 
 Conn = psycopg.Connection[Any]
 
@@ -31,24 +33,38 @@ def prepared_claims(conn: Conn) -> list[str]:
     return [r[0] for r in rows]
 
 
-def test_claims_by_the_rules(conn: Conn) -> None:
+def queue(conn: Conn) -> None:
+    """Runs the rules order, hold back and leave: a better priority, a tenant's group (its
+    second run held back while the first runs), a paused kind, a delayed run."""
     app = app_of("k", "p")
-    a = app.enqueue(conn, "k", {"n": "a"})
-    b = app.enqueue(conn, "k", {"n": "b"}, priority=-1)
-    c = app.enqueue(conn, "k", {"n": "c"}, tenant="t1", group="g")
+    app.enqueue(conn, "k", {"n": "a"})
+    app.enqueue(conn, "k", {"n": "b"}, priority=-1)
+    app.enqueue(conn, "k", {"n": "c"}, tenant="t1", group="g")
     app.enqueue(conn, "k", {"n": "d"}, tenant="t1", group="g")  # held back while c runs
     app.enqueue(conn, "p", {"n": "e"})  # its kind paused
     app.enqueue(conn, "k", {"n": "f"}, delay=3600)  # not due
     conn.execute("INSERT INTO leasework.paused_kinds (kind) VALUES ('p')")
-    chain = lease.Chain()
 
+
+def drain(conn: Conn, chain: lease.Chain | None) -> list[lease.Claim]:
     taken = []
     while claims := lease.claim_runs(conn, ["k", "p"], worker="w1", lease=30.0, chain=chain):
         assert len(claims) == 1
         taken.append(claims[0])
+    return taken
 
-    assert [cl.id for cl in taken] == [b, a, c]
-    assert [cl.payload for cl in taken] == [{"n": "b"}, {"n": "a"}, {"n": "c"}]
+
+def test_claims_what_the_cursor_claims(conn: Conn) -> None:
+    queue(conn)
+    by_cursor = [cl.payload for cl in drain(conn, None)]
+    assert prepared_claims(conn) == []
+    truncate_all(conn)
+    queue(conn)
+
+    taken = drain(conn, lease.Chain())
+
+    assert [cl.payload for cl in taken] == by_cursor
+    assert sorted(p["n"] for p in by_cursor) == ["a", "b", "c"]
     assert all(cl.kind == "k" and cl.attempts == 1 and cl.lease_seconds == 30.0 for cl in taken)
     owners = conn.execute(
         "SELECT id, lease_owner, lease_worker FROM leasework.runs WHERE status = 'running'"

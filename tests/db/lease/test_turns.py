@@ -87,6 +87,95 @@ def test_a_tenant_back_from_idle_gets_one_turn_not_a_burst(conn: Conn) -> None:
     assert order.count("back") in (5, 6), order
 
 
+def test_runs_without_a_tenant_are_one_more_participant(conn: Conn) -> None:
+    """A backlog of runs without a tenant, all older than the tenants' runs, takes one turn in
+    two, not every claim until it is drained (runs without a tenant met the tenants' picks by
+    queued_at: the 30 small tenants waited for all 300)."""
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(300)])
+    first = claim_one(conn)
+    assert first is not None and first.tenant is None
+    assert lease.finish(conn, first, "succeeded")
+    small = [app.enqueue(conn, "job", {}, tenant=f"small-{i}") for i in range(30)]
+
+    order = drain_order(conn)[:80]
+
+    # 31 participants take turns: every small tenant's run within the first 60 claims (one of
+    # theirs, one without a tenant), and the runs without a tenant keep their share.
+    assert set(small) <= {c.id for c in order[:60]}
+    assert 29 <= sum(c.tenant is None for c in order[:60]) <= 31
+    assert len(order) == 80
+
+
+def test_a_weight_for_runs_without_a_tenant(conn: Conn) -> None:
+    app = make_app()
+    operations.set_tenant_weight(conn, None, 3)  # the runs without a tenant
+    app.enqueue_many(conn, "job", [{} for _ in range(60)])
+    app.enqueue_many(conn, "job", [{} for _ in range(60)], tenant="light")
+
+    first = drain_order(conn)[:40]
+
+    untenanted = sum(c.tenant is None for c in first)
+    assert 28 <= untenanted <= 32, untenanted  # three turns to one: 30 of 40
+
+
+def test_runs_without_a_tenant_back_from_idle_get_one_turn_not_a_burst(conn: Conn) -> None:
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(40)], tenant="busy")
+    for _ in range(20):  # busy's turn runs 20 ahead, with nothing else queued
+        c = claim_one(conn)
+        assert c is not None and lease.finish(conn, c, "succeeded")
+    app.enqueue_many(conn, "job", [{} for _ in range(10)])
+
+    order = [c.tenant for c in drain_order(conn)][:10]
+
+    # They start one of busy's turns behind it, not at the turn they left with: the two
+    # alternate after that one turn.
+    assert order.count(None) in (5, 6), order
+
+
+def test_a_claim_never_waits_for_the_turn_of_runs_without_a_tenant(
+    conn: Conn, other: Conn
+) -> None:
+    """While a rival claim holds their turn (here: another session's lock on it), a claim where
+    tenants compete takes a tenant's run at once, and one where none does still takes runs
+    without a tenant."""
+    app = make_app()
+    plain = app.enqueue(conn, "job", {})
+    with other.transaction():
+        other.execute("SELECT * FROM leasework.untenanted_turn FOR UPDATE")
+        tenanted = app.enqueue(conn, "job", {}, tenant="t")
+        conn.execute("SET lock_timeout = '2s'")  # a wait would fail the claim, not hang
+        got = claim_one(conn)
+        assert got is not None and got.id == tenanted
+        again = claim_one(conn)  # t is held back by nothing, but has no run left: no contest
+        assert again is not None and again.id == plain
+
+
+def test_batch_claims_take_runs_without_a_tenant_up_to_the_last_tenants_turn(conn: Conn) -> None:
+    """A tenant offers one pick per statement; runs without a tenant take their turns up to the
+    last pick's, not the rest of the batch."""
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(50)])
+    for t in ("a", "b", "c"):
+        app.enqueue_many(conn, "job", [{} for _ in range(5)], tenant=t)
+
+    got = lease.claim_runs(conn, KINDS, worker="w", lease=LEASE, limit=20)
+
+    assert sorted(c.tenant or "" for c in got) == ["", "a", "b", "c"]
+    alone = lease.claim_runs(conn, ["other"], worker="w", lease=LEASE, limit=20)
+    assert alone == []  # (a kind with nothing queued)
+
+
+def test_runs_without_a_tenant_keep_the_old_order_if_their_turn_row_is_gone(conn: Conn) -> None:
+    app = make_app()
+    old = app.enqueue(conn, "job", {})
+    conn.execute("DELETE FROM leasework.untenanted_turn")
+    new = app.enqueue(conn, "job", {}, tenant="t")
+
+    assert [c.id for c in drain_order(conn)] == [old, new]
+
+
 def test_the_tenants_bookkeeping_follows_the_queue(conn: Conn) -> None:
     app = make_app()
     app.enqueue(conn, "job", {}, tenant="t", priority=3)
@@ -192,7 +281,9 @@ def model_pick(
     """Every run the rules allow the next one-at-a-time claim to take, by the documented order:
     runs without a tenant by (priority, queued_at, id); tenants by (their best queued run's
     priority, turn, name), the first with a claimable run giving its best claimable run; the two
-    compared by (priority, queued_at, id). A run is claimable when due, of a live kind with a
+    compared by (priority, turn, queued_at, id), the turn of runs without a tenant being theirs
+    (leasework.untenanted_turn) but never more than one of the tenant's turns behind its, and
+    after it when past it. A run is claimable when due, of a live kind with a
     place under its cap (`caps`: max_running per kind), and, with a tenant, when no run of its
     tenant runs exclusively beside it and its tenant's group holds fewer runs than its kind's
     group_limit (`group_limits`; 1 when unset)."""
@@ -219,17 +310,26 @@ def model_pick(
     key = lambda r: (r[5], r[6], r[0])  # noqa: E731
     untenanted = sorted((r for r in claimable if r[2] is None), key=key)
     tenants = conn.execute(
-        "SELECT name, turn FROM leasework.tenants WHERE priority IS NOT NULL"
+        "SELECT name, turn, weight FROM leasework.tenants WHERE priority IS NOT NULL"
     ).fetchall()
-    best = {t: min(r[5] for r in runs if r[2] == t and r[7] == "queued") for t, _ in tenants}
-    picks = []
-    for t, _turn in sorted(tenants, key=lambda x: (best[x[0]], x[1], x[0])):
+    best = {t: min(r[5] for r in runs if r[2] == t and r[7] == "queued") for t, *_ in tenants}
+    pick = None
+    for t, turn, weight in sorted(tenants, key=lambda x: (best[x[0]], x[1], x[0])):
         mine = sorted((r for r in claimable if r[2] == t), key=key)
         if mine:
-            picks.append(mine[0])
+            pick = (mine[0], turn, weight)
             break
-    candidates = sorted(untenanted[:1] + picks, key=key)
-    return {candidates[0][0]} if candidates else set()
+    if pick is None:
+        return {untenanted[0][0]} if untenanted else set()
+    (p, p_turn, p_weight), candidates = pick, [(pick[0][5], pick[1], pick[0][6], pick[0][0])]
+    if untenanted:
+        u = untenanted[0]
+        row = conn.execute("SELECT turn FROM leasework.untenanted_turn").fetchone()
+        assert row is not None
+        u_turn = max(row[0], p_turn - 1 / p_weight)  # back from idle: one turn behind at most
+        if u[5] != p[5] or u_turn <= p_turn:  # past the pick's turn: after it, not now
+            candidates.append((u[5], u_turn, u[6], u[0]))
+    return {min(candidates)[3]}
 
 
 @settings(
@@ -240,23 +340,32 @@ def model_pick(
     st.integers(min_value=1, max_value=10),
     st.sampled_from([None, None, 1, 2]),  # job's max_running
     st.sampled_from([None, None, 2, 3]),  # job's group_limit
+    st.sampled_from([(1.0, 1.0), (1.0, 1.0), (3.0, 1.0), (1.0, 0.5), (0.5, 2.0)]),  # weights
 )
 # A group wider than one, filled past its limit if the rule were off by one; a cap of 2 across
 # tenants and runs without one.
-@example([("job", "t1", "g1", False, 0, 0.0)] * 4, 8, None, 2)
-@example([("job", t, None, False, 0, 0.0) for t in (None, "t1", "t2", None, "t3")], 6, 2, None)
+@example([("job", "t1", "g1", False, 0, 0.0)] * 4, 8, None, 2, (1.0, 1.0))
+@example(
+    [("job", t, None, False, 0, 0.0) for t in (None, "t1", "t2", None, "t3")], 6, 2, None, (1.0, 1.0)
+)
+# Runs without a tenant of weight 3 against t1 of weight 0.5, both with a backlog.
+@example([("job", t, None, False, 0, 0.0) for t in [None, "t1"] * 5], 10, None, None, (3.0, 0.5))
 def test_the_claim_takes_what_the_rules_allow_in_the_fair_order(
     conn: Conn,
     queue: list[tuple[Any, ...]],
     claims: int,
     max_running: int | None,
     group_limit: int | None,
+    weights: tuple[float, float],
 ) -> None:
     conn.execute(
         "TRUNCATE leasework.runs, leasework.tenants, leasework.paused_kinds,"
         " leasework.kind_limits;"
         "INSERT INTO leasework.paused_kinds (kind) VALUES ('paused')"
     )
+    # Runs without a tenant, and tenant t1, by these weights; every turn from 0.
+    conn.execute("UPDATE leasework.untenanted_turn SET turn = 0, weight = %s", (weights[0],))
+    operations.set_tenant_weight(conn, "t1", weights[1])
     if max_running or group_limit:
         operations.set_limits(
             conn, "job", known=["job"], max_running=max_running, group_limit=group_limit
@@ -344,3 +453,28 @@ def test_every_statement_that_queues_a_run_again_puts_its_tenant_back_in_the_tur
     assert priority("promo") == 0
     promoted = claim_one(conn)
     assert promoted is not None and promoted.id == waiting
+
+
+def test_a_queue_of_tenants_alone_never_locks_the_turn_of_runs_without_a_tenant(
+    conn: Conn, other: Conn
+) -> None:
+    """Their turn is locked and written only while runs without a tenant are queued beside the
+    tenants' picks: with none queued (a reclaim without a tenant included), a claim leaves it be."""
+    app = make_app()
+    expired = app.enqueue(conn, "job", {})
+    got = claim_one(conn)
+    assert got is not None and got.id == expired
+    conn.execute(
+        "UPDATE leasework.runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        (expired,),
+    )
+    tenanted = [app.enqueue(conn, "job", {}, tenant=t) for t in ("a", "b")]
+    with conn.transaction():
+        taken = lease.claim_runs(conn, KINDS, worker="w", lease=LEASE, limit=5)
+        assert sorted(c.id for c in taken) == sorted([expired, *tenanted])
+        # Not locked by this claim's transaction: another session takes its lock at once.
+        other.execute("SET lock_timeout = '1s'")
+        with other.transaction():
+            other.execute("SELECT * FROM leasework.untenanted_turn FOR UPDATE NOWAIT")
+    row = conn.execute("SELECT turn FROM leasework.untenanted_turn").fetchone()
+    assert row == (0.0,)

@@ -1,5 +1,5 @@
--- Migration 0032: leasework.enqueue's checks in one expression first, for an enqueue's share of
--- a run's pickup latency (bench/README.md, issue 30, third pass). Same signature, same grants
+-- Migration 0034: leasework.enqueue's checks in one expression first, for an enqueue's share of
+-- a run's pickup latency (bench/README.md, issue 30, fourth pass). Same signature, same grants
 -- (CREATE OR REPLACE), the same checks and errors; the body is 0030's with three changes:
 -- - the checks run behind one expression that is true only when every one of them passes (each
 --   IF was an expression PL/pgSQL compiles again in every transaction): an enqueue with a
@@ -69,10 +69,10 @@ BEGIN
         END IF;
         RETURN run_id;
     END IF;
-    -- The checks below, in one expression first (migration 0032): each IF is an expression of
+    -- The checks below, in one expression first (migration 0034): each IF is an expression of
     -- its own, which PL/pgSQL compiles again in every transaction (its state lives as long as
     -- the transaction), and an enqueue is most often its transaction's only call; they were a
-    -- fifth of the function's time in a pickup (bench/README.md, issue 30, third pass). True
+    -- fifth of the function's time in a pickup (bench/README.md, issue 30, fourth pass). True
     -- only when every check below passes (each one's condition false), so they run, and raise
     -- as they always did, whenever it is not: a label, a window or a value out of range goes
     -- the long way, and so does a NULL anywhere in it (IS NOT TRUE).
@@ -122,7 +122,7 @@ BEGIN
         -- sessions enqueue them, gain nothing by it). The caller is the role its session SET, else its
         -- login: inside this function current_user is the function's owner.
         -- coalesce: without a key starts_with gives NULL, and NULL AND x still evaluates x, so the
-        -- privilege look-up ran on every enqueue without a key (migration 0032).
+        -- privilege look-up ran on every enqueue without a key (migration 0034).
         IF coalesce(starts_with(enqueue.key, 'leasework:'), false) AND NOT has_table_privilege(
                coalesce(nullif(current_setting('role'), 'none'), session_user),
                'leasework.runs', 'INSERT') THEN
@@ -211,7 +211,7 @@ BEGIN
                 enqueue.lease_seconds, enqueue.timeout_seconds,
                 leasework.now() + make_interval(secs => enqueue.delay))
         RETURNING id INTO run_id;
-        -- One PERFORM, not two: each runs a query of its own (migration 0032).
+        -- One PERFORM, not two: each runs a query of its own (migration 0034).
         PERFORM pg_notify('leasework', enqueue.kind),
                 set_config('leasework.enqueued_existing', 'false', true);
         RETURN run_id;

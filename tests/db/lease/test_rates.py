@@ -304,3 +304,23 @@ def test_a_chain_learns_that_a_kind_is_rated_and_claims_it_with_the_quick_statem
         assert sealed and run is not None and run.id == expected
         assert chain.whole_until == fell_back_at, "the rated quick statement claimed nothing"
     assert window_count(conn) == 5
+
+
+def test_a_chain_that_learns_a_kind_is_rated_sends_the_quick_statement_at_once(
+    conn: Conn,
+) -> None:
+    # A worker's Chain holds the whole statement for `recheck` (its poll_interval) after the
+    # quick one claimed nothing; when that was only because the plain quick statement leaves a
+    # rated kind out, the rated form claims the next run at once.
+    app = make_app()
+    ids = app.enqueue_many(conn, "job", [{} for _ in range(4)])
+    rate(conn, rate="1000/1s")
+    chain = lease.Chain(recheck=60.0)
+    first = claim_one(conn, "w1", ["job"])
+    assert first is not None
+    sealed, run = lease.finish_and_claim(conn, first, ["job"], worker="w1", lease=LEASE, chain=chain)
+    assert sealed and run is not None and run.id == ids[1] and chain.rated
+    assert chain.quick(time.monotonic()), "the whole statement is held for recheck seconds"
+    sealed, run = lease.finish_and_claim(conn, run, ["job"], worker="w1", lease=LEASE, chain=chain)
+    assert sealed and run is not None and run.id == ids[2]
+    assert chain.quick(time.monotonic()), "the rated quick statement claimed nothing"

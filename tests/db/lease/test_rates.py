@@ -216,18 +216,19 @@ def test_maintenance_prunes_the_windows_that_count_nothing(conn: Conn) -> None:
 
 def test_a_window_of_the_wrong_shape_is_refused(conn: Conn) -> None:
     # Whoever writes it (the worker role can): no reader's arithmetic may overflow on it.
-    rate(conn, rate="1/10s")
+    rate(conn, rate="1/10s")  # its one shard
     good = conn.execute("SELECT leasework.rate_recorded(NULL, 10, now(), 1)").fetchone()
     assert good is not None
-    conn.execute("INSERT INTO leasework.rate_windows (kind, win) VALUES ('job', %s)", (good[0],))
+    conn.execute("UPDATE leasework.rate_shards SET win = %s, carried = %s", (good[0], good[0]))
     for bad in (
         [1, 2],
         [0, *good[0][1:]],
         [good[0][0], good[0][1], -1, *good[0][3:]],
         [good[0][0], 2**62, *good[0][2:]],
     ):
-        with pytest.raises(psycopg.errors.CheckViolation):
-            conn.execute("UPDATE leasework.rate_windows SET win = %s", (bad,))
+        for column in ("win", "carried"):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(f"UPDATE leasework.rate_shards SET {column} = %s", (bad,))
 
 
 def rated_quick(conn: Conn, sealing: lease.Claim, one: bool, probed: bool = True) -> list[int]:
@@ -250,10 +251,11 @@ def rated_quick(conn: Conn, sealing: lease.Claim, one: bool, probed: bool = True
 
 
 def window_count(conn: Conn) -> int:
+    """The claims the kind's window counts now: every shard's (leasework.rate_shards)."""
     row = conn.execute(
-        "SELECT leasework.rate_used(w.win, l.rate_seconds, leasework.now())"
-        " FROM leasework.kind_limits l LEFT JOIN leasework.rate_windows w USING (kind)"
-        " WHERE kind = 'job'"
+        "SELECT leasework.rate_used(leasework.rate_shards_window(l.kind, l.rate_seconds),"
+        "                           l.rate_seconds, leasework.now())"
+        " FROM leasework.kind_limits l WHERE kind = 'job'"
     ).fetchone()
     assert row is not None
     return int(row[0])

@@ -2200,15 +2200,18 @@ $$;
 -- changed (the trigger below) and by leasework.admit when a rated
 -- kind has no shard. The caller holds the kind's leasework.kind_limits row lock; every shard is
 -- locked here first (in shard order, as admit locks them), so a rated claim recording in one
--- commits first and is counted. The new shards start empty, each with every claim of the old
--- window that still counts as `carried`: until those count nothing, leasework.admit alone
--- admits, against the whole rate (a change at run time costs a period of claims through admit).
+-- commits first and is counted. The claims of the old window that still count go into the
+-- first shard when they fit in its share (they count there until they age out, as the claims it
+-- takes do), else into every new shard as `carried`: until those count nothing, leasework.admit
+-- alone admits, against the whole rate (a change that leaves more claims counting than a share
+-- costs a period of claims through admit).
 CREATE OR REPLACE FUNCTION leasework.rate_split(kind text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     l leasework.kind_limits;
     merged bigint[];
+    used bigint;
     k integer;
 BEGIN
     SELECT * INTO l FROM leasework.kind_limits x WHERE x.kind = rate_split.kind;
@@ -2219,13 +2222,15 @@ BEGIN
       ORDER BY s.shard
         FOR UPDATE;
     merged := leasework.rate_shards_window(rate_split.kind, l.rate_seconds);
-    IF leasework.rate_used(merged, l.rate_seconds, leasework.now()) = 0 THEN
-        merged := NULL;
-    END IF;
+    used := leasework.rate_used(merged, l.rate_seconds, leasework.now());
     DELETE FROM leasework.rate_shards s WHERE s.kind = rate_split.kind;
     k := least(8, l.rate_count);
-    INSERT INTO leasework.rate_shards (kind, shard, share, carried)
-    SELECT rate_split.kind, s, l.rate_count / k + (s < l.rate_count % k)::integer, merged
+    -- The first shard's share is the largest (count / k, and one of the count % k).
+    INSERT INTO leasework.rate_shards (kind, shard, share, win, carried)
+    SELECT rate_split.kind, s, l.rate_count / k + (s < l.rate_count % k)::integer,
+           CASE WHEN used > 0 AND s = 0 AND used <= l.rate_count / k + (l.rate_count % k > 0)::integer
+                THEN merged END,
+           CASE WHEN used > l.rate_count / k + (l.rate_count % k > 0)::integer THEN merged END
       FROM generate_series(0, k - 1) s;
 END
 $$;
@@ -2268,9 +2273,9 @@ $$;
 -- Whether the claim may look at the runs of kind `l` at all, in the claim's own snapshot (a
 -- hint that keeps a full kind's runs out of the walk; leasework.admit decides, under the kind's
 -- lock and with a fresh snapshot): its cap has a free place and its rate (per kind) room for one
--- more (leasework.rate_shards_open). The run being sealed with the claim (finish_and_claim: `finishing`, this
--- `worker`'s) does not hold a place: its seal commits with the claim. (Migration 0032: the
--- window is read from leasework.rate_shards.)
+-- more (leasework.rate_shards_open). The run being sealed with the claim (finish_and_claim:
+-- `finishing`, this `worker`'s) does not hold a place: its seal commits with the claim.
+-- (Migration 0032: the window is read from leasework.rate_shards.)
 CREATE OR REPLACE FUNCTION leasework.kind_open(l leasework.kind_limits, finishing bigint, worker text)
 RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
@@ -2398,9 +2403,12 @@ $$;
 -- or a rate): `ids` in the claim's order, with their `kinds` and `tenants`; returns those it
 -- takes, at most `wanted`. The rows of the limited kinds among them are locked first, in kind
 -- order (FOR UPDATE: a second claim of the kind waits for this one to commit; one order, so two
--- claims never wait on each other), then every shard of each rated kind's window
+-- claims never wait on each other), then the shards of each rated kind's window
 -- (leasework.rate_shards, in shard order; split if the kind has none: leasework.rate_split; the
--- quick statement's rated form writes one shard under that shard's lock alone), and every count
+-- quick statement's rated form writes one shard under that shard's lock alone): one at a time,
+-- those no rated claim in flight holds, until they have room for `wanted`, or when they have
+-- none (or claims are carried from before the rate changed) every one, waiting for those claims
+-- to commit. Every count
 -- is read after that, with a fresh snapshot (VOLATILE): it sees each claim of the kind that
 -- committed before, which the claim statement's own snapshot may not. Then, in order, a
 -- candidate of a limited kind is taken while its kind has a free place under max_running (live
@@ -2429,6 +2437,9 @@ DECLARE
     s record;
     free bigint;
     kept bigint;
+    held integer[] := '{}';  -- the shards locked here: (the kind's place in lk - 1) * 8 + shard
+    more integer[];
+    k integer;
     r record;
     j integer;
     n bigint;
@@ -2455,29 +2466,55 @@ BEGIN
             n := l.max_running - leasework.running_of_kind(l.kind, finishing, worker);
         END IF;
         IF l.rate_count IS NOT NULL THEN
-            -- The kind's shards, every one locked before it is read (the rated quick statement
-            -- writes one under its lock alone); split the first time.
+            -- The kind's shards (split the first time), each locked before it is read (the rated
+            -- quick statement writes one under its lock alone), and the claims carried from
+            -- before the rate changed (set and cleared under the kind's row lock, held here).
             IF NOT EXISTS (SELECT 1 FROM leasework.rate_shards x WHERE x.kind = l.kind) THEN
                 PERFORM leasework.rate_split(l.kind);
             END IF;
-            PERFORM 1 FROM leasework.rate_shards y WHERE y.kind = l.kind
-              ORDER BY y.shard
-                FOR UPDATE;
-            SELECT coalesce(sum(greatest(0, x.share
-                                            - leasework.rate_used(x.win, l.rate_seconds, at))), 0),
-                   max(CASE WHEN x.carried IS NOT NULL
+            SELECT max(CASE WHEN x.carried IS NOT NULL
                             THEN leasework.rate_used(x.carried, l.rate_seconds, at) END)
-              INTO free, kept
+              INTO kept
               FROM leasework.rate_shards x WHERE x.kind = l.kind;
-            IF kept > 0 THEN
-                -- Claims carried from before the rate changed still count: the whole window
-                -- (they and every shard's) is held to the rate too.
-                free := least(free, l.rate_count - leasework.rate_used(
-                    leasework.rate_shards_window(l.kind, l.rate_seconds), l.rate_seconds, at));
-            ELSIF kept = 0 THEN
+            IF kept = 0 THEN
                 -- They count nothing any more: the quick statement may take the shards again.
                 UPDATE leasework.rate_shards x SET carried = NULL
                  WHERE x.kind = l.kind AND x.carried IS NOT NULL;
+            END IF;
+            free := 0;
+            k := cardinality(lk) * 8;
+            WHILE coalesce(kept, 0) = 0 AND free < wanted LOOP
+                -- One more shard that no rated claim in flight holds (SKIP LOCKED: those record
+                -- their own claims), read as locked, until there is room for what the claim
+                -- may take: a quick claim finds the others free (it never waits for this one).
+                SELECT y.shard,
+                       greatest(0, y.share - leasework.rate_used(y.win, l.rate_seconds, at)) AS spare
+                  INTO s
+                  FROM leasework.rate_shards y
+                 WHERE y.kind = l.kind AND k + y.shard <> ALL(held)
+                 ORDER BY y.last_pid IS DISTINCT FROM pg_backend_pid(), y.shard
+                 LIMIT 1
+                   FOR UPDATE SKIP LOCKED;
+                EXIT WHEN NOT FOUND;
+                held := held || (k + s.shard);
+                free := free + s.spare;
+            END LOOP;
+            IF free < 1 THEN
+                -- No room there (or claims carried): every shard, waiting for the claims in
+                -- flight, and with claims carried the whole window held to the rate too.
+                SELECT coalesce(sum(greatest(0, x.share
+                                                - leasework.rate_used(x.win, l.rate_seconds, at))), 0),
+                       array_agg(k + x.shard)
+                  INTO free, more
+                  FROM (SELECT y.shard, y.share, y.win FROM leasework.rate_shards y
+                         WHERE y.kind = l.kind
+                         ORDER BY y.shard
+                           FOR UPDATE) x;
+                held := held || coalesce(more, '{}');
+                IF kept > 0 THEN
+                    free := least(free, l.rate_count - leasework.rate_used(
+                        leasework.rate_shards_window(l.kind, l.rate_seconds), l.rate_seconds, at));
+                END IF;
             END IF;
             IF l.rate_per IS NULL THEN
                 n := least(n, free);
@@ -2525,9 +2562,11 @@ BEGIN
     FOR j IN 1 .. cardinality(lk) LOOP
         n := took[j];
         CONTINUE WHEN n IS NULL OR n < 1;
+        -- The shards locked above.
         FOR s IN
             SELECT x.shard, greatest(0, x.share - leasework.rate_used(x.win, secs[j], at)) AS spare
-              FROM leasework.rate_shards x WHERE x.kind = lk[j]
+              FROM leasework.rate_shards x
+             WHERE x.kind = lk[j] AND (j - 1) * 8 + x.shard = ANY(held)
              ORDER BY x.shard
         LOOP
             EXIT WHEN n < 1;

@@ -550,13 +550,15 @@ SELECT r.id
 -- entry of runs_running_by_expiry); `candidate` is the quick claim (its
 -- <handed_on> is handed_on_rated), gated as in the probed or lean form, and only while the seal
 -- will be made; `slot` takes a shard of its kind's window (leasework.rate_shards, migration
--- 0032) with room for one more claim under the shard's share, one that no other claim holds
--- (FOR UPDATE SKIP LOCKED: claims on different shards never wait on each other; this backend's
--- own shard of its last claim first, `last_pid`, so that two workers keep to their own and
--- rarely meet a shard written since their snapshot); the room is re-checked on the shard's
--- latest version when it is locked (a rival's claim committed meanwhile is counted: FOR UPDATE's
--- re-check), so no shard ever passes its share, and the shares add up to the rate; `rated`
--- records the claim there. leasework.admit locks every shard of the kind before it reads them.
+-- 0032) that no other claim holds (FOR UPDATE SKIP LOCKED: claims on different shards never wait
+-- on each other; this backend's shard of its last claim first, `last_pid`, so that two workers
+-- keep to their own and rarely meet a shard written since their snapshot) and that has room for
+-- one more claim under its share. The room is read on the version locked, above the lock (OFFSET
+-- 0 keeps it there): the shard's latest, a rival's claim committed meanwhile counted (FOR
+-- UPDATE's re-check), so no shard ever passes its share, and the shares add up to the rate; and
+-- only the shards locked are read, most often one (read below the lock, every shard's window was
+-- counted before the sort, a PL/pgSQL call for each one not written in the current slice).
+-- `rated` records the claim there. leasework.admit locks every shard of the kind before it reads them.
 -- A shard with claims carried from before the rate last changed is left to admit, which counts
 -- them with every shard's against the whole rate (leasework.rate_split).
 -- A candidate of a rated kind that finds no shard with room free (or no shard: admit splits the
@@ -576,15 +578,17 @@ WITH sealing AS MATERIALIZED (
     SELECT c.id, c.kind FROM (<quick_claim>) c
      WHERE EXISTS (SELECT 1 FROM sealing) AND NOT (false <due_elsewhere>)
 ), slot AS MATERIALIZED (
-    SELECT y.kind, y.shard, l.rate_seconds AS seconds
-      FROM candidate c
-      JOIN leasework.kind_limits l ON l.kind = c.kind AND l.rate_count IS NOT NULL
-      JOIN leasework.rate_shards y ON y.kind = c.kind
-     WHERE y.carried IS NULL
-       AND leasework.rate_used_fast(y.win, l.rate_seconds, leasework.now()) < y.share
-     ORDER BY y.last_pid IS DISTINCT FROM pg_backend_pid(), mod(y.shard + pg_backend_pid(), 8)
+    SELECT z.kind, z.shard, z.seconds FROM (
+        SELECT y.kind, y.shard, y.share, y.win, y.carried, l.rate_seconds AS seconds
+          FROM candidate c
+          JOIN leasework.kind_limits l ON l.kind = c.kind AND l.rate_count IS NOT NULL
+          JOIN leasework.rate_shards y ON y.kind = c.kind
+         ORDER BY y.last_pid IS DISTINCT FROM pg_backend_pid(), mod(y.shard + pg_backend_pid(), 8)
+        OFFSET 0
+           FOR UPDATE OF y SKIP LOCKED) z
+     WHERE z.carried IS NULL
+       AND leasework.rate_used_fast(z.win, z.seconds, leasework.now()) < z.share
      LIMIT 1
-       FOR UPDATE OF y SKIP LOCKED
 ), rated AS (
     UPDATE leasework.rate_shards x
        SET win = leasework.rate_recorded_fast(x.win, q.seconds, leasework.now()),

@@ -315,13 +315,13 @@ def test_racing_rated_quick_claims_never_pass_the_rate(conn: Conn, racers: list[
 # rival's claim committed meanwhile is not counted). What the shard's re-check guards against.
 # (The statement's text as queries.load compacts it.)
 _ROOM = (
-    b"WHERE y.carried IS NULL"
-    b" AND leasework.rate_used_fast(y.win,l.rate_seconds,leasework.now()) < y.share"
+    b"WHERE z.carried IS NULL"
+    b" AND leasework.rate_used_fast(z.win,z.seconds,leasework.now()) < z.share"
 )
 _ROOM_IN_THE_SNAPSHOT = (
-    b"WHERE (SELECT z.carried IS NULL"
-    b" AND leasework.rate_used_fast(z.win,l.rate_seconds,leasework.now()) < z.share"
-    b" FROM leasework.rate_shards z WHERE z.kind = y.kind AND z.shard = y.shard)"
+    b"WHERE (SELECT v.carried IS NULL"
+    b" AND leasework.rate_used_fast(v.win,z.seconds,leasework.now()) < v.share"
+    b" FROM leasework.rate_shards v WHERE v.kind = z.kind AND v.shard = z.shard)"
 )
 
 

@@ -144,3 +144,20 @@ def test_admit_splits_a_window_without_shards_and_a_rated_claim_needs_one(conn: 
     second = claim_one(conn, "w2", ["job"])
     assert second is not None and second.id == ids[1] and window_count(conn) == 1
     assert len(shards(conn)) == 8
+
+
+def test_a_rate_changed_with_few_claims_counting_keeps_them_in_the_first_shard(conn: Conn) -> None:
+    # Claims that fit in the first shard's share go there: the quick statement goes on at once.
+    app = make_app()
+    app.enqueue_many(conn, "job", [{} for _ in range(6)])
+    rate(conn, rate="1000/1h")
+    taken = [claim_one(conn, f"w{i}", ["job"]) for i in range(3)]
+    assert all(taken) and window_count(conn) == 3
+    rate(conn, rate="2000/1h")
+    rows = shards(conn)
+    assert [r[1] for r in rows] == [250] * 8 and all(r[3] is None for r in rows)
+    assert rows[0][2] is not None and all(r[2] is None for r in rows[1:])
+    assert window_count(conn) == 3
+    last = taken[-1]
+    assert last is not None and len(rated_quick(conn, last, one=True)) == 1
+    assert window_count(conn) == 4

@@ -161,3 +161,22 @@ def test_a_rate_changed_with_few_claims_counting_keeps_them_in_the_first_shard(c
     last = taken[-1]
     assert last is not None and len(rated_quick(conn, last, one=True)) == 1
     assert window_count(conn) == 4
+
+
+def test_a_rated_quick_claim_goes_on_beside_an_admit_in_flight(conn: Conn, dsn: str) -> None:
+    # An admit locks the shards it needs one at a time (one here, for one run), not all of them:
+    # another worker's quick claim takes another shard at once, without waiting for its commit.
+    app = make_app()
+    ids = app.enqueue_many(conn, "job", [{} for _ in range(4)])
+    rate(conn, rate="1000/1h")
+    first = claim_one(conn, "w1", ["job"])
+    assert first is not None
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SET lock_timeout = '2s'")
+        with other.transaction():
+            assert claim_one(other, "w2", ["job"]) is not None  # admitted, not committed
+            conn.execute("SET lock_timeout = '500ms'")
+            got = rated_quick(conn, first, one=True, probed=False)
+            conn.execute("RESET lock_timeout")
+        assert got == [ids[2]], "the quick claim found no shard free beside the admit"
+    assert window_count(conn) == 3

@@ -1,5 +1,5 @@
--- Migration 0032: a kind's rate window split into shards (issue 31, the rate's cost; bench/README.md,
--- issue 31, fourth pass). With one window row per kind, every rated claim held that row's lock
+-- Migration 0032: a kind's rate window split into shards (issue 31, the rate's cost;
+-- bench/README.md, issue 31, fourth pass). With one window row per kind, every rated claim held that row's lock
 -- until its commit, so two workers' rated claims of a kind took turns for the length of a commit
 -- (a quarter of their time waiting, measured) and a claim that waited re-checked its whole
 -- statement (EvalPlanQual). leasework.rate_shards holds a kind's window in up to 8 rows, each
@@ -9,11 +9,26 @@
 -- takes any shard with room that no other claim holds (FOR UPDATE SKIP LOCKED), so claims on
 -- different shards never wait on each other. leasework.rate_windows is no longer read or
 -- written: it stays for a release so that an earlier release's workers keep running
--- (docs/operations.md, Upgrades); its windows are carried into the shards once, below. The
--- shards' CHECK is written out, not a call of leasework.rate_window_valid: a CHECK is prepared
--- again by every statement that writes the table, and an SQL function in it is parsed again each
--- time (a third of the window's write). Self-contained and idempotent: CREATE ... IF NOT EXISTS,
--- CREATE OR REPLACE, DROP TRIGGER IF EXISTS.
+-- (docs/operations.md, Upgrades); its windows are carried into the shards once, below.
+-- leasework.rate_window_valid becomes PL/pgSQL and leasework.rate_slice inlinable (each cost a
+-- rated claim a parse per statement before). Self-contained and idempotent: CREATE ...
+-- IF NOT EXISTS, CREATE OR REPLACE, DROP TRIGGER IF EXISTS.
+
+-- Whether a window has its shape and ranges (schema.sql, above kind_limits).
+-- PL/pgSQL (migration 0032), not SQL: a CHECK's expression is read and prepared again by every
+-- statement that writes its table, and an SQL function in it was inlined there, its body parsed
+-- each time (a third of the cost of a rated claim's write); a PL/pgSQL function keeps its
+-- expression prepared for the session.
+CREATE OR REPLACE FUNCTION leasework.rate_window_valid(win bigint[]) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN win IS NULL
+        OR (cardinality(win) = 44 AND array_ndims(win) = 1 AND array_lower(win, 1) = 1
+            AND win[1] BETWEEN 1 AND 30240000000
+            AND 0 <= ALL(win[2:44]) AND 4611686018427387904 > ALL(win[2:44])
+            AND win[2] <= 4611686018427387904 / win[1]);
+END
+$$;
 
 -- A kind's rate window in shards (leasework.rate_window's shape), the kind's, or with rate_per =
 -- 'tenant' that of its runs without a tenant: shard 0 .. K - 1 with K = least(8, the rate's
@@ -39,17 +54,20 @@ CREATE TABLE IF NOT EXISTS leasework.rate_shards (
     PRIMARY KEY (kind, shard),
     CONSTRAINT rate_shards_valid CHECK (
         shard BETWEEN 0 AND 7 AND share BETWEEN 1 AND 1000000
-        AND (win IS NULL
-             OR (cardinality(win) = 44 AND array_ndims(win) = 1 AND array_lower(win, 1) = 1
-                 AND win[1] BETWEEN 1 AND 30240000000
-                 AND 0 <= ALL(win[2:44]) AND 4611686018427387904 > ALL(win[2:44])
-                 AND win[2] <= 4611686018427387904 / win[1]))
-        AND (carried IS NULL
-             OR (cardinality(carried) = 44 AND array_ndims(carried) = 1
-                 AND array_lower(carried, 1) = 1 AND carried[1] BETWEEN 1 AND 30240000000
-                 AND 0 <= ALL(carried[2:44]) AND 4611686018427387904 > ALL(carried[2:44])
-                 AND carried[2] <= 4611686018427387904 / carried[1])))
+        AND leasework.rate_window_valid(win)
+        AND (carried IS NULL OR leasework.rate_window_valid(carried)))
 ) WITH (fillfactor = 20);
+
+-- The slice a moment falls in, for a period of `seconds` (20 slices per period). Its time since
+-- the epoch is read from an interval (`at - epoch`: immutable operators, where extract() from a
+-- timestamptz is only stable), so that the planner inlines it into an expression that calls it,
+-- as leasework.rate_used_fast does (migration 0032; the same number as before).
+CREATE OR REPLACE FUNCTION leasework.rate_slice(seconds double precision, at timestamptz)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT floor(extract(epoch FROM at - timestamptz '1970-01-01 00:00:00+00') * 1000000
+                 / greatest(1, round(seconds * 50000))::bigint)::bigint;
+$$;
 
 -- The claims a claim at `at` counts against a window (leasework.rate_used: the same answer),
 -- for the quick statement: while `at` falls in the window's newest slice (the common case: a

@@ -180,3 +180,19 @@ def test_a_rated_quick_claim_goes_on_beside_an_admit_in_flight(conn: Conn, dsn: 
             conn.execute("RESET lock_timeout")
         assert got == [ids[2]], "the quick claim found no shard free beside the admit"
     assert window_count(conn) == 3
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.floats(0.1, 604800), st.integers(-(2**40), 2**52))
+def test_the_slice_read_from_an_interval_is_the_slice_of_the_epoch(
+    conn: Conn, seconds: float, micros: int
+) -> None:
+    # leasework.rate_slice reads `at - epoch` (immutable, so it inlines): the same slice as
+    # extract(epoch FROM at), the form before migration 0032.
+    row = conn.execute(
+        "SELECT leasework.rate_slice(%(s)s, a) = floor(extract(epoch FROM a) * 1000000"
+        "       / greatest(1, round(%(s)s * 50000))::bigint)::bigint"
+        "  FROM (SELECT timestamptz 'epoch' + make_interval(secs => %(m)s / 1e6) AS a) t",
+        {"s": seconds, "m": micros},
+    ).fetchone()
+    assert row == (True,)

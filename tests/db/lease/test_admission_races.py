@@ -394,7 +394,7 @@ def test_the_shards_room_read_in_the_snapshot_passes_the_rate(
                 (broken, name + b"_broken", lease.wire.numbered(broken, lease.QUICK_PARAMS)),
             )  # fmt: skip
     worst = 0
-    for _ in range(10):
+    for _ in range(40):  # a race: most drains show it, not every one
         truncate_all(conn)
         worst = max(worst, drain_rated(conn, racers, 8))
         if worst > 8:

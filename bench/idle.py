@@ -103,8 +103,9 @@ def rate_limited(conn: psycopg.Connection[Any]) -> None:
     conn.execute(
         "INSERT INTO leasework.kind_limits (kind, declared)"
         " VALUES ('metered', '{\"rate\": [1, 3600.0]}');"
-        "INSERT INTO leasework.rate_windows (kind, win)"
-        " VALUES ('metered', leasework.rate_recorded(NULL, 3600, leasework.now(), 1));"
+        "UPDATE leasework.rate_shards"  # its one shard, made as the rate was set
+        " SET win = leasework.rate_recorded(NULL, 3600, leasework.now(), 1)"
+        " WHERE kind = 'metered';"
         "INSERT INTO leasework.runs (kind) SELECT 'metered' FROM generate_series(1, 10)"
     )
 

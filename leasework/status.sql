@@ -86,9 +86,9 @@ SELECT kind, count(*)::bigint AS due,
 -- name: status_limits
 -- Every kind with a limit (leasework.kind_limits, docs/flow-control.md) and how full it is now:
 -- `running`, its live leases (the places max_running counts); `rate_used`, the claims its rate's
--- window counts now (the kind's; rated per tenant, those of its runs without a tenant) and
--- `rate_free_at`, when that window has room again (now when it has; `rate_free_in`, the seconds
--- until then); `due`, its queued runs due;
+-- window counts now (the kind's; rated per tenant, those of its runs without a tenant; all its
+-- shards') and `rate_free_at`, when that window has room again (now when it has: a shard has
+-- room under its share; `rate_free_in`, the seconds until then); `due`, its queued runs due;
 -- `held_back`, those of them no claim may take now: every one while the kind is at its cap or its
 -- rate, else (rated per tenant) those of tenants at their rate; and the tenants an operator gave
 -- a rate of their own. `overrides` holds what was set at run time (it wins over `declared`).
@@ -115,20 +115,24 @@ SELECT l.kind, l.max_running, l.group_limit, l.rate_count, l.rate_seconds, l.rat
                    FROM leasework.tenant_rates t
                   WHERE t.kind = l.kind AND t.rate_count IS NOT NULL), '[]') AS tenant_rates
   FROM leasework.kind_limits l
-  LEFT JOIN leasework.rate_windows w ON w.kind = l.kind,
+  -- The kind's window is its shards (leasework.rate_shards): the claims of all of them (and of
+  -- those carried from before the rate changed); it has room when a shard has
+  -- (leasework.rate_shards_open).
+  LEFT JOIN LATERAL (
+       SELECT least(leasework.rate_used(leasework.rate_shards_window(l.kind, l.rate_seconds),
+                                        l.rate_seconds, leasework.now()), 2147483647) AS used,
+              leasework.rate_free_at(l.kind, NULL) AS free_at,
+              leasework.rate_shards_open(l.kind, l.rate_count, l.rate_seconds, leasework.now())
+                  AS room
+        WHERE l.rate_count IS NOT NULL) w ON true,
        LATERAL (SELECT leasework.running_of_kind(l.kind, NULL, NULL) AS running,
+                       CASE WHEN l.rate_count IS NOT NULL THEN coalesce(w.used, 0) END AS rate_used,
                        CASE WHEN l.rate_count IS NOT NULL
-                            THEN least(leasework.rate_used(w.win, l.rate_seconds, leasework.now()),
-                                       2147483647) END AS rate_used,
-                       CASE WHEN l.rate_count IS NOT NULL
-                            THEN leasework.rate_window_free_at(w.win, l.rate_count,
-                                                               l.rate_seconds, leasework.now())
-                       END AS rate_free_at,
+                            THEN coalesce(w.free_at, leasework.now()) END AS rate_free_at,
                        (SELECT count(*) FROM leasework.runs r
                          WHERE r.kind = l.kind AND r.status = 'queued'
                            AND r.queued_at <= leasework.now()) AS due) f0,
        LATERAL (SELECT f0.*, coalesce(f0.running >= l.max_running, false) AS full,
-                       coalesce(l.rate_per IS NULL AND f0.rate_used >= l.rate_count, false)
-                           AS rate_full) f
+                       coalesce(l.rate_per IS NULL AND NOT w.room, false) AS rate_full) f
  WHERE l.max_running IS NOT NULL OR l.group_limit IS NOT NULL OR l.rate_count IS NOT NULL
  ORDER BY l.kind

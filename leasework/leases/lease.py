@@ -551,7 +551,14 @@ def finish_and_claim(
         # A kind with a rate is claimed by the quick statement only in its rated form: whether
         # one is polled, asked when claim_runs took a run (so at most once per chain.recheck).
         row = conn.execute(Q["rated_among"], {"kinds": params["kinds"]}).fetchone()
-        chain.rated = bool(row and row[0])
+        rated = bool(row and row[0])
+        if rated and not chain.rated:
+            # The quick statement left the rated kind out (its plain form claims no rated run):
+            # its rated form claims it from the next job, not the whole statement for
+            # `chain.recheck` (2 s in a worker: every job of a worker's first 2 s went through
+            # claim_runs and leasework.admit, a third to a half of a short drain's jobs).
+            chain.ran_dry()
+        chain.rated = rated
     return sealed, claims[0] if claims else None
 
 

@@ -576,7 +576,7 @@ SELECT r.id
 -- name: handed_on_rated
 -- handed_on in finish_and_claim_rated, where a kind with a rate may be claimed too: a cap's place
 -- is handed on as above (leasework.hand_on, after that statement's `sealing`). Whether the rate
--- has room is `rated`'s to decide, under the window's row lock (no hint read before it: one
+-- has room is `slot`'s to decide, under a shard's row lock (no hint read before it: one
 -- look-up and one PL/pgSQL call less per claim; a full window costs one run locked and left).
 (l.max_running IS NULL
  OR leasework.hand_on(l.kind, %(id)s::bigint, %(owner)s::uuid, l.max_running))
@@ -591,20 +591,26 @@ SELECT r.id
 -- owner-scoped statements are, so that its generic plan reads the primary key and not every
 -- entry of runs_running_by_expiry); `candidate` is the quick claim (its
 -- <handed_on> is handed_on_rated), gated as in the probed or lean form, and only while the seal
--- will be made; `rated` records it in its kind's window (leasework.rate_windows, migration 0031)
--- when the kind has a rate, under the window's row lock: a rival's claim committed meanwhile is
--- re-read (the UPDATE's re-check, its WHERE evaluated again on the latest version), so the
--- window's room is decided on its latest count and never passed; leasework.admit locks the same
--- row before it reads the window. A candidate of a rated kind that finds no room (or no window
--- yet: admit makes it) is not claimed (it stays queued; its lock ends with the statement), and
--- the caller claims with claim_runs as when the quick statement claims nothing. Runs without a
--- tenant only, which take their kind's window (with rate_per, the budget runs without a tenant
--- share). The common case costs no PL/pgSQL call: when the window's newest slice is the claim's
--- own slice (same width, same slice number; the claims of a twentieth of the period), the count
--- is leasework.rate_used's `win[44] - win[23]` and the record leasework.rate_recorded's
--- `win[44] + 1`, written here as expressions (`q.width` and `q.slice` are leasework.rate_slice's
--- arithmetic); any other window goes through those two functions. One narrow row whose key never
--- changes: a HOT update (bench/README.md, issue 31, third pass).
+-- will be made; `slot` takes a shard of its kind's window (leasework.rate_shards, migration
+-- 0032) that no other claim holds (FOR UPDATE SKIP LOCKED: claims on different shards never wait
+-- on each other; this backend's shard of its last claim first, `last_pid`, so that two workers
+-- keep to their own and rarely meet a shard written since their snapshot) and that has room for
+-- one more claim under its share. The room is read on the version locked, above the lock (OFFSET
+-- 0 keeps it there): the shard's latest, a rival's claim committed meanwhile counted (FOR
+-- UPDATE's re-check), so no shard ever passes its share, and the shares add up to the rate; and
+-- only the shards locked are read, most often one (read below the lock, every shard's window was
+-- counted before the sort, a PL/pgSQL call for each one not written in the current slice).
+-- `rated` records the claim there. leasework.admit locks every shard of the kind before it reads them.
+-- A shard with claims carried from before the rate last changed is left to admit, which counts
+-- them with every shard's against the whole rate (leasework.rate_split).
+-- A candidate of a rated kind that finds no shard with room free (or no shard: admit splits the
+-- window) is not claimed (it stays queued; its lock ends with the statement), and the caller
+-- claims with claim_runs as when the quick statement claims nothing. Runs without a tenant
+-- only, which take their kind's window (with rate_per, the budget runs without a tenant share).
+-- The count and the record are leasework.rate_used_fast and rate_recorded_fast: SQL functions
+-- the planner inlines into the prepared statement, one subtraction and one array append while
+-- the claim falls in the window's newest slice (a twentieth of the period), no PL/pgSQL call.
+-- Narrow rows whose key never changes: a HOT update (bench/README.md, issue 31, third pass).
 -- Followed by finish_and_claim_queued's UPDATE, its claim being <rated_claim>.
 WITH sealing AS MATERIALIZED (
     SELECT s.id FROM leasework.runs s
@@ -613,21 +619,24 @@ WITH sealing AS MATERIALIZED (
 ), candidate AS MATERIALIZED (
     SELECT c.id, c.kind FROM (<quick_claim>) c
      WHERE EXISTS (SELECT 1 FROM sealing) AND NOT (false <due_elsewhere>)
+), slot AS MATERIALIZED (
+    SELECT z.kind, z.shard, z.seconds FROM (
+        SELECT y.kind, y.shard, y.share, y.win, y.carried, l.rate_seconds AS seconds
+          FROM candidate c
+          JOIN leasework.kind_limits l ON l.kind = c.kind AND l.rate_count IS NOT NULL
+          JOIN leasework.rate_shards y ON y.kind = c.kind
+         ORDER BY y.last_pid IS DISTINCT FROM pg_backend_pid(), mod(y.shard + pg_backend_pid(), 8)
+        OFFSET 0
+           FOR UPDATE OF y SKIP LOCKED) z
+     WHERE z.carried IS NULL
+       AND leasework.rate_used_fast(z.win, z.seconds, leasework.now()) < z.share
+     LIMIT 1
 ), rated AS (
-    UPDATE leasework.rate_windows x
-       SET win = CASE WHEN x.win[1] = q.width AND x.win[2] = q.slice
-                      THEN x.win[1:43] || (x.win[44] + 1)
-                      ELSE leasework.rate_recorded(x.win, q.seconds, leasework.now(), 1) END
-      FROM (SELECT c.kind, l.rate_count, l.rate_seconds AS seconds, s.width,
-                   floor(extract(epoch FROM leasework.now()) * 1000000 / s.width)::bigint AS slice
-              FROM candidate c
-              JOIN leasework.kind_limits l ON l.kind = c.kind AND l.rate_count IS NOT NULL,
-                   LATERAL (SELECT greatest(1, round(l.rate_seconds * 50000))::bigint AS width) s
-           ) q
-     WHERE x.kind = q.kind
-       AND CASE WHEN x.win[1] = q.width AND x.win[2] = q.slice
-                THEN x.win[44] - x.win[23]
-                ELSE leasework.rate_used(x.win, q.seconds, leasework.now()) END < q.rate_count
+    UPDATE leasework.rate_shards x
+       SET win = leasework.rate_recorded_fast(x.win, q.seconds, leasework.now()),
+           last_pid = pg_backend_pid()
+      FROM slot q
+     WHERE x.kind = q.kind AND x.shard = q.shard
     RETURNING x.kind
 )
 

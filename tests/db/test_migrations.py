@@ -626,3 +626,57 @@ def test_the_rate_windows_migration_keeps_each_kinds_window(scratch: Callable[[]
         with conn.transaction():
             db.apply_migrations(conn, [mine])
         assert used() == [("metered", 1)]
+
+
+def test_the_rate_shards_migration_carries_each_kinds_window(scratch: Callable[[], str]) -> None:
+    """The migration that splits a kind's rate window into shards carries the claims of
+    leasework.rate_windows into them: in the first shard when they fit its share, else as
+    `carried` in every shard; the claims they count still count, and applied again it changes
+    nothing."""
+    mine = next(m for m in SHIPPED if m.name == "rate_shards")
+    with psycopg.connect(scratch(), autocommit=True) as conn:
+        with conn.transaction():
+            db.apply_migrations(conn, [m for m in SHIPPED if m.version < mine.version])
+        conn.execute(
+            "INSERT INTO leasework.kind_limits (kind, declared)"
+            " VALUES ('metered', '{\"rate\": [2, 3600]}'), ('busy', '{\"rate\": [1000, 3600]}'),"
+            "        ('capped', '{\"max_running\": 1}');"
+            "INSERT INTO leasework.rate_windows (kind, win)"
+            " VALUES ('metered', leasework.rate_recorded(NULL, 3600, now(), 2)),"
+            "        ('busy', leasework.rate_recorded(NULL, 3600, now(), 3))"
+        )
+
+        def shards() -> list[tuple[Any, ...]]:
+            return conn.execute(
+                "SELECT kind, shard, share, leasework.rate_used(win, 3600, now()),"
+                "       leasework.rate_used(carried, 3600, now())"
+                "  FROM leasework.rate_shards ORDER BY kind, shard"
+            ).fetchall()
+
+        with conn.transaction():
+            db.apply_migrations(conn, [mine])
+        kept = shards()
+        assert kept == [
+            *[("busy", i, 125, 3 if i == 0 else 0, 0) for i in range(8)],
+            ("metered", 0, 1, 0, 2),
+            ("metered", 1, 1, 0, 2),
+        ]
+        conn.execute("INSERT INTO leasework.runs (kind) VALUES ('metered'), ('busy')")
+
+        def admit(kind: str) -> Any:
+            row = conn.execute(
+                "SELECT leasework.admit(array_agg(id), array_agg(kind), ARRAY[NULL::text], 1,"
+                " NULL, 'w') FROM leasework.runs WHERE kind = %s",
+                (kind,),
+            ).fetchone()
+            assert row is not None
+            return row[0]
+
+        assert admit("metered") == [], "a claim went past the window the migration carried"
+        assert len(admit("busy")) == 1
+        with conn.transaction():
+            db.apply_migrations(conn, [mine])
+        assert shards() == [
+            *[("busy", i, 125, 4 if i == 0 else 0, 0) for i in range(8)],
+            *kept[8:],
+        ]

@@ -98,9 +98,8 @@ INSERT INTO leasework.paused_kinds (kind) VALUES ('echo');
 INSERT INTO leasework.kind_limits (kind, declared, overrides)
 VALUES ('echo', '{"max_running": 2, "group_limit": 3}', '{"rate": [5, 10], "rate_per": "tenant"}'),
        ('sync', '{"rate": [1, 3600]}', '{}');
-INSERT INTO leasework.rate_windows (kind, win)
-VALUES ('echo', leasework.rate_recorded(NULL, 10, now(), 5)),
-       ('sync', leasework.rate_recorded(NULL, 3600, now(), 1));
+UPDATE leasework.rate_shards
+   SET win = leasework.rate_recorded(NULL, CASE kind WHEN 'echo' THEN 10 ELSE 3600 END, now(), 1);
 INSERT INTO leasework.tenant_rates (kind, tenant, rate_count, rate_seconds, win)
 VALUES ('echo', 't1', 7, 60, leasework.rate_recorded(NULL, 60, now(), 7));
 INSERT INTO leasework.counters (kind, name, label, value)
@@ -197,6 +196,8 @@ def values_for(pg_type: str) -> st.SearchStrategy[str | None]:
         return st.none() | st.sampled_from(FLOATS) | floats.map(repr)
     if base in ("integer", "attempt_count", "max_attempts"):
         return st.none() | st.sampled_from(INTS).map(str)
+    if base == "smallint":  # a rate shard's number
+        return st.none() | st.sampled_from(["0", "7", "-1", "32767"])
     if base in ("bigint", "units"):
         return st.none() | st.sampled_from(BIGINTS).map(str)
     if base == "boolean":

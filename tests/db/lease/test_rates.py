@@ -216,18 +216,19 @@ def test_maintenance_prunes_the_windows_that_count_nothing(conn: Conn) -> None:
 
 def test_a_window_of_the_wrong_shape_is_refused(conn: Conn) -> None:
     # Whoever writes it (the worker role can): no reader's arithmetic may overflow on it.
-    rate(conn, rate="1/10s")
+    rate(conn, rate="1/10s")  # its one shard
     good = conn.execute("SELECT leasework.rate_recorded(NULL, 10, now(), 1)").fetchone()
     assert good is not None
-    conn.execute("INSERT INTO leasework.rate_windows (kind, win) VALUES ('job', %s)", (good[0],))
+    conn.execute("UPDATE leasework.rate_shards SET win = %s, carried = %s", (good[0], good[0]))
     for bad in (
         [1, 2],
         [0, *good[0][1:]],
         [good[0][0], good[0][1], -1, *good[0][3:]],
         [good[0][0], 2**62, *good[0][2:]],
     ):
-        with pytest.raises(psycopg.errors.CheckViolation):
-            conn.execute("UPDATE leasework.rate_windows SET win = %s", (bad,))
+        for column in ("win", "carried"):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(f"UPDATE leasework.rate_shards SET {column} = %s", (bad,))
 
 
 def rated_quick(conn: Conn, sealing: lease.Claim, one: bool, probed: bool = True) -> list[int]:
@@ -250,10 +251,11 @@ def rated_quick(conn: Conn, sealing: lease.Claim, one: bool, probed: bool = True
 
 
 def window_count(conn: Conn) -> int:
+    """The claims the kind's window counts now: every shard's (leasework.rate_shards)."""
     row = conn.execute(
-        "SELECT leasework.rate_used(w.win, l.rate_seconds, leasework.now())"
-        " FROM leasework.kind_limits l LEFT JOIN leasework.rate_windows w USING (kind)"
-        " WHERE kind = 'job'"
+        "SELECT leasework.rate_used(leasework.rate_shards_window(l.kind, l.rate_seconds),"
+        "                           l.rate_seconds, leasework.now())"
+        " FROM leasework.kind_limits l WHERE kind = 'job'"
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -304,3 +306,23 @@ def test_a_chain_learns_that_a_kind_is_rated_and_claims_it_with_the_quick_statem
         assert sealed and run is not None and run.id == expected
         assert chain.whole_until == fell_back_at, "the rated quick statement claimed nothing"
     assert window_count(conn) == 5
+
+
+def test_a_chain_that_learns_a_kind_is_rated_sends_the_quick_statement_at_once(
+    conn: Conn,
+) -> None:
+    # A worker's Chain holds the whole statement for `recheck` (its poll_interval) after the
+    # quick one claimed nothing; when that was only because the plain quick statement leaves a
+    # rated kind out, the rated form claims the next run at once.
+    app = make_app()
+    ids = app.enqueue_many(conn, "job", [{} for _ in range(4)])
+    rate(conn, rate="1000/1s")
+    chain = lease.Chain(recheck=60.0)
+    first = claim_one(conn, "w1", ["job"])
+    assert first is not None
+    sealed, run = lease.finish_and_claim(conn, first, ["job"], worker="w1", lease=LEASE, chain=chain)
+    assert sealed and run is not None and run.id == ids[1] and chain.rated
+    assert chain.quick(time.monotonic()), "the whole statement is held for recheck seconds"
+    sealed, run = lease.finish_and_claim(conn, run, ["job"], worker="w1", lease=LEASE, chain=chain)
+    assert sealed and run is not None and run.id == ids[2]
+    assert chain.quick(time.monotonic()), "the rated quick statement claimed nothing"

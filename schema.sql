@@ -1948,7 +1948,7 @@ CREATE TRIGGER runs_deleted AFTER DELETE ON leasework.runs
 -- A rate's window (below, leasework.rate_window) has its shape and ranges, whoever wrote it: 44
 -- numbers, a width from 1 microsecond to a twentieth of 7 days, a slice number and running totals
 -- from 0 to 2^62, so that no reader's arithmetic overflows (a reader shows any row).
--- PL/pgSQL (migration 0032), not SQL: a CHECK's expression is read and prepared again by every
+-- PL/pgSQL (migration 0035), not SQL: a CHECK's expression is read and prepared again by every
 -- statement that writes its table, and an SQL function in it was inlined there, its body parsed
 -- each time (a third of the cost of a rated claim's write); a PL/pgSQL function keeps its
 -- expression prepared for the session.
@@ -2007,7 +2007,7 @@ CREATE TABLE IF NOT EXISTS leasework.tenant_rates (
 );
 
 -- A kind's rate window as migration 0031 kept it, one row per kind: no longer read or written
--- since migration 0032 split the window into shards (leasework.rate_shards, below); it stays for
+-- since migration 0035 split the window into shards (leasework.rate_shards, below); it stays for
 -- a release so that an earlier release's workers keep running (docs/operations.md, Upgrades).
 CREATE TABLE IF NOT EXISTS leasework.rate_windows (
     kind text PRIMARY KEY,
@@ -2051,7 +2051,7 @@ $$;
 -- The slice a moment falls in, for a period of `seconds` (20 slices per period). Its time since
 -- the epoch is read from an interval (`at - epoch`: immutable operators, where extract() from a
 -- timestamptz is only stable), so that the planner inlines it into an expression that calls it,
--- as leasework.rate_used_fast does (migration 0032; the same number as before).
+-- as leasework.rate_used_fast does (migration 0035; the same number as before).
 CREATE OR REPLACE FUNCTION leasework.rate_slice(seconds double precision, at timestamptz)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -2345,7 +2345,7 @@ $$;
 -- lock and with a fresh snapshot): its cap has a free place and its rate (per kind) room for one
 -- more (leasework.rate_shards_open). The run being sealed with the claim (finish_and_claim:
 -- `finishing`, this `worker`'s) does not hold a place: its seal commits with the claim.
--- (Migration 0032: the window is read from leasework.rate_shards.)
+-- (Migration 0035: the window is read from leasework.rate_shards.)
 CREATE OR REPLACE FUNCTION leasework.kind_open(l leasework.kind_limits, finishing bigint, worker text)
 RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
@@ -2440,7 +2440,7 @@ $$;
 
 -- When a run of `kind` (and `tenant`: NULL for runs without one) fits in its rate again: NULL
 -- when it has no rate, now when it fits now. Serves next_due: an idle worker sleeps until then.
--- (Migration 0032: the kind's window is its shards, and a run fits when one of them has room,
+-- (Migration 0035: the kind's window is its shards, and a run fits when one of them has room,
 -- and while claims are carried from before the rate changed, the whole window too.)
 CREATE OR REPLACE FUNCTION leasework.rate_free_at(kind text, tenant text)
 RETURNS timestamptz
@@ -2488,7 +2488,7 @@ $$;
 -- 'tenant' its tenant's (runs without a tenant share one budget, the kind's shards). What it
 -- takes is recorded in the windows before it returns, each shard taking what it has room for,
 -- in shard order: the claim statement updates every run it returns. (Migration 0024 added the
--- cap lock, 0031 the window's table, 0032 its shards.)
+-- cap lock, 0031 the window's table, 0035 its shards.)
 CREATE OR REPLACE FUNCTION leasework.admit(
     ids bigint[], kinds text[], tenants text[], wanted integer, finishing bigint, worker text)
 RETURNS bigint[]

@@ -592,7 +592,7 @@ SELECT r.id
 -- entry of runs_running_by_expiry); `candidate` is the quick claim (its
 -- <handed_on> is handed_on_rated), gated as in the probed or lean form, and only while the seal
 -- will be made; `slot` takes a shard of its kind's window (leasework.rate_shards, migration
--- 0032) that no other claim holds (FOR UPDATE SKIP LOCKED: claims on different shards never wait
+-- 0035) that no other claim holds (FOR UPDATE SKIP LOCKED: claims on different shards never wait
 -- on each other; this backend's shard of its last claim first, `last_pid`, so that two workers
 -- keep to their own and rarely meet a shard written since their snapshot) and that has room for
 -- one more claim under its share. The room is read on the version locked, above the lock (OFFSET

@@ -1,4 +1,4 @@
-"""A kind's rate window in shards (leasework.rate_shards, migration 0032; its narrow row of 0031
+"""A kind's rate window in shards (leasework.rate_shards, migration 0035; its narrow row of 0031
 before): the quick statement's rated form writes one shard's row alone, as a HOT update, and
 never the kind's limits row; its inlined count and record (leasework.rate_used_fast,
 rate_recorded_fast) give exactly what leasework.rate_used and rate_recorded give; the shards'
@@ -188,7 +188,7 @@ def test_the_slice_read_from_an_interval_is_the_slice_of_the_epoch(
     conn: Conn, seconds: float, micros: int
 ) -> None:
     # leasework.rate_slice reads `at - epoch` (immutable, so it inlines): the same slice as
-    # extract(epoch FROM at), the form before migration 0032.
+    # extract(epoch FROM at), the form before migration 0035.
     row = conn.execute(
         "SELECT leasework.rate_slice(%(s)s, a) = floor(extract(epoch FROM a) * 1000000"
         "       / greatest(1, round(%(s)s * 50000))::bigint)::bigint"

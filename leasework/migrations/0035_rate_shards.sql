@@ -1,4 +1,4 @@
--- Migration 0032: a kind's rate window split into shards (issue 31, the rate's cost;
+-- Migration 0035: a kind's rate window split into shards (issue 31, the rate's cost;
 -- bench/README.md, issue 31, fourth pass). With one window row per kind, every rated claim held that row's lock
 -- until its commit, so two workers' rated claims of a kind took turns for the length of a commit
 -- (a quarter of their time waiting, measured) and a claim that waited re-checked its whole
@@ -15,7 +15,7 @@
 -- IF NOT EXISTS, CREATE OR REPLACE, DROP TRIGGER IF EXISTS.
 
 -- Whether a window has its shape and ranges (schema.sql, above kind_limits).
--- PL/pgSQL (migration 0032), not SQL: a CHECK's expression is read and prepared again by every
+-- PL/pgSQL (migration 0035), not SQL: a CHECK's expression is read and prepared again by every
 -- statement that writes its table, and an SQL function in it was inlined there, its body parsed
 -- each time (a third of the cost of a rated claim's write); a PL/pgSQL function keeps its
 -- expression prepared for the session.
@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS leasework.rate_shards (
 -- The slice a moment falls in, for a period of `seconds` (20 slices per period). Its time since
 -- the epoch is read from an interval (`at - epoch`: immutable operators, where extract() from a
 -- timestamptz is only stable), so that the planner inlines it into an expression that calls it,
--- as leasework.rate_used_fast does (migration 0032; the same number as before).
+-- as leasework.rate_used_fast does (migration 0035; the same number as before).
 CREATE OR REPLACE FUNCTION leasework.rate_slice(seconds double precision, at timestamptz)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -251,7 +251,7 @@ $$;
 -- lock and with a fresh snapshot): its cap has a free place and its rate (per kind) room for one
 -- more (leasework.rate_shards_open). The run being sealed with the claim (finish_and_claim:
 -- `finishing`, this `worker`'s) does not hold a place: its seal commits with the claim.
--- (Migration 0032: the window is read from leasework.rate_shards.)
+-- (Migration 0035: the window is read from leasework.rate_shards.)
 CREATE OR REPLACE FUNCTION leasework.kind_open(l leasework.kind_limits, finishing bigint, worker text)
 RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
@@ -266,7 +266,7 @@ $$;
 
 -- When a run of `kind` (and `tenant`: NULL for runs without one) fits in its rate again: NULL
 -- when it has no rate, now when it fits now. Serves next_due: an idle worker sleeps until then.
--- (Migration 0032: the kind's window is its shards, and a run fits when one of them has room,
+-- (Migration 0035: the kind's window is its shards, and a run fits when one of them has room,
 -- and while claims are carried from before the rate changed, the whole window too.)
 CREATE OR REPLACE FUNCTION leasework.rate_free_at(kind text, tenant text)
 RETURNS timestamptz
@@ -314,7 +314,7 @@ $$;
 -- 'tenant' its tenant's (runs without a tenant share one budget, the kind's shards). What it
 -- takes is recorded in the windows before it returns, each shard taking what it has room for,
 -- in shard order: the claim statement updates every run it returns. (Migration 0024 added the
--- cap lock, 0031 the window's table, 0032 its shards.)
+-- cap lock, 0031 the window's table, 0035 its shards.)
 CREATE OR REPLACE FUNCTION leasework.admit(
     ids bigint[], kinds text[], tenants text[], wanted integer, finishing bigint, worker text)
 RETURNS bigint[]

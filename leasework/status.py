@@ -377,7 +377,10 @@ def limit_lines(rows: list[dict[str, Any]], now: float | None = None) -> list[st
     how full each is; `now` (epoch seconds) turns when a window frees into seconds from now."""
     out: list[str] = []
     for r in rows:
-        mark = {k: "*" if k in (r.get("overrides") or {}) else "" for k in
+        # What an operator set: a JSON object, unless a writer put something else there.
+        given = r.get("overrides")
+        set_now: dict[str, Any] = given if isinstance(given, dict) else {}
+        mark = {k: "*" if k in set_now else "" for k in
                 ("max_running", "group_limit", "rate", "rate_per")}
         parts = []
         if r.get("max_running") is not None:

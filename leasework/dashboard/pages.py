@@ -464,7 +464,9 @@ def _limits_section(limits: Sequence[Mapping[str, Any]]) -> str:
         return ""
     rows = []
     for r in limits:
-        set_now = r.get("overrides") or {}
+        # What an operator set: a JSON object, unless a writer put something else there.
+        given = r.get("overrides")
+        set_now: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
 
         def mark(name: str, set_now: Mapping[str, Any] = set_now) -> str:
             return "*" if name in set_now else ""
@@ -1209,7 +1211,8 @@ def kinds_page(
 
 def _limits_text(r: Mapping[str, Any]) -> str:
     """A kind's limits in one line; `*` set at run time."""
-    set_now = r.get("overrides") or {}
+    given = r.get("overrides")  # a JSON object, unless a writer put something else there
+    set_now: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
     parts = []
     if r.get("max_running") is not None:
         parts.append(f"max_running {r['max_running']}" + ("*" if "max_running" in set_now else ""))

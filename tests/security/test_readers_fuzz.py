@@ -391,6 +391,13 @@ REPRODUCTIONS = {
     ],
     # Found by the fuzz test: a NULL among a worker's pool kinds (`status` joined None).
     "pool": ["UPDATE leasework.workers SET pool = 'p', pool_kinds = '{NULL}'"],
+    # Found by the fuzz test: a kind's overrides not a JSON object (`status` looked a name up in
+    # the number 7); a string would have been searched for the name as a substring.
+    "overrides": [
+        "UPDATE leasework.kind_limits SET overrides = '7'",
+        "UPDATE leasework.kind_limits SET overrides = '\"max_running rate\"'"
+        " WHERE kind = (SELECT min(kind) FROM leasework.kind_limits)",
+    ],
     # Found by the fuzz test: an owner on a run without a lease (`show` subtracted from None).
     "owner": [
         "UPDATE leasework.runs SET lease_owner = '00000000-0000-0000-0000-000000000000'"

@@ -257,10 +257,7 @@ def claim_runs(
         return []
     sent = time.monotonic()
     if chain is not None and wire.direct_and_idle(conn):
-        rows = chain.claim_rows(conn, kinds, worker, lease, limit)
-        if len(rows) > 1:
-            rows.sort(key=lambda r: (r[_CLAIMED], r[_CLAIMED + 1], r[0]))
-        return [_claim(r[:_CLAIMED], lease, sent) for r in rows]
+        return _claims_in_order(chain.claim_rows(conn, kinds, worker, lease, limit), lease, sent)
     params = (list(kinds), worker, lease, limit, None)  # CLAIM_PARAMS
     # A connection outside autocommit still gets the claim committed on its own.
     own_tx = conn.transaction() if not conn.autocommit else nullcontext()
@@ -271,8 +268,13 @@ def claim_runs(
             return []
         if not _claim_columns_checked:  # cur.description builds 15 objects: once per process
             _check_claim_columns([d.name for d in cur.description or ()])
-    # Plain tuples, in Claim's field order (the claim's RETURNING list): the claim is the hot path
-    # of one-at-a-time mode, and a dict per row cost more than building the Claim itself.
+    return _claims_in_order(rows, lease, sent)
+
+
+def _claims_in_order(rows: list[Any], lease: float, sent: float) -> list[Claim]:
+    """claim_runs' rows as Claims, a batch run in (priority, queued_at, id) order. Plain
+    tuples, in Claim's field order (the claim's RETURNING list): the claim is the hot path of
+    one-at-a-time mode, and a dict per row cost more than building the Claim itself."""
     if len(rows) > 1:
         rows.sort(key=lambda r: (r[_CLAIMED], r[_CLAIMED + 1], r[0]))
     return [_claim(r[:_CLAIMED], lease, sent) for r in rows]

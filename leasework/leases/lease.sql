@@ -91,15 +91,15 @@
 -- per statement), `chosen` orders all by (priority, turn, queued_at, id), a reclaim (an expired
 -- lease's run) first within its priority, and leasework.untenanted_served() advances their turn
 -- by what it took. With no tenant competing they are taken by (priority, queued_at, id), and
--- with none of them queued nothing is locked or written. The two NOT EXISTS
--- of the tenants' walk end in OFFSET 0, which keeps the planner from turning them into joins: a
+-- with none of them queued nothing is locked or written. The tenants' walk is a function of its
+-- own, leasework.tenant_picks (schema.sql, migration 0036; why: `tenanted_queued`). The two NOT
+-- EXISTS of the walk end in OFFSET 0, which keeps the planner from turning them into joins: a
 -- generic plan built while one tenant holds most queued runs otherwise read that tenant's runs in
 -- full (a hash anti-join over a sequential scan) for every tenant walked, and its cost estimate
 -- was high enough for JIT compilation, 0.7 s per claim (bench/README.md, issue 29). Per row, as
 -- a probe of runs_running_tenanted, they cost what they read.
 WITH rules AS MATERIALIZED (
-    SELECT l.kind, coalesce(l.group_limit, 1) AS group_limit,
-           l.rate_per IS NOT NULL AND l.rate_count IS NOT NULL AS per_tenant,
+    SELECT l.kind,
            l.max_running IS NOT NULL OR l.rate_count IS NOT NULL AS limited,
            leasework.kind_open(l, %(finishing)s::bigint, %(worker)s) AS open
       FROM leasework.kind_limits l
@@ -109,45 +109,11 @@ WITH rules AS MATERIALIZED (
                  EXCEPT SELECT kind FROM rules WHERE NOT open) k,
            EXISTS (SELECT 1 FROM rules WHERE limited) AS limited
 ), tenanted_queued AS MATERIALIZED (
-    SELECT p.* FROM (
-    SELECT c.id, t.name AS tenant, c.priority, c.queued_at, c.kind, t.turn
-      FROM leasework.tenants t, LATERAL (
-        SELECT h.*
-          FROM unnest((SELECT k FROM live)::text[]) AS k(kind)
-          LEFT JOIN rules g ON g.kind = k.kind, LATERAL (
-            SELECT r.id, r.priority, r.queued_at, r.kind
-              FROM leasework.runs r
-             WHERE (g.per_tenant IS NOT TRUE OR leasework.tenant_rate_open(k.kind, t.name))
-               AND r.tenant = t.name AND r.kind = k.kind
-               AND coalesce((SELECT h.queued_at <= leasework.now() FROM leasework.runs h
-                              WHERE h.tenant = t.name AND h.kind = k.kind AND h.status = 'queued'
-                              ORDER BY h.priority, h.queued_at, h.id LIMIT 1)
-                            OR leasework.due_priority(k.kind, t.name) IS NOT NULL, false)
-               AND r.status = 'queued' AND r.queued_at <= leasework.now()
-               AND NOT EXISTS (
-                    SELECT 1
-                      FROM leasework.runs o
-                     WHERE o.tenant = r.tenant
-                       AND o.status = 'running'
-                       AND o.id <> r.id
-                       AND o.lease_expires_at >= leasework.now()
-                       AND (o.exclusive OR r.exclusive OR o."group" = r."group")
-                    OFFSET CASE WHEN r.exclusive THEN 0 ELSE coalesce(g.group_limit, 1) - 1 END)
-             ORDER BY r.priority, r.queued_at, r.id
-             LIMIT 1
-               FOR UPDATE OF r SKIP LOCKED) h
-         ORDER BY h.priority, h.queued_at, h.id
-         LIMIT 1) c
-     WHERE t.priority IS NOT NULL
-       AND NOT EXISTS (
-            SELECT 1 FROM leasework.runs x
-             WHERE x.tenant = t.name AND x.status = 'running' AND x.exclusive
-               AND x.lease_expires_at >= leasework.now() OFFSET 0)
-     ORDER BY t.priority, t.turn, t.name
-     LIMIT %(limit)s + 2
-       FOR UPDATE OF t SKIP LOCKED) p
-     WHERE NOT leasework.limiter_conflict(p.id)
-     LIMIT %(limit)s
+    -- The tenants' walk is leasework.tenant_picks (schema.sql, migration 0036): a function, so
+    -- that its locks re-check a row changed since the snapshot (EvalPlanQual) after setting up
+    -- its own query again, not every CTE here. Not called while no tenant has a queued run.
+    SELECT * FROM leasework.tenant_picks((SELECT k FROM live)::text[], %(limit)s)
+     WHERE EXISTS (SELECT 1 FROM leasework.tenants WHERE priority IS NOT NULL)
 ), tenanted_expired AS MATERIALIZED (
     SELECT r.id, r.tenant, r.priority, r.queued_at, r.kind, NULL::double precision AS turn
       FROM leasework.runs r

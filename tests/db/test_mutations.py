@@ -2,7 +2,7 @@
 renewal without its owner predicate, a claim that ignores cancel requests, one branch of the claim
 without its attempts check or out of the order rule, a fence whose idle timeout is off, an ingest
 re-check that looks at the scope only), or replace a function of schema.sql with a broken one
-inside a transaction rolled back after (the label rule without DEL), and show that the invariant
+and put the real one back after (the label rule without DEL, the claim's tenants' walk), and show that the invariant
 checks that pass on the real code fail on the mutant, by their assertions. (Bugs planted in
 Python code: tests/mutants.py.)
 
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from importlib import resources
@@ -82,6 +83,16 @@ def original(source: str, name: str) -> str:
     return parse(text)[name]
 
 
+def cte_span(body: str, name: str) -> tuple[int, int]:
+    """Where CTE `name` of query text `body` starts and ends ((-1, -1): no such CTE)."""
+    cte = re.compile(r"\b(\w+) AS (?:MATERIALIZED )?\(")
+    starts = {m.group(1): m.start() for m in cte.finditer(body)}
+    if name not in starts:
+        return -1, -1
+    start = starts[name]
+    return start, min((s for s in starts.values() if s > start), default=len(body))
+
+
 def mutate(mutation: Mutation) -> Any:
     """The mutated query, in the form its module's Q holds (compacted bytes, as queries.load)."""
     body = original(mutation.source, mutation.query)
@@ -90,11 +101,8 @@ def mutate(mutation: Mutation) -> Any:
         assert mutation.remove in body, stale
         mutant = body.replace(mutation.remove, mutation.replace)
     else:
-        cte = re.compile(r"\b(\w+) AS (?:MATERIALIZED )?\(")
-        starts = {m.group(1): m.start() for m in cte.finditer(body)}
-        assert mutation.branch in starts, stale
-        start = starts[mutation.branch]
-        end = min((s for s in starts.values() if s > start), default=len(body))
+        start, end = cte_span(body, mutation.branch)
+        assert start >= 0, stale
         part = body[start:end]
         assert part.count(mutation.remove) == 1, stale
         mutant = body[:start] + part.replace(mutation.remove, mutation.replace) + body[end:]
@@ -128,6 +136,50 @@ def fails_with(
     truncate_all(conn)
     check(conn)
     return caught.value
+
+
+@dataclass(frozen=True)
+class FunctionMutation:
+    """One deliberate bug in a function of schema.sql (`function`, as regprocedure text): in its
+    definition as the database holds it, `remove` becomes `replace`."""
+
+    function: str
+    remove: str
+    replace: str = ""
+
+
+@contextmanager
+def function_mutated(conn: Conn, mutation: FunctionMutation) -> Iterator[None]:
+    """The mutant of the function in place (committed: a check's statements each run at their
+    own database time, as a worker's do), the real definition back after, whatever happened."""
+    row = conn.execute(
+        "SELECT pg_get_functiondef(%s::regprocedure)", (mutation.function,)
+    ).fetchone()
+    assert row is not None
+    definition: str = row[0]
+    assert mutation.remove in definition, f"the mutation {mutation} no longer applies"
+    assert conn.autocommit
+    conn.execute(definition.replace(mutation.remove, mutation.replace))
+    try:
+        yield
+    finally:
+        conn.execute(definition)
+
+
+def function_fails_with(conn: Conn, mutation: FunctionMutation, check: Check) -> AssertionError:
+    """`check` passes on the real function, fails (AssertionError) with the mutant in place,
+    and passes again once the real definition is back."""
+    check(conn)
+    truncate_all(conn)
+    with function_mutated(conn, mutation), pytest.raises(AssertionError) as caught:
+        check(conn)
+    truncate_all(conn)
+    check(conn)
+    return caught.value
+
+
+# The tenants' walk of the claim (claim_runs' tenanted_queued calls it; migration 0036).
+TENANT_PICKS = "leasework.tenant_picks(text[],integer)"
 
 
 # -- owner predicates, cancel ---------------------------------------------------------------------
@@ -200,7 +252,7 @@ CLAIM_PREDICATES = [
         id="expired-ignoring-pause",
     ),
     pytest.param(
-        ("queued", "unnest((SELECT k FROM live)::text[])", "unnest(%(kinds)s::text[])"),
+        ("queued", "(SELECT k FROM live)::text[]", "%(kinds)s::text[]"),
         paused_kind_is_never_claimed,
         "queued run of a paused kind",
         id="queued-ignoring-pause",
@@ -239,6 +291,16 @@ def test_claim_branch_without_its_predicate_is_caught(
     its last attempt was reclaimed past max_attempts while every untenanted check passed."""
     cte, remove, replace = where
     mutation = Mutation("claim_runs", remove, replace, branch=f"{branch}_{cte}")
+    # The tenants' walk is a function of its own (TENANT_PICKS): what it holds is mutated there.
+    start, end = cte_span(original("lease", "claim_runs"), mutation.branch or "")
+    if remove not in original("lease", "claim_runs")[start:end]:
+        walk = FunctionMutation(TENANT_PICKS, remove, replace)
+        err = function_fails_with(conn, walk, partial(check, tenant=tenant))
+        assert says in str(err), err
+        truncate_all(conn)
+        with function_mutated(conn, walk):
+            check(conn, tenant=None)  # the other branch's run of the same check passes on it
+        return
     err = fails_with(monkeypatch, conn, mutation, partial(check, tenant=tenant))
     assert says in str(err), err
     # The mutant broke that branch only: the other branch's run of the same check passes on it.
@@ -257,44 +319,40 @@ def test_claim_branch_without_its_predicate_is_caught(
 # above it, which orders by the same columns on one line.)
 CLAIM_ORDER = [
     pytest.param(
-        Mutation(
-            "claim_runs",
+        FunctionMutation(
+            TENANT_PICKS,
             "ORDER BY r.priority, r.queued_at, r.id",
             "ORDER BY r.queued_at, r.priority, r.id",
-            branch="tenanted_queued",
         ),
         "ws-1",
         "by priority, then queued_at",
         id="tenant-within-a-kind-by-queued-at",
     ),
     pytest.param(
-        Mutation(
-            "claim_runs",
+        FunctionMutation(
+            TENANT_PICKS,
             "ORDER BY h.priority, h.queued_at, h.id\n",
             "ORDER BY h.queued_at, h.priority, h.id\n",
-            branch="tenanted_queued",
         ),
         "ws-1",
         "by priority, then queued_at",
         id="tenant-across-kinds-by-queued-at",
     ),
     pytest.param(
-        Mutation(
-            "claim_runs",
+        FunctionMutation(
+            TENANT_PICKS,
             "ORDER BY t.priority, t.turn, t.name",
             "ORDER BY t.turn, t.priority, t.name",
-            branch="tenanted_queued",
         ),
         "ws-1",
         "priority comes before turns",
         id="tenants-walked-by-turn-first",
     ),
     pytest.param(
-        Mutation(
-            "claim_runs",
+        FunctionMutation(
+            TENANT_PICKS,
             "ORDER BY t.priority, t.turn, t.name",
             "ORDER BY t.turn, t.name",
-            branch="tenanted_queued",
         ),
         "ws-1",
         "priority comes before turns",
@@ -329,13 +387,15 @@ CLAIM_ORDER = [
 def test_claim_order_mutations_are_caught(
     monkeypatch: pytest.MonkeyPatch,
     conn: Conn,
-    mutation: Mutation,
+    mutation: Mutation | FunctionMutation,
     tenant: str | None,
     says: str,
 ) -> None:
-    err = fails_with(
-        monkeypatch, conn, mutation, partial(claim_order_is_priority_then_queued_at, tenant=tenant)
-    )
+    check = partial(claim_order_is_priority_then_queued_at, tenant=tenant)
+    if isinstance(mutation, FunctionMutation):
+        err = function_fails_with(conn, mutation, check)
+    else:
+        err = fails_with(monkeypatch, conn, mutation, check)
     assert says in str(err), err
 
 
@@ -533,34 +593,6 @@ def test_ingest_recheck_of_scope_only_is_caught(
 # -- functions of schema.sql -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FunctionMutation:
-    """One deliberate bug in a function of schema.sql (`function`, as regprocedure text): in its
-    definition as the database holds it, `remove` becomes `replace`."""
-
-    function: str
-    remove: str
-    replace: str = ""
-
-
-def function_fails_with(conn: Conn, mutation: FunctionMutation, check: Check) -> AssertionError:
-    """`check` passes on the real function, fails (AssertionError) with the mutant in place,
-    and passes again once the mutant's transaction is rolled back."""
-    check(conn)
-    row = conn.execute(
-        "SELECT pg_get_functiondef(%s::regprocedure)", (mutation.function,)
-    ).fetchone()
-    assert row is not None
-    definition: str = row[0]
-    assert mutation.remove in definition, f"the mutation {mutation} no longer applies"
-    with conn.transaction(force_rollback=True):
-        conn.execute(definition.replace(mutation.remove, mutation.replace))
-        with pytest.raises(AssertionError) as caught:
-            check(conn)
-    check(conn)
-    return caught.value
-
-
 # Issue 34's mutant: the label rule without DEL (the SQL label tests tried only \x07).
 LABELS_TAKE_DEL = FunctionMutation("leasework.label_problem(text)", r"\x7f-\x9f", r"\x80-\x9f")
 
@@ -612,6 +644,8 @@ def test_window_and_debounce_mutations_are_caught(
 ) -> None:
     err = function_fails_with(conn, mutation, check)
     assert says in str(err), err
+
+
 # Flow control (migration 0023): leasework.admit with its cap off by one, and the rate's window
 # read as empty (every claim let through, as if no window were kept). The checks run on both
 # branches of the claim (runs with and without a tenant).

@@ -4,6 +4,8 @@ again on every execution, which cost the one-at-a-time loop a third of its clien
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from leasework.leases import lease
@@ -172,13 +174,23 @@ def _where(text: bytes, start: bytes, end: bytes) -> set[bytes]:
     return {c for c in text[i : text.index(end, i)].split(b" AND ") if c}
 
 
+def _tenant_picks() -> bytes:
+    """leasework.tenant_picks' query as schema.sql writes it, compacted, its `live` as KINDS."""
+    text = (Path(__file__).resolve().parents[2] / "schema.sql").read_text(encoding="utf-8")
+    start = text.index("CREATE OR REPLACE FUNCTION leasework.tenant_picks(")
+    body = text[text.index("RETURN QUERY", start) : text.index("$$;", start)]
+    return compact(body).replace("unnest(tenant_picks.live)", "unnest(%(kinds)s::text[])").encode()
+
+
 def test_the_quick_claims_probe_asks_what_claim_runs_other_branches_take() -> None:
     # `others` must see every run claim_runs' tenanted and expired branches could take (their
     # predicates less the limiter, which it leaves out on purpose): a condition of its own would
     # hide one. The tenanted probe asks, per tenant in the turns, for a run the tenanted branch
     # reads (its conditions less the limiter, over the kinds polled); the expired probe asks for
     # both expired branches at once.
-    whole, quick = lease.Q["claim_runs"].replace(LIVE, KINDS), lease.FINISH_AND_CLAIM_QUEUED
+    # The tenants' walk is leasework.tenant_picks (schema.sql): claim_runs with its body.
+    whole = lease.Q["claim_runs"].replace(LIVE, KINDS) + _tenant_picks()
+    quick = lease.FINISH_AND_CLAIM_QUEUED
     kinds = b"r.kind = ANY(%(kinds)s::text[])"
     _paused, queued, expired = quick.split(b" OR EXISTS (")[:3]
     # The tenanted probe: a tenant in the turns with a run due of a kind polled, as the tenanted

@@ -2,9 +2,9 @@
 renewal without its owner predicate, a claim that ignores cancel requests, one branch of the claim
 without its attempts check or out of the order rule, a fence whose idle timeout is off, an ingest
 re-check that looks at the scope only), or replace a function of schema.sql with a broken one
-and put the real one back after (the label rule without DEL, the claim's tenants' walk), and show that the invariant
-checks that pass on the real code fail on the mutant, by their assertions. (Bugs planted in
-Python code: tests/mutants.py.)
+and put the real one back after (the label rule without DEL, the claim's tenants' walk), and show
+that the invariant checks that pass on the real code fail on the mutant, by their assertions.
+(Bugs planted in Python code: tests/mutants.py.)
 
 The claim states each rule twice, in its tenanted and its untenanted branch (lease.sql,
 claim_runs), so a mutation can break one branch alone (`branch`: the CTE to mutate in); the

@@ -111,9 +111,11 @@ WITH rules AS MATERIALIZED (
 ), tenanted_queued AS MATERIALIZED (
     -- The tenants' walk is leasework.tenant_picks (schema.sql, migration 0036): a function, so
     -- that its locks re-check a row changed since the snapshot (EvalPlanQual) after setting up
-    -- its own query again, not every CTE here. Not called while no tenant has a queued run.
+    -- its own query again, not every CTE here. Not called while no tenant has a queued run (the
+    -- first in turn read from tenants_in_turn: an EXISTS was planned as a sequential scan).
     SELECT * FROM leasework.tenant_picks((SELECT k FROM live)::text[], %(limit)s)
-     WHERE EXISTS (SELECT 1 FROM leasework.tenants WHERE priority IS NOT NULL)
+     WHERE (SELECT t.priority FROM leasework.tenants t WHERE t.priority IS NOT NULL
+             ORDER BY t.priority, t.turn, t.name LIMIT 1) IS NOT NULL
 ), tenanted_expired AS MATERIALIZED (
     SELECT r.id, r.tenant, r.priority, r.queued_at, r.kind, NULL::double precision AS turn
       FROM leasework.runs r
@@ -169,8 +171,9 @@ WITH rules AS MATERIALIZED (
     -- served: back, they get that one turn, not a burst for the turns they missed). No row: no
     -- tenant competes, or no run without a tenant is queued (a queue of tenants alone locks and
     -- writes nothing here), or a rival claim holds it.
-    SELECT greatest(u.turn, (SELECT min(p.turn - 1 / t.weight) FROM tenanted p
-                               JOIN leasework.tenants t ON t.name = p.tenant)) AS base, u.weight
+    SELECT greatest(u.turn, (SELECT min(p.turn - 1 / (SELECT t.weight FROM leasework.tenants t
+                                                      WHERE t.name = p.tenant))
+                               FROM tenanted p)) AS base, u.weight
       FROM leasework.untenanted_turn u
      WHERE EXISTS (SELECT 1 FROM tenanted) AND EXISTS (SELECT 1 FROM untenanted_queued)
        FOR UPDATE OF u SKIP LOCKED

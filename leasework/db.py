@@ -98,20 +98,32 @@ def adapt(conn: psycopg.Connection[Any], pooler: str = "auto") -> bool:
 
 
 def bound_waits(
-    conn: psycopg.Connection[Any], lock_timeout: float, statement_timeout: float
+    conn: psycopg.Connection[Any],
+    lock_timeout: float,
+    statement_timeout: float,
+    idle_timeout: float = 0,
 ) -> tuple[str, str] | None:
     """Bound every statement of leasework's own on `conn`: a row or key another session holds is
     given up after `lock_timeout` seconds (an uncommitted enqueue or an operator's SELECT ... FOR
-    UPDATE must never stall a worker), a statement after `statement_timeout` (0: none). Returns
-    the session's values from before, which a handler's transaction on this connection gets back
-    (lease.fence), or None behind a pooler, where a session setting would land on whichever
-    server session ran it."""
+    UPDATE must never stall a worker), a statement after `statement_timeout` (0: none), and with
+    `idle_timeout` a transaction left idle that long is ended by the server: a client cut off
+    between two statements of one (a network partition, a host gone) leaves its server session
+    waiting, with the transaction's row locks held, until the server's TCP keepalive gives up
+    (two hours by default), and every claim skips the runs it holds. Returns the session's
+    lock_timeout and statement_timeout from before, which a handler's transaction on this
+    connection gets back (lease.fence, which bounds its idle time by the run's lease), or None
+    behind a pooler, where a session setting would land on whichever server session ran it."""
     if is_pooled(conn):
         return None
     row = conn.execute(
         "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),"
-        " set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
-        (f"{max(1, round(lock_timeout * 1000))}ms", f"{round(statement_timeout * 1000)}ms"),
+        " set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false),"
+        " set_config('idle_in_transaction_session_timeout', %s, false)",
+        (
+            f"{max(1, round(lock_timeout * 1000))}ms",
+            f"{round(statement_timeout * 1000)}ms",
+            f"{round(idle_timeout * 1000)}ms",
+        ),
     ).fetchone()
     assert row is not None
     return row[0], row[1]

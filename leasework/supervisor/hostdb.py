@@ -81,7 +81,12 @@ class HostDB:
                 **HANG_GUARD,
             )
             self.behind_pooler = db.is_pooled(self._conn)
-            db.bound_waits(self._conn, self.config.lock_timeout, self.config.statement_timeout)
+            db.bound_waits(
+                self._conn,
+                self.config.lock_timeout,
+                self.config.statement_timeout,
+                idle_timeout=self.config.lease,
+            )
         return self._conn
 
     def close(self) -> None:

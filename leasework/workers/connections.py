@@ -94,8 +94,13 @@ class Connections:
                     "SELECT set_config('plan_cache_mode', 'force_generic_plan', false),"
                     " set_config('jit', 'off', false), set_config('enable_seqscan', 'off', false)"
                 )
+            # A transaction of leasework's own here (a stage's; a handler's is fenced, bounded by
+            # its run's lease) left idle longer than a lease is ended by the server.
             self.handler_waits = db.bound_waits(
-                self._main, self.config.lock_timeout, self.config.statement_timeout
+                self._main,
+                self.config.lock_timeout,
+                self.config.statement_timeout,
+                idle_timeout=self.config.lease,
             )
             # Payloads and results decode with orjson, as they were encoded.
             set_json_loads(orjson.loads, self._main)

@@ -18,9 +18,11 @@ import pytest
 
 from leasework import App
 from leasework.leases import lease
+from leasework.supervisor.hostdb import HostDB
+from leasework.workers.connections import Connections
 from leasework.workers.worker import Worker
 
-from ..conftest import get_run, wait_for
+from ..conftest import fast_config, get_run, wait_for
 
 Conn = psycopg.Connection[Any]
 MakeWorker = Callable[..., Worker]
@@ -216,3 +218,32 @@ def test_an_operator_holding_a_running_run_never_stalls_a_worker(
         assert watcher.longest_wait() < LOCK_TIMEOUT + 0.5, watcher.blocked
         assert get_run(conn, held)["status"] == "running"  # not sealed: redone after its lease
         other.commit()
+
+
+def test_a_transaction_of_its_own_left_idle_past_a_lease_is_ended_by_the_server(dsn: str) -> None:
+    """A worker cut off between two statements of one of its own transactions (a stage's, on
+    its main connection) must not leave its server session holding that transaction's row locks
+    until the server's TCP keepalive gives up: the session's idle_in_transaction_session_timeout
+    is the lease, and the server ends it. The supervisor's connection is bounded the same way."""
+    config = fast_config(dsn, lease=1.0, renew_interval=0.3)
+    conns = Connections(config, "w-idle", lambda payload: False)
+    hostdb = HostDB(config)
+    try:
+        main = conns.main()
+        assert main.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("1s",)
+        parent = hostdb._connection()
+        assert parent.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("1s",)
+        pid = main.info.backend_pid
+        main.execute("BEGIN")
+        main.execute("SELECT 1")  # ... and the next statement never comes
+        with psycopg.connect(dsn, autocommit=True) as watch:
+            wait_for(
+                lambda: watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
+                ).fetchone()
+                == (0,),
+                timeout=30,
+            )
+    finally:
+        hostdb.close()
+        conns.close()

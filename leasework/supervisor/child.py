@@ -28,7 +28,7 @@ from ..db import DatabaseUnavailable
 from ..errors import ConfigError, SchemaMissing, is_transient
 from ..workers.context import describe_error
 from ..workers.worker import Application, Worker
-from .liveness import CHANGE_GAP, MIN_BEAT_GAP, Beat, encode_beat, encode_error, write_nowait
+from .liveness import CHANGE_GAP, MIN_BEAT_GAP, beat_line, encode_error, write_nowait
 from .policy import ChildExit
 
 if TYPE_CHECKING:
@@ -127,15 +127,15 @@ class BeatSender:
                 self._flush_later()
             return
         if held is None:
-            beat = Beat(t=now, run_id=None, renewed=None, lease=None, jobs=worker.jobs_done)
+            line = beat_line(now, None, None, None, worker.jobs_done)
         else:
             claim, reason = held.claim, held.signal.reason
-            beat = Beat(
-                t=now,
-                run_id=claim.id,
-                renewed=held.renewed,
-                lease=claim.lease_seconds,
-                jobs=worker.jobs_done,
+            line = beat_line(
+                now,
+                claim.id,
+                held.renewed,
+                claim.lease_seconds,
+                worker.jobs_done,
                 owner=str(claim.owner),
                 attempt=claim.attempts,
                 timeout_at=held.deadline,
@@ -145,7 +145,7 @@ class BeatSender:
             )
         self._pending = None
         try:
-            if write_nowait(self.fd, encode_beat(beat)):
+            if write_nowait(self.fd, line):
                 self._last, self._sent_at = state, now
         except OSError:  # EPIPE: the read end is closed, so the parent is gone
             self._orphan(worker, "liveness pipe closed")

@@ -35,7 +35,7 @@ class Beat:
     renewed: float | None
     lease: float | None
     jobs: int
-    owner: str | None = None  # the claim's owner token: the parent's writes are owner-scoped
+    owner: str | None = None  # the claim's owner token (hex): the parent's writes are owner-scoped
     attempt: int | None = None
     timeout_at: float | None = None  # when the attempt times out (monotonic)
     abort: str | None = None  # why the run must stop: cancelled, timeout, lost, shutdown

@@ -230,11 +230,14 @@ class Keeper:
         watchdog's margin, since its last renewal; its abort grace once its run must stop; its
         timeout's. The parent checks that one run's figures; nothing changes while a child is
         frozen, so the first deadline of its last beat is the first of all its runs."""
+        runs = list(self._executing.values())
+        if len(runs) < 2:  # a sync handler's run (a beat per run): it is the one, whatever its times
+            return (runs[0] if runs else None), len(runs)
         cfg = self.config
         best: Held | None = None
         best_at = float("inf")
         count = 0
-        for held in list(self._executing.values()):
+        for held in runs:
             count += 1
             at = held.renewed + held.timing.unrenewed_max
             if held.tripped_at is not None:

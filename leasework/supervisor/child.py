@@ -97,25 +97,21 @@ class BeatSender:
         if os.getppid() != self.parent_pid:
             self._orphan(worker, "parent changed")
             return
-        if (
-            self.max_jobs
-            and worker.jobs_done >= self.max_jobs
-            and worker.running
-            and not worker.stopping
-        ):
+        jobs = worker.jobs_done
+        if self.max_jobs and jobs >= self.max_jobs and worker.running and not worker.stopping:
             # Stop claiming without a deadline: the job in hand (if any) finishes normally and
             # no stage claims again, so a child recycles after exactly max_jobs jobs.
             worker.drain()
-            log.event("child_recycling", worker=worker.id, jobs=worker.jobs_done)
+            log.event("child_recycling", worker=worker.id, jobs=jobs)
         now = time.monotonic()
         # With async handlers a child runs several: the beat names the one whose deadline comes
         # first (Keeper.most_urgent), which is the one the parent's watchdog must watch.
         held, count = worker.keeper.most_urgent()
         runs = count if count > 1 else None
         if held is None:
-            state: tuple[object, ...] = (None, None, None, worker.jobs_done, runs)
+            state: tuple[object, ...] = (None, None, None, jobs, runs)
         else:
-            state = (held.claim.id, held.renewed, held.signal.reason, worker.jobs_done, runs)
+            state = (held.claim.id, held.renewed, held.signal.reason, jobs, runs)
         since = now - self._sent_at
         last = self._last or (None, None, None, None, None)
         if state == self._last:
@@ -127,7 +123,7 @@ class BeatSender:
                 self._flush_later()
             return
         if held is None:
-            line = beat_line(now, None, None, None, worker.jobs_done)
+            line = beat_line(now, None, None, None, jobs)
         else:
             claim, reason = held.claim, held.signal.reason
             line = beat_line(
@@ -135,7 +131,7 @@ class BeatSender:
                 claim.id,
                 held.renewed,
                 claim.lease_seconds,
-                worker.jobs_done,
+                jobs,
                 owner=claim.owner.hex,  # its 32 digits, as uuid.UUID reads them: cheaper than str
                 attempt=claim.attempts,
                 timeout_at=held.deadline,

@@ -231,7 +231,8 @@ class Keeper:
         timeout's. The parent checks that one run's figures; nothing changes while a child is
         frozen, so the first deadline of its last beat is the first of all its runs."""
         runs = list(self._executing.values())
-        if len(runs) < 2:  # a sync handler's run (a beat per run): it is the one, whatever its times
+        # A sync handler's run (a beat per run of a batch): the one, whatever its times.
+        if len(runs) < 2:
             return (runs[0] if runs else None), len(runs)
         cfg = self.config
         best: Held | None = None

@@ -203,8 +203,15 @@ class Keeper:
             held.started = now
             timeout = held.claim.timeout_seconds
             held.deadline = None if timeout is None else now + timeout
-            if held.deadline is not None:
-                self._arm(now)
+            if held.deadline is not None and self.deadman is not None:
+                # The deadline is one more candidate of kill_at's minimum: it can only bring the
+                # switch forward, so it is armed only if it falls before the time armed. Arming
+                # walks every held run: at each start of a batch's run (every run's default
+                # timeout is an hour), a walk of the batch per run.
+                armed = self.deadman.armed_at
+                cfg = self.config
+                if armed is None or held.deadline + cfg.abort_grace + DEADMAN_SLACK < armed:
+                    self._arm(now)
             self._changed(held.deadline)
 
     def drop(self, run_id: int) -> None:

@@ -448,7 +448,7 @@ class Chain:
         res = self._wire.execute(conn, claim_runs_name(numbered), numbered, values, _CLAIM_FORMATS)
         if not _claim_columns_checked:
             _check_claim_columns(wire.column_names(res))
-        return [self._wire.load_row(res, i) for i in range(res.ntuples)]
+        return self._wire.load_rows(res)
 
     def _fixed_bytes(
         self, conn: Conn, kinds: str, worker: str, lease: float

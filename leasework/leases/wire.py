@@ -111,6 +111,14 @@ class Prepared:
         tx.set_pgresult(res)
         return tx.load_row(row, tuple)
 
+    def load_rows(self, res: pq.abc.PGresult) -> list[tuple[Any, ...]]:
+        """Every row of a result of `execute`: the result's loaders looked up once for all of
+        them (a batch claim's 100 rows), not once per row."""
+        tx = self._transformer
+        assert tx is not None
+        tx.set_pgresult(res)
+        return tx.load_rows(0, res.ntuples, tuple)
+
     def _error(self, pgconn: pq.abc.PGconn, res: pq.abc.PGresult) -> psycopg.Error:
         """The exception psycopg's cursor would raise for `res`: the server's error as its
         class, a lost connection as OperationalError."""

@@ -28,7 +28,7 @@ from ..db import DatabaseUnavailable
 from ..errors import ConfigError, SchemaMissing, is_transient
 from ..workers.context import describe_error
 from ..workers.worker import Application, Worker
-from .liveness import CHANGE_GAP, MIN_BEAT_GAP, Beat, encode_beat, encode_error, write_nowait
+from .liveness import CHANGE_GAP, MIN_BEAT_GAP, beat_line, encode_error, write_nowait
 from .policy import ChildExit
 
 if TYPE_CHECKING:
@@ -97,25 +97,21 @@ class BeatSender:
         if os.getppid() != self.parent_pid:
             self._orphan(worker, "parent changed")
             return
-        if (
-            self.max_jobs
-            and worker.jobs_done >= self.max_jobs
-            and worker.running
-            and not worker.stopping
-        ):
+        jobs = worker.jobs_done
+        if self.max_jobs and jobs >= self.max_jobs and worker.running and not worker.stopping:
             # Stop claiming without a deadline: the job in hand (if any) finishes normally and
             # no stage claims again, so a child recycles after exactly max_jobs jobs.
             worker.drain()
-            log.event("child_recycling", worker=worker.id, jobs=worker.jobs_done)
+            log.event("child_recycling", worker=worker.id, jobs=jobs)
         now = time.monotonic()
         # With async handlers a child runs several: the beat names the one whose deadline comes
         # first (Keeper.most_urgent), which is the one the parent's watchdog must watch.
         held, count = worker.keeper.most_urgent()
         runs = count if count > 1 else None
         if held is None:
-            state: tuple[object, ...] = (None, None, None, worker.jobs_done, runs)
+            state: tuple[object, ...] = (None, None, None, jobs, runs)
         else:
-            state = (held.claim.id, held.renewed, held.signal.reason, worker.jobs_done, runs)
+            state = (held.claim.id, held.renewed, held.signal.reason, jobs, runs)
         since = now - self._sent_at
         last = self._last or (None, None, None, None, None)
         if state == self._last:
@@ -127,16 +123,16 @@ class BeatSender:
                 self._flush_later()
             return
         if held is None:
-            beat = Beat(t=now, run_id=None, renewed=None, lease=None, jobs=worker.jobs_done)
+            line = beat_line(now, None, None, None, jobs)
         else:
             claim, reason = held.claim, held.signal.reason
-            beat = Beat(
-                t=now,
-                run_id=claim.id,
-                renewed=held.renewed,
-                lease=claim.lease_seconds,
-                jobs=worker.jobs_done,
-                owner=str(claim.owner),
+            line = beat_line(
+                now,
+                claim.id,
+                held.renewed,
+                claim.lease_seconds,
+                jobs,
+                owner=claim.owner.hex,  # its 32 digits, as uuid.UUID reads them: cheaper than str
                 attempt=claim.attempts,
                 timeout_at=held.deadline,
                 abort=reason,
@@ -145,7 +141,7 @@ class BeatSender:
             )
         self._pending = None
         try:
-            if write_nowait(self.fd, encode_beat(beat)):
+            if write_nowait(self.fd, line):
                 self._last, self._sent_at = state, now
         except OSError:  # EPIPE: the read end is closed, so the parent is gone
             self._orphan(worker, "liveness pipe closed")

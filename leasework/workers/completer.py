@@ -90,17 +90,22 @@ class Completer:
         (`seal_and_claim`); every other outcome is written at once. A result that cannot be
         stored as jsonb fails the attempt. The keeper must no longer hold the run."""
         claim = attempt.claim
-        if isinstance(raised, LeaseLost):
-            attempt.signal.trip("lost")
-        outcome = decide(
-            returned,
-            raised,
-            attempt.signal.reason,
-            gathered=attempt.result,
-            last_attempt=claim.last_attempt,
-            timeout=claim.timeout_seconds,
-            describe=describe_error,
-        )
+        if raised is None and attempt.signal.reason is None:
+            # What decide() answers for a run that returned and need not stop (every success of
+            # a batch: once per run), without the call.
+            outcome = Outcome("seal", status="succeeded", result=returned)
+        else:
+            if isinstance(raised, LeaseLost):
+                attempt.signal.trip("lost")
+            outcome = decide(
+                returned,
+                raised,
+                attempt.signal.reason,
+                gathered=attempt.result,
+                last_attempt=claim.last_attempt,
+                timeout=claim.timeout_seconds,
+                describe=describe_error,
+            )
         if outcome.action == "seal" and outcome.status == "succeeded":
             try:
                 encoded = lease.encode_result(outcome.result, self.config.result_max_bytes)
@@ -145,7 +150,16 @@ class Completer:
             for claim, _ in done:
                 self._durations.pop(claim.id, None)
             return set()
+        durations = self._durations
+        quick = None if log.enabled(logging.DEBUG) else self.config.log_runs_slower_than
         for claim, _ in done:
+            if quick is not None and claim.id in ok:
+                # A quick success is logged at debug only (_log_sealed), which is off: the
+                # check made once for the batch, not per run.
+                duration = durations.get(claim.id)
+                if duration is not None and duration < quick:
+                    del durations[claim.id]
+                    continue
             self._log_sealed(claim, claim.id in ok)
         return set(ok)
 

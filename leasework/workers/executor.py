@@ -183,31 +183,36 @@ class Executor:
         stops are released (the attempt not charged). Returns how many runs were taken in hand."""
         done: list[Done] = []
         executed = 0
-        completer = self.completer
+        completer, keeper, stopping = self.completer, self.keeper, self._stopping
+        # Whether the runs are traced (`run` asks per run), asked once for the batch.
+        traced = tracing.AVAILABLE and tracing.enabled()
         if claims:
-            self.keeper.hold_many(claims, sent=min(c.sent for c in claims))
+            keeper.hold_many(claims, sent=min(c.sent for c in claims))
         written_at = time.monotonic()
         try:
             for i, claim in enumerate(claims):
-                if self._stopping():
+                if stopping():
                     break
                 executed = i + 1
                 now = time.monotonic()
                 if done:
-                    renew = self.keeper.timing_of(claim.lease_seconds).renew
+                    renew = keeper.timing_of(claim.lease_seconds).renew
                     written_at = completer.seal_aging(done, written_at, now, renew)
-                if self.keeper.due(now):  # renewals, control, shutdown before the next start
-                    self.keeper.tend(now)
-                held = self.keeper.get(claim.id)
+                if keeper.due(now):  # renewals, control, shutdown before the next start
+                    keeper.tend(now)
+                held = keeper.get(claim.id)
                 if held is not None and held.signal.tripped:
-                    self.keeper.drop(claim.id)
+                    keeper.drop(claim.id)
                     completer.unstarted(held)
                     continue
-                self.run(claim, handler, defer=done)
+                if traced:
+                    self._traced(claim, handler, done)
+                else:
+                    self._run(claim, handler, done, None)
         finally:
             completer.seal_successes(done)
             unstarted = claims[executed:]
             completer.give_back(unstarted, "batch stopped before this run")
             for claim in unstarted:
-                self.keeper.drop(claim.id)
+                keeper.drop(claim.id)
         return executed

@@ -103,6 +103,10 @@ class Keeper:
         self._clock = clock
         self._lock = threading.RLock()
         self._held: dict[int, Held] = {}
+        # The held runs whose handlers run (one for sync handlers, several async): what a beat
+        # asks for after each claim (most_urgent), without walking the runs a batch holds but
+        # has not started.
+        self._executing: dict[int, Held] = {}
         self._conn: Conn | None = None
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -148,12 +152,30 @@ class Keeper:
         return timing
 
     def hold_many(self, claims: Sequence[Claim], *, sent: float) -> None:
-        """`hold` for every run of a batch, the dead man's switch armed once for all of them
+        """`hold` for every run of a batch, in one pass under the lock: the runs claimed by one
+        statement share its send time, so a late answer is confirmed for all of them in one
+        statement, their next check falls due together, and the dead man's switch is armed once
         (arming walks every held run)."""
         with self._lock:
+            now = self._clock()
+            since = min(now, sent)
+            held_runs = self._held
+            batch: list[Held] = []
             for claim in claims:
-                self.hold(claim, sent=sent, arm=False)
-            self._arm(self._clock())
+                timing = self.timing_of(claim.lease_seconds)
+                held = Held(claim, timing, renewed=since, controlled=since, keeper=self)
+                held_runs[claim.id] = held
+                batch.append(held)
+            late = [h for h in batch if now - since >= h.timing.renew]
+            if late:
+                self._query(late)
+            self._arm(now)
+            if batch:
+                due = min(
+                    min(h.controlled + h.timing.control, h.renewed + h.timing.renew) for h in batch
+                )
+                self._next_check = min(self._next_check, due)
+                self._changed(due)
 
     def due(self, now: float) -> bool:
         """Might `tend` have anything to do (a renewal or control query due, or shutdown)? No
@@ -177,11 +199,19 @@ class Keeper:
         now = self._clock() if now is None else now
         with self._lock:
             held.executing = True
+            self._executing[held.claim.id] = held
             held.started = now
             timeout = held.claim.timeout_seconds
             held.deadline = None if timeout is None else now + timeout
-            if held.deadline is not None:
-                self._arm(now)
+            if held.deadline is not None and self.deadman is not None:
+                # The deadline is one more candidate of kill_at's minimum: it can only bring the
+                # switch forward, so it is armed only if it falls before the time armed. Arming
+                # walks every held run: at each start of a batch's run (every run's default
+                # timeout is an hour), a walk of the batch per run.
+                armed = self.deadman.armed_at
+                cfg = self.config
+                if armed is None or held.deadline + cfg.abort_grace + DEADMAN_SLACK < armed:
+                    self._arm(now)
             self._changed(held.deadline)
 
     def drop(self, run_id: int) -> None:
@@ -190,6 +220,7 @@ class Keeper:
             return
         with self._lock:
             self._held.pop(run_id, None)
+            self._executing.pop(run_id, None)
             if not self._held:
                 self._next_check = float("inf")  # else the next run held would find it due
                 self._arm(self._clock(), idle_later=True)
@@ -198,10 +229,7 @@ class Keeper:
         return self._held.get(run_id)
 
     def executing(self) -> Held | None:
-        for held in list(self._held.values()):
-            if held.executing:
-                return held
-        return None
+        return next(iter(list(self._executing.values())), None)
 
     def most_urgent(self) -> tuple[Held | None, int]:
         """The executing run the supervisor's watchdog must watch, and how many runs execute.
@@ -209,13 +237,15 @@ class Keeper:
         watchdog's margin, since its last renewal; its abort grace once its run must stop; its
         timeout's. The parent checks that one run's figures; nothing changes while a child is
         frozen, so the first deadline of its last beat is the first of all its runs."""
+        runs = list(self._executing.values())
+        # A sync handler's run (a beat per run of a batch): the one, whatever its times.
+        if len(runs) < 2:
+            return (runs[0] if runs else None), len(runs)
         cfg = self.config
         best: Held | None = None
         best_at = float("inf")
         count = 0
-        for held in list(self._held.values()):
-            if not held.executing:
-                continue
+        for held in runs:
             count += 1
             at = held.renewed + held.timing.unrenewed_max
             if held.tripped_at is not None:
@@ -230,7 +260,7 @@ class Keeper:
 
     def executing_runs(self) -> list[Held]:
         """Every run whose handler is running (several only with async handlers)."""
-        return [h for h in list(self._held.values()) if h.executing]
+        return list(self._executing.values())
 
     def wake(self) -> None:
         self._wake.set()

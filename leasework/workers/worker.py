@@ -171,7 +171,8 @@ class Worker:
 
     def beat(self, ctx: Context | None) -> None:
         """Liveness, after each poll, run, ctx.check() and keeper tick; the supervisor listens."""
-        self.heartbeat()
+        if self.register:  # a standalone worker's own row (under the supervisor, the parent's)
+            self.heartbeat()
         if self.on_beat is not None:
             self.on_beat(self, ctx)
 

@@ -5,6 +5,7 @@ for that run, and runs not started released when the worker stops."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -247,3 +248,44 @@ def test_finish_many_stores_each_result_as_the_handler_returned_it(conn: Conn) -
 
     assert sealed == set(ids)
     assert [get_run(conn, i)["result"] for i in ids] == results
+
+
+def test_a_batch_logs_its_slow_successes_and_lost_leases_not_its_quick_ones(
+    conn: Conn, dsn: str, make_worker: MakeWorker
+) -> None:
+    """At info (the default), a batch's quick successes write no line; a success that took
+    log_runs_slower_than or longer does, and a success whose lease was lost before the batch's
+    finish always does (lease_lost)."""
+    app = App()
+    ids: list[int] = []
+
+    @app.task("short", batch=3)
+    def short(ctx: Context, payload: Any) -> None:
+        if ctx.run_id == ids[2]:
+            steal(dsn, ids[0])  # done, its success not yet written
+
+    seen: list[tuple[str, int, dict[str, Any]]] = []
+
+    class Events(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append((record.getMessage(), record.levelno, getattr(record, "fields", {})))
+
+    logger = logging.getLogger("leasework")
+    handler, level = Events(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        ids.extend(app.enqueue(conn, "short") for _ in range(3))
+        make_worker(app, runs_limit=1).poll()  # the default threshold: 1 s, far above a no-op
+        assert [e[0] for e in seen if e[0] == "run_succeeded"] == []
+        assert [(e[1], e[2]["run_id"]) for e in seen if e[0] == "lease_lost"] == [
+            (logging.INFO, ids[0])
+        ]
+        seen.clear()
+        ids[:] = [app.enqueue(conn, "short") for _ in range(3)]
+        make_worker(app, runs_limit=1, log_runs_slower_than=0).poll()  # every success is slow
+        succeeded = [(e[1], e[2]["run_id"]) for e in seen if e[0] == "run_succeeded"]
+        assert succeeded == [(logging.INFO, ids[1]), (logging.INFO, ids[2])]
+    finally:
+        logger.setLevel(level)
+        logger.removeHandler(handler)

@@ -359,6 +359,36 @@ def test_a_late_claim_still_ours_is_renewed_before_it_starts(
     assert get_run(conn, run_id)["status"] == "succeeded"
 
 
+def test_a_late_batch_is_confirmed_in_one_statement_and_its_lost_run_never_started(
+    make_worker: MakeWorker, conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch claim answered a lease late (Keeper.hold_many): every run of it is confirmed
+    before any starts, in one statement; the run another worker took meanwhile is never started
+    and nothing is written for it, the others are renewed and run."""
+    app = App()
+    ran: list[int] = []
+    app.task("job", batch=3)(lambda ctx, payload: ran.append(ctx.run_id))
+    ids = [app.enqueue(conn, "job") for _ in range(3)]
+    claims = lease.claim_runs(conn, ["job"], worker="slow", lease=30.0, limit=3)
+    assert sorted(c.id for c in claims) == sorted(ids)
+    thief = steal(dsn, ids[1])
+    worker = make_worker(app)
+    tended: list[int] = []
+    real_tend = lease.tend
+
+    def counted(c: Conn, due: Any) -> Any:
+        tended.append(len(due))
+        return real_tend(c, due)
+
+    monkeypatch.setattr(lease, "tend", counted)
+    assert worker.executor.run_batch([late(c) for c in claims], app.handler("job")) == 3
+    assert tended[:1] == [3], "a late batch was not confirmed in one statement"
+    assert sorted(ran) == sorted([ids[0], ids[2]])
+    stolen = get_run(conn, ids[1])
+    assert stolen["status"] == "running" and stolen["lease_owner"] == thief.owner
+    assert [get_run(conn, i)["status"] for i in (ids[0], ids[2])] == ["succeeded"] * 2
+
+
 def test_a_handler_told_by_check_is_not_interrupted_again_while_it_cleans_up(
     make_worker: MakeWorker, conn: Conn
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -31,7 +32,7 @@ class StandIn:
         self.keeper = SimpleNamespace(most_urgent=lambda: (self.held, 0 if self.held is None else 1))
 
     def claim(self, run_id: int) -> None:
-        claim = SimpleNamespace(id=run_id, lease_seconds=30.0, owner="o", attempts=1)
+        claim = SimpleNamespace(id=run_id, lease_seconds=30.0, owner=uuid.UUID(int=run_id), attempts=1)
         self.held = SimpleNamespace(
             claim=claim,
             renewed=time.monotonic(),

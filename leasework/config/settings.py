@@ -133,7 +133,9 @@ class Config:
         default=60.0,
         metadata=doc(
             "seconds a statement of leasework's own may run before the server cancels it (0: no "
-            "limit); a handler's statements are not bound by it",
+            "limit); a handler's statements are not bound by it. A transaction of leasework's own "
+            "left idle longer than `lease` is ended by the server (a host cut off between two "
+            "statements holds no row lock for longer)",
             range=Range(0, DAY),
         ),
     )

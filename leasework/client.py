@@ -310,10 +310,10 @@ def _cancelled(row: Any, run_id: int) -> str:
 class Client:
     """Enqueue and cancel by kind, inside the caller's transaction, without the handlers: for a
     web process that must not import the worker's modules. A kind is checked for its form only
-    (the worker that claims it knows it; a kind no worker knows ends `failed`, README "Enqueue
-    without the handlers"); its runs get `max_attempts` from the configuration unless given, the
-    worker's lease and a one-hour timeout. `App` is a Client that knows its kinds and their
-    settings, and refuses any other kind."""
+    (the worker that claims it knows it; a kind no worker knows ends `failed`, docs/enqueue.md,
+    "Typed enqueue, and enqueue without the handlers"); its runs get `max_attempts` from the
+    configuration unless given, the worker's lease and a one-hour timeout. `App` is a Client
+    that knows its kinds and their settings, and refuses any other kind."""
 
     def __init__(
         self, config: Config | None = None, *, kinds: Mapping[str, KindDefaults] | None = None

@@ -391,8 +391,8 @@ class TaskHandle(Generic[P, R]):
 
     def enqueue_run(self, conn: Conn, /, *args: Any, **kwargs: Any) -> Any:
         """`enqueue`, returning a TaskRun (an Enqueued): `handle.wait(timeout=5)` after the
-        commit returns the run's result, typed as the handler's (README "Waiting for a
-        result")."""
+        commit returns the run's result, typed as the handler's (docs/workflows.md,
+        "Waiting for a result")."""
         return self.configure().enqueue_run(conn, *args, **kwargs)
 
     @overload

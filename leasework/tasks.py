@@ -228,8 +228,8 @@ class Task:
     # The family that registered it (None: the user's own task); App.with_config re-installs
     # families rather than copying their tasks.
     family: str | None = None
-    # Its enqueues' unique window and debounce unless an enqueue says (Windows, README "Flow
-    # control").
+    # Its enqueues' unique window and debounce unless an enqueue says (Windows,
+    # docs/flow-control.md).
     windows: Windows = field(default_factory=Windows)
     # Flow control across the fleet (docs/flow-control.md), as its workers declare it
     # (operations.declared_limits: max_running, group_limit, rate as [count, seconds], rate_per);
@@ -494,8 +494,9 @@ class _RunOptions(TypedDict, total=False):
 
 
 class _TagOptions(TypedDict, total=False):
-    # Labels for operators' searches (`leasework runs --tag T`, README "Search, tags and bulk
-    # actions"): at most MAX_TAGS, each a label (check_tags); stored distinct and sorted.
+    # Labels for operators' searches (`leasework runs --tag T`, docs/operations.md, "Search,
+    # tags and bulk actions"): at most MAX_TAGS, each a label (check_tags); stored distinct and
+    # sorted.
     tags: Sequence[str] | None
 
 

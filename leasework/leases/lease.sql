@@ -111,11 +111,12 @@ WITH rules AS MATERIALIZED (
 ), tenanted_queued AS MATERIALIZED (
     -- The tenants' walk is leasework.tenant_picks (schema.sql, migration 0036): a function, so
     -- that its locks re-check a row changed since the snapshot (EvalPlanQual) after setting up
-    -- its own query again, not every CTE here. Not called while no tenant has a queued run (the
-    -- first in turn read from tenants_in_turn: an EXISTS was planned as a sequential scan).
+    -- its own query again, not every CTE here. Not called on a queue that never had a tenant.
+    -- (Not gated on a tenant in the turns: that read the head of tenants_in_turn, where every
+    -- tenant served leaves a dead entry, before the walk read it again; and a sequential scan of
+    -- tenants in an EXISTS reads every row when none is in the turns.)
     SELECT * FROM leasework.tenant_picks((SELECT k FROM live)::text[], %(limit)s)
-     WHERE (SELECT t.priority FROM leasework.tenants t WHERE t.priority IS NOT NULL
-             ORDER BY t.priority, t.turn, t.name LIMIT 1) IS NOT NULL
+     WHERE EXISTS (SELECT 1 FROM leasework.tenants)
 ), tenanted_expired AS MATERIALIZED (
     SELECT r.id, r.tenant, r.priority, r.queued_at, r.kind, NULL::double precision AS turn
       FROM leasework.runs r

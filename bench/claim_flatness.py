@@ -37,9 +37,16 @@ SELECT 'history', 'succeeded', 1, now() - interval '1 hour', now() - interval '5
 """
 
 
-def timed(*args: Any) -> float:
-    """Jobs per second of one timed run (throughput.timed also measures what each job cost)."""
-    return timed_run(*args).rate
+BACKEND: dict[str, list[float]] = {}  # label -> the backends' CPU per job (µs) of each run
+
+
+def timed(label: str, *args: Any) -> float:
+    """Jobs per second of one timed run; its backends' CPU per job kept in BACKEND[label] (two
+    workers sharing tenants once cost most in the server: bench/README.md, issue 29)."""
+    run = timed_run(*args)
+    if run.cost.backend_us is not None:
+        BACKEND.setdefault(label, []).append(run.cost.backend_us)
+    return run.rate
 
 
 def queue(dsn: str, jobs: int, tenants: int) -> None:
@@ -97,11 +104,18 @@ def main() -> None:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("TRUNCATE leasework.runs")
             res[labels[0]].append(
-                timed(lambda d, j, t: queue(d, j, 0), lw_worker, dsn, args.jobs, args.procs)
+                timed(
+                    labels[0], lambda d, j, t: queue(d, j, 0), lw_worker, dsn, args.jobs, args.procs
+                )
             )
             res[labels[2]].append(
                 timed(
-                    lambda d, j, t: queue(d, j, args.tenants), lw_worker, dsn, args.jobs, args.procs
+                    labels[2],
+                    lambda d, j, t: queue(d, j, args.tenants),
+                    lw_worker,
+                    dsn,
+                    args.jobs,
+                    args.procs,
                 )
             )
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -109,7 +123,9 @@ def main() -> None:
                 conn.execute(HISTORY, (args.history,))
                 filled = time.perf_counter() - started
             res[labels[1]].append(
-                timed(lambda d, j, t: queue(d, j, 0), lw_worker, dsn, args.jobs, args.procs)
+                timed(
+                    labels[1], lambda d, j, t: queue(d, j, 0), lw_worker, dsn, args.jobs, args.procs
+                )
             )
     finally:
         drop_database(args.dsn, name)
@@ -120,10 +136,20 @@ def main() -> None:
     )
     targets = {labels[0]: "", labels[1]: "≥ 0.80", labels[2]: "≥ 0.50"}
     rows = [
-        [label, f"{med(v):,.0f}", spread(v), f"{med(v) / base:.2f}", targets[label]]
+        [
+            label,
+            f"{med(v):,.0f}",
+            spread(v),
+            f"{med(BACKEND[label]):,.0f}" if BACKEND.get(label) else "-",
+            f"{med(v) / base:.2f}",
+            targets[label],
+        ]
         for label, v in res.items()
     ]
-    print_table(["leasework, queue of", "jobs/s (median)", "range", "x empty", "target"], rows)
+    print_table(
+        ["leasework, queue of", "jobs/s (median)", "range", "backend µs/job", "x empty", "target"],
+        rows,
+    )
     scale = f"{args.jobs:,} jobs, {args.procs} procs, {args.repeat} runs"
     for label, limit, short in [
         (labels[1], 0.8, args.quick or args.history < 1_000_000),

@@ -285,8 +285,9 @@ class Chain:
     connection at a time; not thread-safe).
 
     Which statement to send. The whole finish_and_claim for `recheck` seconds after the quick
-    one claimed nothing and claim_runs, sent then, claimed a run (a tenanted run due, a lease
-    expired, a run of a better priority or queued before the sealed one); otherwise
+    one claimed nothing and claim_runs, sent then, claimed a run only the whole statement takes
+    (a tenanted run due, a lease expired; one the quick statement takes too is a miss, forgiven
+    once per `recheck`: Chain.missed); otherwise
     finish_and_claim_queued (one update for the seal and the claim), probed: it claims nothing
     if anything else is due. After a probed one claimed a run, its lean form (only a pause is asked: the probe was 8 % of a job's server work) for
     `probe_every` seconds. So a plain queue pays the probe once per `probe_every`, a queue with
@@ -314,6 +315,7 @@ class Chain:
         "_encoding",
         "_fixed",
         "_fixed_values",
+        "_forgive_after",
         "_kinds",
         "_kinds_text",
         "_one",
@@ -331,6 +333,7 @@ class Chain:
         self.probe_every = probe_every
         self.whole_until = float("-inf")  # monotonic time until which the whole claim is sent
         self.lean_until = float("-inf")  # ... and the lean form of the quick one
+        self._forgive_after = float("-inf")  # monotonic time from which a miss is forgiven
         self._cursor: psycopg.Cursor[Any] | None = None
         self._raw_cursor: psycopg.RawCursor[Any] | None = None
         self._kinds: list[str] | None = None
@@ -363,6 +366,18 @@ class Chain:
     def ran_dry(self) -> None:
         """Nor did claim_runs claim anything: the quick statement again from the next job."""
         self.whole_until = float("-inf")
+
+    def missed(self, now: float) -> None:
+        """claim_runs, sent because the quick statement claimed nothing, took a run the quick
+        statement takes too (no tenant, a first attempt): most likely the quick statement's
+        snapshot saw a rival's claim in flight as queued, which says nothing of the queue.
+        The quick statement again from the next job rather than the whole one for `recheck`;
+        once per `recheck`, so a queue that does hold what only the whole statement takes (a
+        paused kind polled, a tenant's turn, an expired lease at another priority) costs at most
+        one statement more per `recheck` than it did."""
+        if now >= self._forgive_after:
+            self.whole_until = float("-inf")
+            self._forgive_after = now + self.recheck
 
     def saw_nothing_else(self, now: float) -> None:
         """A probed finish_and_claim_queued claimed a run: nothing else was due."""
@@ -540,7 +555,8 @@ def finish_and_claim(
     # Nothing claimed: a kind polled is paused, something only claim_runs takes was due (the
     # probed form), or no queued run without a tenant was (either form). claim_runs claims now
     # (the worker would otherwise rest with a run due), and the whole statement is sent for
-    # `chain.recheck` if it took one: the queue holds what only the whole claim takes. If it took
+    # `chain.recheck` if it took one only the whole claim takes (a miss is forgiven once per
+    # `chain.recheck`: Chain.missed). If it took
     # none the queue ran dry, and the next run enqueued is the quick statement's again (the whole
     # one reads the head of every index, which under a snapshot held elsewhere holds the dead
     # entries of every run claimed since: a worker that drains its queue at every wake-up would
@@ -551,7 +567,7 @@ def finish_and_claim(
         chain.ran_dry()
     else:
         # A kind with a rate is claimed by the quick statement only in its rated form: whether
-        # one is polled, asked when claim_runs took a run (so at most once per chain.recheck).
+        # one is polled, asked when claim_runs took a run (so at most twice per chain.recheck).
         row = conn.execute(Q["rated_among"], {"kinds": params["kinds"]}).fetchone()
         rated = bool(row and row[0])
         if rated and not chain.rated:
@@ -560,6 +576,8 @@ def finish_and_claim(
             # `chain.recheck` (2 s in a worker: every job of a worker's first 2 s went through
             # claim_runs and leasework.admit, a third to a half of a short drain's jobs).
             chain.ran_dry()
+        elif claims[0].tenant is None and claims[0].attempts == 1:
+            chain.missed(sent)
         chain.rated = rated
     return sealed, claims[0] if claims else None
 

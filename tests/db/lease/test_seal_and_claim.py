@@ -418,6 +418,57 @@ def test_a_queue_that_ran_dry_leaves_the_quick_statement_in_use(conn: Conn) -> N
     assert chain.quick(claim.sent) and chain.probed(claim.sent)
 
 
+def _queued_before_the_others(conn: Conn, hours: int) -> int:
+    """A run queued `hours` before now: before every run enqueued in the test so far."""
+    (run,) = enqueue(conn, 1)
+    conn.execute(
+        "UPDATE leasework.runs SET queued_at = queued_at - make_interval(hours => %s)"
+        " WHERE id = %s",
+        (hours, run),
+    )
+    return run
+
+
+def test_a_miss_of_a_run_the_quick_statement_takes_too_is_forgiven_once_per_recheck(
+    conn: Conn,
+) -> None:
+    # The probed quick statement claims nothing when a run lies before the one it seals (here,
+    # one whose queued_at is earlier; in a worker, a rival's claim in flight that its snapshot
+    # saw as queued), and claim_runs takes it: a run without a tenant, at its first attempt,
+    # which the quick statement takes too. That says nothing of the queue: the quick statement
+    # again from the next job, not the whole one for `recheck`. A second miss within the
+    # recheck keeps the whole statement, as any other claim_runs take does.
+    enqueue(conn, 1)
+    claim = claim_one(conn)
+    early = _queued_before_the_others(conn, 1)
+    chain = lease.Chain(recheck=60.0)
+
+    sealed, nxt = lease.finish_and_claim(conn, claim, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and nxt is not None and nxt.id == early and nxt.attempts == 1
+    assert chain.quick(nxt.sent)  # forgiven: the quick statement again
+
+    earlier = _queued_before_the_others(conn, 2)
+    sealed, again = lease.finish_and_claim(conn, nxt, ["k"], worker="w1", lease=30.0, chain=chain)
+
+    assert sealed and again is not None and again.id == earlier
+    assert not chain.quick(again.sent)  # a second miss within the recheck: the whole statement
+    assert get_run(conn, early)["status"] == "succeeded"
+
+
+def test_a_miss_is_forgiven_again_once_its_recheck_has_passed() -> None:
+    chain = lease.Chain(recheck=5.0)
+    chain.claimed_nothing(100.0)
+    chain.missed(100.0)
+    assert chain.quick(100.0)
+    chain.claimed_nothing(101.0)
+    chain.missed(101.0)  # within the recheck of the last forgiven miss
+    assert not chain.quick(105.9) and chain.quick(106.0)
+    chain.claimed_nothing(106.0)
+    chain.missed(106.0)  # past it
+    assert chain.quick(106.0)
+
+
 def test_the_chain_sends_the_quick_statement_again_after_its_recheck() -> None:
     chain = lease.Chain(recheck=5.0)
     assert chain.quick(100.0)

@@ -720,7 +720,12 @@ def finish_many(conn: Conn, done: Sequence[tuple[Claim, Any]]) -> set[int]:
         "ids": "{" + ",".join([str(c.id) for c, _ in done]) + "}",
         # UUIDs as their 32 hex digits (which uuid input takes): cheaper than their str().
         "owners": "{" + ",".join([c.owner.hex for c, _ in done]) + "}",
-        "results": wire.array_text([encode_result(r) for _, r in done]),
+        # NULL when no run returned a result (a batch of no-op handlers): nothing to look up.
+        "results": (
+            wire.array_text([encode_result(r) for _, r in done])
+            if any(r is not None for _, r in done)
+            else None
+        ),
     }
     rows = conn.execute(Q["finish_runs"], params, prepare=True).fetchall()
     return {r[0] for r in rows}

@@ -5,6 +5,7 @@ for that run, and runs not started released when the worker stops."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -248,6 +249,32 @@ def test_finish_many_stores_each_result_as_the_handler_returned_it(conn: Conn) -
 
     assert sealed == set(ids)
     assert [get_run(conn, i)["result"] for i in ids] == results
+
+
+def test_finish_many_pairs_each_id_with_its_own_owner_and_keeps_results_when_none_is_returned(
+    conn: Conn,
+) -> None:
+    # Each run's owner is read at its own id's position: two runs of the batch with their
+    # owners swapped are both someone else's and neither is written. A batch that returned no
+    # result at all (sent as NULL, not an array) keeps what each run gathered so far.
+    app = App()
+    app.task("k")(lambda ctx, p: None)
+    ids = [app.enqueue(conn, "k", {}) for _ in range(3)]
+    claims = {c.id: c for c in lease.claim_runs(conn, ["k"], worker="w1", lease=30.0, limit=3)}
+    conn.execute(
+        "UPDATE leasework.runs SET result = '{\"gathered\": 1}' WHERE id = %s", (ids[2],)
+    )
+    a, b = claims[ids[0]], claims[ids[1]]
+    swapped = [
+        (dataclasses.replace(a, owner=b.owner), None),
+        (dataclasses.replace(b, owner=a.owner), None),
+    ]
+
+    assert lease.finish_many(conn, swapped) == set()
+    assert [get_run(conn, i)["status"] for i in ids[:2]] == ["running", "running"]
+
+    assert lease.finish_many(conn, [(claims[i], None) for i in ids]) == set(ids)
+    assert [get_run(conn, i)["result"] for i in ids] == [None, None, {"gathered": 1}]
 
 
 def test_a_batch_logs_its_slow_successes_and_lost_leases_not_its_quick_ones(

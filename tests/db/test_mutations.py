@@ -186,7 +186,10 @@ TENANT_PICKS = "leasework.tenant_picks(text[],integer)"
 
 RENEW_WITHOUT_OWNER = Mutation("renew_lease", " AND lease_owner = %(owner)s")
 CLAIM_IGNORES_CANCEL = Mutation("claim_runs", "AND r.cancel_requested_at IS NULL ")
-BATCH_FINISH_WITHOUT_OWNER = Mutation("finish_runs", "AND r.lease_owner = d.owner")
+BATCH_FINISH_WITHOUT_OWNER = Mutation(
+    "finish_runs",
+    "AND r.lease_owner = (%(owners)s::uuid[])[array_position(%(ids)s::bigint[], r.id)]",
+)
 STEP_WITHOUT_OWNER = Mutation("store_step", " AND lease_owner = %(owner)s")
 
 

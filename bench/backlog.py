@@ -18,6 +18,9 @@ seconds is stopped there: its rate is that of the runs it finished, marked `(par
   that holds a live lease (a row leased for an hour by a worker on another host);
 - (d) delayed: runs of kind `noop` due in an hour;
 - (e) unserved kind: runs of kind `orphan`, which no worker declares;
+- (g) full group: runs of tenant `big` in one group, held back by one run of `big` in that group
+  (not exclusive) that holds a live lease: (c) with the limiter's other hold (a group runs one
+  at a time unless its kind sets group_limit); the measured runs spread over 50 other tenants;
 - fairness: tenant `big` with --fair-backlog (100,000) queued runs being drained, then one run
   each for 50 small tenants: for each, the claims made between its enqueue and its start (its
   own included) and the seconds it waited;
@@ -33,7 +36,7 @@ seconds is stopped there: its rate is that of the runs it finished, marked `(par
   the queue was back to its warm-up level.
 
     .venv/bin/python bench/backlog.py [--dsn DSN] [--backlog 1000000] [--runs 5000]
-                                      [--repeat 2] [--drain-timeout 60] [--cases a,b,c,d,e,fair,fairu]
+                                      [--repeat 2] [--drain-timeout 60] [--cases a,b,c,d,e,g,fair,fairu]
                                       [--fair-backlog 100000] [--snapshot] [--offer 400]
                                       [--hold 300] [--log-level LEVEL] [--quick]
 """
@@ -90,7 +93,7 @@ APP = textwrap.dedent(
 )
 PROCESSES = 2  # supervise's default
 SMALL_TENANTS = 50
-FLAT_TARGET = 0.8  # (a)-(e): x the drain with no backlog
+FLAT_TARGET = 0.8  # (a)-(e), (g): x the drain with no backlog
 FAIR_TARGET = 100  # claims
 SNAPSHOT_TARGET = 0.9  # x the offered rate
 DRAIN_TARGET = 30.0  # seconds after the release
@@ -140,6 +143,18 @@ CASES = [
     Case(
         "e", "(e) kind no worker serves",
         f"{INSERT} SELECT 'orphan', NULL, NULL, now() FROM generate_series(1, %(n)s)",
+    ),
+    Case(
+        "g", "(g) tenant held back by its full group",
+        f"{INSERT} SELECT 'noop', 'big', 'g', now() FROM generate_series(1, %(n)s)",
+        tenants=True,
+        before="INSERT INTO leasework.tenants (name) VALUES ('big') ON CONFLICT DO NOTHING",
+        extra="""
+        INSERT INTO leasework.runs (kind, tenant, "group", status, attempts,
+                                    started_at, lease_owner, lease_expires_at, lease_worker)
+        VALUES ('noop', 'big', 'g', 'running', 1, now(), gen_random_uuid(),
+                now() + interval '1 hour', 'bench-other-host')
+        """,
     ),
 ]  # fmt: skip
 
@@ -493,7 +508,7 @@ def snapshot_case(args: argparse.Namespace, tmp: Path) -> list[Offered]:
 
 
 def report_cases(results: list[CaseResult], args: argparse.Namespace) -> None:
-    tenants = f" (for (c) over {SMALL_TENANTS} tenants)"
+    tenants = f" (for (c) and (g) over {SMALL_TENANTS} tenants)"
     print(
         f"\nbacklog: {args.runs:,} no-op runs{tenants} drained by `leasework supervise`"
         f" ({PROCESSES} processes), beside {args.backlog:,} queued runs it may not claim and beside"
@@ -673,7 +688,7 @@ def main() -> None:
     )
     ap.add_argument("--repeat", type=int, default=2, help="drains with the backlog per case")
     ap.add_argument("--drain-timeout", type=float, default=60.0, help="seconds per drain at most")
-    ap.add_argument("--cases", default="a,b,c,d,e,fair,fairu", help="of a,b,c,d,e,fair,fairu,f")
+    ap.add_argument("--cases", default="a,b,c,d,e,g,fair,fairu", help="of a,b,c,d,e,g,fair,fairu,f")
     ap.add_argument("--fair-backlog", type=int, default=100_000)
     ap.add_argument("--snapshot", action="store_true", help="also (f), the held snapshot")
     ap.add_argument("--snapshot-dsn", help="(f) on this admin DSN, not a private cluster")
@@ -691,8 +706,8 @@ def main() -> None:
     cases = set(args.cases.split(","))
     if args.snapshot:
         cases.add("f")
-    if unknown := cases - {"a", "b", "c", "d", "e", "fair", "fairu", "f"}:
-        ap.error(f"unknown case(s) {', '.join(sorted(unknown))}; valid: a,b,c,d,e,fair,fairu,f")
+    if unknown := cases - {"a", "b", "c", "d", "e", "g", "fair", "fairu", "f"}:
+        ap.error(f"unknown case(s) {', '.join(sorted(unknown))}; valid: a,b,c,d,e,g,fair,fairu,f")
     if args.quick:
         args.backlog, args.runs = min(args.backlog, 20_000), min(args.runs, 1000)
         args.repeat, args.drain_timeout = 1, min(args.drain_timeout, 30.0)

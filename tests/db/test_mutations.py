@@ -319,13 +319,14 @@ def test_claim_branch_without_its_predicate_is_caught(
 # Priority, then turns, then queued_at (docs/state-machine.md). Each ORDER BY of the tenanted
 # branch with queued_at put before priority (or priority dropped): the claim still takes one
 # run per pick, the wrong one. (`h.id\n`: the walk's pick across kinds, not the due-time probe
-# above it, which orders by the same columns on one line.)
+# above it, which orders by the same columns on one line. `f.id\n`: the pick among a tenant's
+# first runs of a kind, which the walk reads in order.)
 CLAIM_ORDER = [
     pytest.param(
         FunctionMutation(
             TENANT_PICKS,
-            "ORDER BY r.priority, r.queued_at, r.id",
-            "ORDER BY r.queued_at, r.priority, r.id",
+            "ORDER BY f.priority, f.queued_at, f.id\n",
+            "ORDER BY f.queued_at, f.priority, f.id\n",
         ),
         "ws-1",
         "by priority, then queued_at",

@@ -344,7 +344,7 @@ def model_pick(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    st.lists(RUN, min_size=1, max_size=14),
+    st.lists(RUN, min_size=1, max_size=20),
     st.integers(min_value=1, max_value=10),
     st.sampled_from([None, None, 1, 2]),  # job's max_running
     st.sampled_from([None, None, 2, 3]),  # job's group_limit

@@ -380,7 +380,13 @@ $$;
 -- the order without a sort of the tenant's every run of the kind, and the plan reads this
 -- function's index. With `= g` (or IS NULL and no "group" key) the planner took that index in
 -- order and filtered by the group, which walked the full group's runs again (a test's 5,000).
-CREATE OR REPLACE FUNCTION leasework.tenant_group_pick(tenant text, kind text, group_limit integer)
+-- `rated` (migration 0038: the kind is rated per group): the walk calls it whenever none of the
+-- first four may be claimed, and a budget without room in its window (the tenant's for the runs
+-- without a group, each group's own: leasework.tenant_rate_open) is skipped as a full group is,
+-- in one probe.
+DROP FUNCTION IF EXISTS leasework.tenant_group_pick(text, text, integer);
+CREATE OR REPLACE FUNCTION leasework.tenant_group_pick(
+    tenant text, kind text, group_limit integer, rated boolean)
 RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
@@ -394,6 +400,8 @@ BEGIN
      WHERE r.tenant = tenant_group_pick.tenant AND r.kind = tenant_group_pick.kind
        AND r.status = 'queued' AND NOT r.exclusive AND r."group" IS NULL
        AND r.queued_at <= leasework.now()
+       AND (NOT tenant_group_pick.rated OR leasework.tenant_rate_open(
+                tenant_group_pick.kind, tenant_group_pick.tenant, NULL))
      ORDER BY r."group", r.priority, r.queued_at, r.id
      LIMIT 1;
     SELECT min(r."group") INTO g
@@ -405,7 +413,10 @@ BEGIN
             SELECT 1 FROM leasework.runs o
              WHERE o.tenant = tenant_group_pick.tenant AND o.status = 'running'
                AND o.lease_expires_at >= leasework.now() AND o."group" = g
-            OFFSET tenant_group_pick.group_limit - 1) THEN
+            OFFSET tenant_group_pick.group_limit - 1)
+           AND (NOT tenant_group_pick.rated
+                OR leasework.tenant_rate_open(tenant_group_pick.kind, tenant_group_pick.tenant, g))
+        THEN
             SELECT r.id, r.priority, r.queued_at INTO cand
               FROM leasework.runs r
              WHERE r.tenant = tenant_group_pick.tenant AND r.kind = tenant_group_pick.kind
@@ -440,8 +451,11 @@ $$;
 -- claimed), and in claim_runs each such meeting set up its every CTE: 2.1-2.5 ms of backend CPU
 -- and some 200-340 page faults per job, two processes at 410 jobs/s against one at 965
 -- (bench/README.md, issue 29, "The tenants' walk on its own"). Here it sets up this query alone.
--- The rate limits' rules are read again here (group_limit, rate per tenant): `live` already
--- holds only the kinds open to this claim.
+-- The rate limits' rules are read again here (group_limit, rate per tenant or per group): `live`
+-- already holds only the kinds open to this claim. A kind rated per group (migration 0038) has
+-- each run read in order checked against its group's budget (leasework.tenant_rate_open), and
+-- the look-up group by group made whenever none of the first four may be claimed (it skips a
+-- group whose budget is spent as it skips a full one).
 CREATE OR REPLACE FUNCTION leasework.tenant_picks(live text[], wanted integer)
 RETURNS TABLE (id bigint, tenant text, priority integer, queued_at leasework.instant, kind text,
                turn double precision)
@@ -451,7 +465,8 @@ BEGIN
     RETURN QUERY
     WITH rules AS MATERIALIZED (
         SELECT l.kind, coalesce(l.group_limit, 1) AS group_limit,
-               l.rate_per IS NOT NULL AND l.rate_count IS NOT NULL AS per_tenant
+               l.rate_per = 'tenant' AND l.rate_count IS NOT NULL AS per_tenant,
+               l.rate_per = 'group' AND l.rate_count IS NOT NULL AS per_group
           FROM leasework.kind_limits l
          WHERE l.kind = ANY(tenant_picks.live)
     )
@@ -471,6 +486,8 @@ BEGIN
                      LIMIT 4) f
               JOIN leasework.runs r ON r.id = f.id
              WHERE (g.per_tenant IS NOT TRUE OR leasework.tenant_rate_open(k.kind, t.name))
+               AND (g.per_group IS NOT TRUE
+                    OR leasework.tenant_rate_open(k.kind, t.name, r."group"))
                AND coalesce((SELECT h.queued_at <= leasework.now() FROM leasework.runs h
                               WHERE h.tenant = t.name AND h.kind = k.kind AND h.status = 'queued'
                               ORDER BY h.priority, h.queued_at, h.id LIMIT 1)
@@ -497,10 +514,12 @@ BEGIN
                               WHERE h.tenant = t.name AND h.kind = k.kind AND h.status = 'queued'
                               ORDER BY h.priority, h.queued_at, h.id LIMIT 1)
                             OR leasework.due_priority(k.kind, t.name) IS NOT NULL, false)
-               AND EXISTS (SELECT 1 FROM leasework.runs b
-                            WHERE b.tenant = t.name AND b.status = 'running'
-                              AND b.lease_expires_at >= leasework.now())
-               AND r.id = leasework.tenant_group_pick(t.name, k.kind, coalesce(g.group_limit, 1))
+               AND (g.per_group IS TRUE
+                    OR EXISTS (SELECT 1 FROM leasework.runs b
+                                WHERE b.tenant = t.name AND b.status = 'running'
+                                  AND b.lease_expires_at >= leasework.now()))
+               AND r.id = leasework.tenant_group_pick(t.name, k.kind, coalesce(g.group_limit, 1),
+                                                      g.per_group IS TRUE)
                AND r.status = 'queued' AND r.queued_at <= leasework.now()
                AND NOT EXISTS (
                     SELECT 1
@@ -2156,7 +2175,7 @@ CREATE TABLE IF NOT EXISTS leasework.kind_limits (
         AND (rate_count IS NULL) = (rate_seconds IS NULL)
         AND coalesce(rate_count BETWEEN 1 AND 1000000, true)
         AND coalesce(rate_seconds >= 0.1 AND rate_seconds <= 604800, true)
-        AND coalesce(rate_per = 'tenant', true)),
+        AND coalesce(rate_per IN ('tenant', 'group'), true)),
     CONSTRAINT kind_limits_window_valid CHECK (leasework.rate_window_valid(win))
 );
 
@@ -2176,6 +2195,20 @@ CREATE TABLE IF NOT EXISTS leasework.tenant_rates (
         AND coalesce(rate_count BETWEEN 1 AND 1000000, true)
         AND coalesce(rate_seconds >= 0.1 AND rate_seconds <= 604800, true)),
     CONSTRAINT tenant_rates_window_valid CHECK (leasework.rate_window_valid(win))
+);
+
+-- Per kind, tenant and group, for a kind rated per group (rate_per = 'group', migration 0038):
+-- the window of a tenant's runs of one group (written by leasework.admit under the kind's row
+-- lock, as a tenant's window is). A tenant's runs without a group share the tenant's window
+-- (leasework.tenant_rates), and a rate an operator gives a tenant holds each of its groups.
+-- Windows gone quiet are pruned by maintenance (prune_rate_windows).
+CREATE TABLE IF NOT EXISTS leasework.group_rates (
+    kind     text NOT NULL,
+    tenant   text NOT NULL,
+    "group"  text NOT NULL,
+    win      bigint[],
+    PRIMARY KEY (kind, tenant, "group"),
+    CONSTRAINT group_rates_window_valid CHECK (leasework.rate_window_valid(win))
 );
 
 -- A kind's rate window as migration 0031 kept it, one row per kind: no longer read or written
@@ -2500,12 +2533,13 @@ CREATE TRIGGER kind_limits_rate_changed AFTER UPDATE ON leasework.kind_limits
 
 -- The rate a tenant's runs of a kind rated per tenant are held to: the tenant's own (an
 -- operator's, leasework.tenant_rates), else the kind's. (count, seconds) in one row; NULLs when
--- the kind has no rate per tenant.
+-- the kind has no rate per tenant. Rated per group (migration 0038), each group of the tenant is
+-- held to it.
 CREATE OR REPLACE FUNCTION leasework.tenant_rate(
     l leasework.kind_limits, t leasework.tenant_rates, OUT count integer, OUT seconds double precision)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
-    IF l.rate_per = 'tenant' THEN
+    IF l.rate_per IN ('tenant', 'group') THEN
         count := coalesce(t.rate_count, l.rate_count);
         seconds := coalesce(t.rate_seconds, l.rate_seconds);
     END IF;
@@ -2610,6 +2644,100 @@ BEGIN
 END
 $$;
 
+-- The budget a tenant's run of a kind rated per tenant or per group counts against (migration
+-- 0038): its window (`win`: the tenant's, or rated per group the run's group's; a tenant's runs
+-- without a group share the tenant's) and its rate (leasework.tenant_rate). In the caller's
+-- snapshot.
+CREATE OR REPLACE FUNCTION leasework.rate_budget(
+    l leasework.kind_limits, tenant text, grp text,
+    OUT win bigint[], OUT count integer, OUT seconds double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t leasework.tenant_rates;
+    r record;
+BEGIN
+    SELECT * INTO t FROM leasework.tenant_rates x
+     WHERE x.kind = l.kind AND x.tenant = rate_budget.tenant;
+    r := leasework.tenant_rate(l, t);
+    count := r.count;
+    seconds := r.seconds;
+    win := t.win;
+    IF l.rate_per = 'group' AND rate_budget.grp IS NOT NULL THEN
+        SELECT x.win INTO win FROM leasework.group_rates x
+         WHERE x.kind = l.kind AND x.tenant = rate_budget.tenant AND x."group" = rate_budget.grp;
+    END IF;
+END
+$$;
+
+-- Whether a tenant's run of `kind` in group `grp` has room in its budget for one more claim, in
+-- the claim's snapshot (the walk's hint, run by run for a kind rated per group; leasework.admit
+-- decides). True when the kind has no rate per tenant or group, and for a run without a tenant.
+CREATE OR REPLACE FUNCTION leasework.tenant_rate_open(kind text, tenant text, grp text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    l leasework.kind_limits;
+    b record;
+BEGIN
+    SELECT * INTO l FROM leasework.kind_limits x WHERE x.kind = tenant_rate_open.kind;
+    IF l.rate_count IS NULL OR l.rate_per IS NULL OR tenant_rate_open.tenant IS NULL THEN
+        RETURN true;
+    END IF;
+    b := leasework.rate_budget(l, tenant_rate_open.tenant, tenant_rate_open.grp);
+    RETURN leasework.rate_used(b.win, b.seconds, leasework.now()) < b.count;
+END
+$$;
+
+-- For a kind rated per group: the earliest time one of a tenant's budgets with queued runs of
+-- the kind has room again (now when one has), as far as the tenants' walk reaches: the
+-- budgets of the tenant's first four queued runs in order (an exclusive run is taken there or
+-- not at all), of its runs without a group, and of each group with queued runs (a loose scan of
+-- runs_queued_tenant_groups, one look-up per group). NULL: none queued. Serves next_due.
+CREATE OR REPLACE FUNCTION leasework.group_budgets_free_at(l leasework.kind_limits, tenant text)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    at timestamptz;
+    g text;
+    b record;
+    w record;
+BEGIN
+    FOR w IN
+        SELECT r."group" FROM leasework.runs r
+         WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind AND r.status = 'queued'
+         ORDER BY r.priority, r.queued_at, r.id
+         LIMIT 4
+    LOOP
+        b := leasework.rate_budget(l, group_budgets_free_at.tenant, w."group");
+        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+    END LOOP;
+    IF at IS NULL OR at <= leasework.now() THEN
+        RETURN at;
+    END IF;
+    IF EXISTS (SELECT 1 FROM leasework.runs r
+                WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
+                  AND r.status = 'queued' AND NOT r.exclusive AND r."group" IS NULL
+                ORDER BY r."group", r.priority, r.queued_at, r.id LIMIT 1) THEN
+        b := leasework.rate_budget(l, group_budgets_free_at.tenant, NULL);
+        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+    END IF;
+    SELECT min(r."group") INTO g
+      FROM leasework.runs r
+     WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
+       AND r.status = 'queued' AND NOT r.exclusive AND r."group" IS NOT NULL;
+    WHILE g IS NOT NULL AND at > leasework.now() LOOP
+        b := leasework.rate_budget(l, group_budgets_free_at.tenant, g);
+        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+        SELECT min(r."group") INTO g
+          FROM leasework.runs r
+         WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
+           AND r.status = 'queued' AND NOT r.exclusive AND r."group" > g;
+    END LOOP;
+    RETURN at;
+END
+$$;
+
 -- When a run of `kind` (and `tenant`: NULL for runs without one) fits in its rate again: NULL
 -- when it has no rate, now when it fits now. Serves next_due: an idle worker sleeps until then.
 -- (Migration 0035: the kind's window is its shards, and a run fits when one of them has room,
@@ -2634,10 +2762,33 @@ BEGIN
                 leasework.rate_shards_window(rate_free_at.kind, l.rate_seconds), l.rate_count,
                 l.rate_seconds, leasework.now()));
     END IF;
+    IF l.rate_per = 'group' THEN
+        -- Rated per group: the tenant's earliest budget with room (migration 0038).
+        RETURN leasework.group_budgets_free_at(l, rate_free_at.tenant);
+    END IF;
     SELECT * INTO t FROM leasework.tenant_rates x
      WHERE x.kind = rate_free_at.kind AND x.tenant = rate_free_at.tenant;
     r := leasework.tenant_rate(l, t);
     RETURN leasework.rate_window_free_at(t.win, r.count, r.seconds, leasework.now());
+END
+$$;
+
+-- When a run of `kind`, `tenant` and group `grp` fits in its rate again (migration 0038): for a
+-- kind rated per group, its group's budget (its tenant's for a run without a group); otherwise
+-- as leasework.rate_free_at(kind, tenant). Serves `leasework show`.
+CREATE OR REPLACE FUNCTION leasework.rate_free_at(kind text, tenant text, grp text)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    l leasework.kind_limits;
+    b record;
+BEGIN
+    SELECT * INTO l FROM leasework.kind_limits x WHERE x.kind = rate_free_at.kind;
+    IF l.rate_count IS NULL OR l.rate_per IS DISTINCT FROM 'group' OR rate_free_at.tenant IS NULL THEN
+        RETURN leasework.rate_free_at(rate_free_at.kind, rate_free_at.tenant);
+    END IF;
+    b := leasework.rate_budget(l, rate_free_at.tenant, rate_free_at.grp);
+    RETURN leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now());
 END
 $$;
 
@@ -2657,7 +2808,7 @@ $$;
 -- leases, but the run `finishing` of `worker`: its seal commits with this claim) and room in its
 -- rate: the kind's (the room left in each shard under its share, added up, and no more than the
 -- whole window's room while claims carried from before the rate changed count), or with rate_per =
--- 'tenant' its tenant's (runs without a tenant share one budget, the kind's shards). What it
+-- 'tenant' its tenant's (with rate_per = 'group' its group's: migration 0038) (runs without a tenant share one budget, the kind's shards). What it
 -- takes is recorded in the windows before it returns, each shard taking what it has room for,
 -- in shard order: the claim statement updates every run it returns. (Migration 0024 added the
 -- cap lock, 0031 the window's table, 0035 its shards.)
@@ -2676,6 +2827,8 @@ DECLARE
     taken bigint[] := '{}';
     l leasework.kind_limits;
     t leasework.tenant_rates;
+    grp text;
+    gw bigint[];
     s record;
     free bigint;
     kept bigint;
@@ -2781,16 +2934,32 @@ BEGIN
         CONTINUE WHEN room[j] < 1;
         IF per[j] AND tenants[i] IS NOT NULL THEN
             -- Its tenant's window, read fresh (under the kind's lock, which every writer of it
-            -- holds); one run per tenant in a claim (claim_runs' DISTINCT ON).
+            -- holds); one run per tenant in a claim (claim_runs' DISTINCT ON). Rated per group
+            -- (migration 0038), its group's window, held to the same rate (a run without a group:
+            -- its tenant's).
             SELECT * INTO l FROM leasework.kind_limits x WHERE x.kind = lk[j];
             SELECT * INTO t FROM leasework.tenant_rates x
              WHERE x.kind = lk[j] AND x.tenant = tenants[i];
             r := leasework.tenant_rate(l, t);
-            CONTINUE WHEN leasework.rate_used(t.win, r.seconds, at) >= r.count;
-            INSERT INTO leasework.tenant_rates AS x (kind, tenant, win)
-            VALUES (lk[j], tenants[i], leasework.rate_recorded(NULL, r.seconds, at, 1))
-            ON CONFLICT (kind, tenant)
-            DO UPDATE SET win = leasework.rate_recorded(x.win, r.seconds, at, 1);
+            grp := NULL;
+            IF l.rate_per = 'group' THEN
+                SELECT x."group" INTO grp FROM leasework.runs x WHERE x.id = ids[i];
+            END IF;
+            IF grp IS NULL THEN
+                CONTINUE WHEN leasework.rate_used(t.win, r.seconds, at) >= r.count;
+                INSERT INTO leasework.tenant_rates AS x (kind, tenant, win)
+                VALUES (lk[j], tenants[i], leasework.rate_recorded(NULL, r.seconds, at, 1))
+                ON CONFLICT (kind, tenant)
+                DO UPDATE SET win = leasework.rate_recorded(x.win, r.seconds, at, 1);
+            ELSE
+                SELECT x.win INTO gw FROM leasework.group_rates x
+                 WHERE x.kind = lk[j] AND x.tenant = tenants[i] AND x."group" = grp;
+                CONTINUE WHEN leasework.rate_used(gw, r.seconds, at) >= r.count;
+                INSERT INTO leasework.group_rates AS x (kind, tenant, "group", win)
+                VALUES (lk[j], tenants[i], grp, leasework.rate_recorded(NULL, r.seconds, at, 1))
+                ON CONFLICT (kind, tenant, "group")
+                DO UPDATE SET win = leasework.rate_recorded(x.win, r.seconds, at, 1);
+            END IF;
         ELSIF took[j] IS NOT NULL THEN
             IF per[j] THEN
                 CONTINUE WHEN loose[j] < 1;

@@ -207,7 +207,8 @@ class App(Client):
         `max_running=N` runs of the kind holding a live lease at most; `group_limit=N` runs of a
         tenant's group at once at most (default 1: a group is one at a time); `rate="100/10s"`
         claims at most per period, in any span of it (a sliding window), per kind or, with
-        `rate_per="tenant"`, per tenant. Declared by each worker as it starts;
+        `rate_per="tenant"`, per tenant, or with `rate_per="group"`, per tenant's group (a
+        tenant's runs without a group share the tenant's). Declared by each worker as it starts;
         `leasework limits set` changes them at run time."""
         if callable(kind):  # `@app.task` without its parentheses
             raise ConfigError(

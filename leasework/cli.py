@@ -509,13 +509,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate-per",
         type=_text_or_none,
         default=argparse.SUPPRESS,
-        metavar="tenant|none",
-        help="tenant: each tenant its own rate (none: one rate for the kind)",
+        metavar="tenant|group|none",
+        help="tenant: each tenant its own rate; group: each tenant's group its own (none: one"
+        " rate for the kind)",
     )
     s.add_argument(
         "--tenant",
         default=None,
-        help="with --rate: this tenant's own rate (a kind rated per tenant)",
+        help="with --rate: this tenant's own rate (a kind rated per tenant, or per group: then"
+        " each of its groups')",
     )
     r = lsub.add_parser(
         "reset", help="drop what was set at run time: the app's declared limits hold again"

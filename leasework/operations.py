@@ -92,7 +92,7 @@ def check_ids(ids: Iterable[object]) -> list[int]:
 MAX_RUNNING_RANGE = (1, 100_000)  # max_running and group_limit (kind_limits_valid in schema.sql)
 RATE_COUNT_RANGE = (1, 1_000_000)
 RATE_PERIOD_RANGE = (0.1, 604_800.0)  # seconds: a tenth of a second to 7 days
-RATE_PER = ("tenant",)
+RATE_PER = ("tenant", "group")
 LIMIT_NAMES = ("max_running", "group_limit", "rate", "rate_per")
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?|\.\d+)?\s*(ms|s|m|h|d)\s*$")
 _RATE_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -154,7 +154,8 @@ def declared_limits(
     given["rate_per"] = rate_per
     out = {k: check_limit(k, v) for k, v in given.items() if v is not None}
     if "rate_per" in out and "rate" not in out:
-        raise ConfigError(f"rate_per={rate_per!r} needs a rate= (each tenant gets that rate)")
+        whose = "tenant" if rate_per == "tenant" else "tenant's group"
+        raise ConfigError(f"rate_per={rate_per!r} needs a rate= (each {whose} gets that rate)")
     return out
 
 
@@ -354,13 +355,18 @@ def held_back(conn: Conn, run_id: int) -> list[dict[str, Any]]:
         )
     if r["rate_count"] is not None and r["rate_free_at"] > r["now"]:
         per_tenant = r["rate_per"] is not None and r["tenant"] is not None
+        if per_tenant:
+            # Rated per group, a run without a group counts against its tenant's budget.
+            per = "group" if r["rate_per"] == "group" and r["group"] is not None else "tenant"
+        else:
+            per = "no tenant" if r["rate_per"] else "kind"
         out.append(
             {
                 "reason": "rate_limited",
                 "until": r["rate_free_at"],
                 "rate_count": r["tenant_rate_count"] if per_tenant else r["rate_count"],
                 "rate_seconds": r["tenant_rate_seconds"] if per_tenant else r["rate_seconds"],
-                "per": "tenant" if per_tenant else ("no tenant" if r["rate_per"] else "kind"),
+                "per": per,
             }
         )
     if r["tenant"] is not None:
@@ -985,7 +991,8 @@ def reset_limits(conn: Conn, kind: str, names: Iterable[str] | None = None) -> l
 
 def set_tenant_rate(conn: Conn, kind: str, tenant: str, rate: str | None) -> None:
     """Give one tenant's runs of `kind` a rate of their own ("100/10s"), or its kind's again
-    (None). `kind` must be rated per tenant (rate_per "tenant"). ConfigError otherwise."""
+    (None). `kind` must be rated per tenant (rate_per "tenant"), or per group ("group": the
+    tenant's rate then holds each of its groups). ConfigError otherwise."""
     (kind,) = _kinds([kind])
     if not isinstance(tenant, str):
         raise ConfigError(f"tenant must be a string, got {type(tenant).__name__}")
@@ -995,10 +1002,10 @@ def set_tenant_rate(conn: Conn, kind: str, tenant: str, rate: str | None) -> Non
     count, seconds = parse_rate(rate) if rate is not None else (None, None)
     with conn.transaction():
         row = conn.execute(Q["lock_limits"], {"kind": kind}).fetchone()
-        if row is None or row[3] is None or row[4] != "tenant":
+        if row is None or row[3] is None or row[4] not in RATE_PER:
             raise ConfigError(
-                f"{kind} has no rate per tenant: set one first (leasework limits set {kind} "
-                "--rate COUNT/PERIOD --rate-per tenant); nothing changed"
+                f"{kind} has no rate per tenant or group: set one first (leasework limits set "
+                f"{kind} --rate COUNT/PERIOD --rate-per tenant); nothing changed"
             )
         conn.execute(
             Q["set_tenant_rate"],

@@ -255,7 +255,7 @@ RETURNING l.kind, pg_notify('leasework', l.kind) IS NULL AS notified
 -- name: held_back
 -- What keeps a queued run from being claimed now, each rule the claim applies (README, "Flow
 -- control"; docs/state-machine.md): its due time, its kind paused, its kind at its cap
--- (max_running: live leases), its rate's window full (the kind's, or its tenant's) and when it has
+-- (max_running: live leases), its rate's window full (the kind's, its tenant's or its group's) and when it has
 -- room again, its tenant's group full (live leases against its kind's group_limit), an exclusive
 -- run of its tenant running, or, exclusive itself, other runs of its tenant running. Read in one
 -- snapshot; a claim may take the run a moment later (or another run first).
@@ -264,7 +264,7 @@ SELECT r.status, r.queued_at, r.tenant, r."group", r.exclusive,
        EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = r.kind) AS paused,
        l.max_running, l.rate_count, l.rate_seconds, l.rate_per,
        leasework.running_of_kind(r.kind, NULL, NULL) AS running,
-       leasework.rate_free_at(r.kind, r.tenant) AS rate_free_at,
+       leasework.rate_free_at(r.kind, r.tenant, r."group") AS rate_free_at,
        leasework.now() AS now,
        coalesce(l.group_limit, 1) AS group_limit,
        (SELECT count(*) FROM leasework.runs o

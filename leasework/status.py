@@ -436,7 +436,11 @@ def held_back_lines(held: Sequence[dict[str, Any]], now: Any) -> list[str]:
             out.append(f"capped: {h['running']} of {h['max_running']} running (max_running)")
         elif reason == "rate_limited":
             spec = rate_spec(h["rate_count"], h["rate_seconds"])
-            whose = {"tenant": "its tenant's", "no tenant": "runs without a tenant:"}.get(
+            whose = {
+                "tenant": "its tenant's",
+                "group": "its group's",
+                "no tenant": "runs without a tenant:",
+            }.get(
                 h["per"], "its kind's"
             )
             out.append(f"rate-limited until {until(h['until'])}: {whose} rate {spec} is used")

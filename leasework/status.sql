@@ -90,7 +90,7 @@ SELECT kind, count(*)::bigint AS due,
 -- shards') and `rate_free_at`, when that window has room again (now when it has: a shard has
 -- room under its share; `rate_free_in`, the seconds until then); `due`, its queued runs due;
 -- `held_back`, those of them no claim may take now: every one while the kind is at its cap or its
--- rate, else (rated per tenant) those of tenants at their rate; and the tenants an operator gave
+-- rate, else (rated per tenant or group) those of tenants (or groups) at their rate; and the tenants an operator gave
 -- a rate of their own. `overrides` holds what was set at run time (it wins over `declared`).
 SELECT l.kind, l.max_running, l.group_limit, l.rate_count, l.rate_seconds, l.rate_per,
        l.declared, l.overrides, f.running, f.rate_used, f.rate_free_at,
@@ -100,11 +100,11 @@ SELECT l.kind, l.max_running, l.group_limit, l.rate_count, l.rate_seconds, l.rat
        CASE WHEN f.full OR f.rate_full THEN f.due
             WHEN l.rate_per IS NOT NULL AND l.rate_count IS NOT NULL THEN (
                 SELECT coalesce(sum(q.n), 0)
-                  FROM (SELECT r.tenant, count(*) AS n FROM leasework.runs r
+                  FROM (SELECT r.tenant, r."group", count(*) AS n FROM leasework.runs r
                          WHERE r.kind = l.kind AND r.status = 'queued'
                            AND r.queued_at <= leasework.now() AND r.tenant IS NOT NULL
-                         GROUP BY r.tenant) q
-                 WHERE NOT leasework.tenant_rate_open(l.kind, q.tenant))
+                         GROUP BY r.tenant, r."group") q
+                 WHERE NOT leasework.tenant_rate_open(l.kind, q.tenant, q."group"))
             ELSE 0 END::bigint AS held_back,
        CASE WHEN f.full THEN 'capped' WHEN f.rate_full THEN 'rate_limited' END AS closed,
        EXISTS (SELECT 1 FROM leasework.paused_kinds p WHERE p.kind = l.kind) AS paused,

@@ -134,7 +134,8 @@ SELECT r.kind, count(*)::bigint AS n
    AND NOT EXISTS (SELECT 1 FROM leasework.runs x
                     WHERE x.tenant = r.tenant AND x.status = 'running' AND x.exclusive
                       AND x.lease_expires_at >= leasework.now())
-   AND (l.rate_per IS NULL OR l.rate_count IS NULL OR leasework.tenant_rate_open(r.kind, r.tenant))
+   AND (l.rate_per IS NULL OR l.rate_count IS NULL
+        OR leasework.tenant_rate_open(r.kind, r.tenant, r."group"))
  GROUP BY r.kind
 
 -- name: metrics_duration_buckets

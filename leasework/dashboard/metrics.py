@@ -248,8 +248,8 @@ def limit_families(
     )
     rate = GaugeMetricFamily(
         "leasework_kind_rate_limit",
-        "A kind's rate: claims at most per leasework_kind_rate_period_seconds (per tenant when "
-        "rate_per is tenant).",
+        "A kind's rate: claims at most per leasework_kind_rate_period_seconds (per tenant, or per "
+        "tenant's group, when rate_per is tenant or group).",
         labels=["kind", "per"],
     )
     period = GaugeMetricFamily(
@@ -257,7 +257,8 @@ def limit_families(
     )
     used = GaugeMetricFamily(
         "leasework_kind_rate_used",
-        "Claims a kind's rate window counts now (rated per tenant: its runs without a tenant).",
+        "Claims a kind's rate window counts now (rated per tenant or group: its runs without a "
+        "tenant).",
         labels=["kind"],
     )
     free = GaugeMetricFamily(
@@ -269,7 +270,7 @@ def limit_families(
     held = GaugeMetricFamily(
         "leasework_rate_limited",
         "Due queued runs no claim may take now because of a limit, each under one reason: capped "
-        "(the kind at its cap), rate_limited (its rate's window, or its tenant's, full), "
+        "(the kind at its cap), rate_limited (its rate's window, or its tenant's or group's, full), "
         "group_full (its tenant's group holds as many live leases as the kind's group_limit).",
         labels=["kind", "reason"],
     )

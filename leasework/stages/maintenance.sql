@@ -102,11 +102,13 @@ UPDATE leasework.runs r
 RETURNING r.id
 
 -- name: prune_rate_windows
--- The windows of tenants' rates (leasework.tenant_rates, kinds rated per tenant) that count no
--- claim any more: a row is made for every tenant a claim admits, so a kind with many tenants
--- would keep one for each for ever. A row with a rate an operator set is kept (that is not a
--- window's), and so is a window still counting claims (leasework.rate_used). A row a claim is
--- writing is skipped (SKIP LOCKED); one deleted as a claim admits its tenant is made again.
+-- The windows of tenants' rates (leasework.tenant_rates, kinds rated per tenant) and of groups'
+-- (leasework.group_rates, kinds rated per group) that count no claim any more: a row is made for
+-- every tenant (or group) a claim admits, so a kind with many would keep one for each for ever.
+-- A tenant's row with a rate an operator set is kept (that is not a window's), and so is a
+-- window still counting claims (leasework.rate_used, over the period its budget is held to: the
+-- tenant's own rate's, else the kind's). A row a claim is writing is skipped (SKIP LOCKED); one
+-- deleted as a claim admits its tenant is made again.
 WITH doomed AS MATERIALIZED (
     SELECT t.kind, t.tenant
       FROM leasework.tenant_rates t
@@ -116,7 +118,26 @@ WITH doomed AS MATERIALIZED (
             OR leasework.rate_used(t.win, l.rate_seconds, leasework.now()) = 0)
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
+), group_doomed AS MATERIALIZED (
+    SELECT g.kind, g.tenant, g."group"
+      FROM leasework.group_rates g
+      LEFT JOIN leasework.kind_limits l ON l.kind = g.kind
+     WHERE l.rate_count IS NULL OR l.rate_per IS DISTINCT FROM 'group'
+        OR leasework.rate_used(g.win, coalesce(
+               (SELECT t.rate_seconds FROM leasework.tenant_rates t
+                 WHERE t.kind = g.kind AND t.tenant = g.tenant), l.rate_seconds),
+               leasework.now()) = 0
+     LIMIT %(limit)s
+       FOR UPDATE OF g SKIP LOCKED
+), tenant_gone AS (
+    DELETE FROM leasework.tenant_rates t USING doomed d
+     WHERE t.kind = d.kind AND t.tenant = d.tenant
+    RETURNING t.kind
+), group_gone AS (
+    DELETE FROM leasework.group_rates g USING group_doomed d
+     WHERE g.kind = d.kind AND g.tenant = d.tenant AND g."group" = d."group"
+    RETURNING g.kind
 )
-DELETE FROM leasework.tenant_rates t USING doomed d
- WHERE t.kind = d.kind AND t.tenant = d.tenant
-RETURNING t.kind
+SELECT kind FROM tenant_gone
+UNION ALL
+SELECT kind FROM group_gone

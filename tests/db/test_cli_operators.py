@@ -339,12 +339,17 @@ def test_limits_lists_sets_and_resets_at_run_time(
     assert "export: max_running* 0/2; rate* 10/1m" in ok(cli("limits"))
     ok(cli("limits", "set", "crm.sync", "--tenant", "acme", "--rate", "500/10s"))
     assert "tenant acme: rate* 500/10s" in ok(cli("limits"))
+    # Per group: each tenant's group its own budget, the tenant's own rate holding each group.
+    ok(cli("limits", "set", "crm.sync", "--rate-per", "group"))
+    text = ok(cli("limits"))
+    assert "rate 100/10s per group*" in text and "tenant acme: rate* 500/10s" in text, text
+    ok(cli("limits", "reset", "crm.sync", "rate_per"))
     before = conn.execute("SELECT * FROM leasework.kind_limits ORDER BY kind").fetchall()
     for args, says in [
         (("export", "--max-running", "x"), "must be a whole number or none"),
         (("export", "--max-running", "0"), "max_running must be an integer from 1"),
         (("export", "--rate", "10/10x"), "write COUNT/PERIOD"),
-        (("export", "--rate-per", "key"), "rate_per must be 'tenant'"),
+        (("export", "--rate-per", "key"), "rate_per must be 'tenant' or 'group'"),
         (("export", "--rate-per", "tenant", "--rate", "none"), "needs a rate"),
         (("export", "--tenant", "acme", "--rate", "1/s"), "export has no rate per tenant"),
         (("export", "--tenant", "acme", "--max-running", "1"), "give --rate"),

@@ -97,11 +97,13 @@ VALUES ('prune_runs', now(), 1, '{"deleted": 0}');
 INSERT INTO leasework.paused_kinds (kind) VALUES ('echo');
 INSERT INTO leasework.kind_limits (kind, declared, overrides)
 VALUES ('echo', '{"max_running": 2, "group_limit": 3}', '{"rate": [5, 10], "rate_per": "tenant"}'),
-       ('sync', '{"rate": [1, 3600]}', '{}');
+       ('sync', '{"rate": [1, 3600], "rate_per": "group"}', '{}');
 UPDATE leasework.rate_shards
    SET win = leasework.rate_recorded(NULL, CASE kind WHEN 'echo' THEN 10 ELSE 3600 END, now(), 1);
 INSERT INTO leasework.tenant_rates (kind, tenant, rate_count, rate_seconds, win)
 VALUES ('echo', 't1', 7, 60, leasework.rate_recorded(NULL, 60, now(), 7));
+INSERT INTO leasework.group_rates (kind, tenant, "group", win)
+VALUES ('sync', 't1', 'g', leasework.rate_recorded(NULL, 3600, now(), 1));
 INSERT INTO leasework.counters (kind, name, label, value)
 VALUES ('echo', 'finished', 'succeeded', 4), ('echo', 'duration', '0.05', 4),
        ('echo', 'duration_sum', '', 0.1), ('echo', 'lost', 'expired', 1),

@@ -70,7 +70,7 @@ def test_the_decorator_declares_its_limits_and_refuses_bad_ones() -> None:
         ({"group_limit": 2.5}, "group_limit must be an integer"),
         ({"rate": "fast"}, "rate 'fast' is not valid"),
         ({"rate_per": "tenant"}, "needs a rate="),
-        ({"rate": "1/s", "rate_per": "group"}, "rate_per must be 'tenant'"),
+        ({"rate": "1/s", "rate_per": "key"}, "rate_per must be 'tenant' or 'group'"),
     ]:
         with pytest.raises(ConfigError, match=says):
             app.task("bad", **bad)

@@ -44,7 +44,7 @@ class Limits:
     max_running: int | None
     group_limit: int | None
     rate: tuple[int, int] | None  # (count, seconds)
-    per_tenant: bool
+    per: str | None  # rate_per: None (the kind), "tenant" or "group"
 
 
 LIMITS = st.builds(
@@ -52,12 +52,12 @@ LIMITS = st.builds(
     st.sampled_from([None, 1, 2, 3]),
     st.sampled_from([None, 1, 2, 3]),
     st.sampled_from([None, (1, 10), (2, 10), (3, 60), (5, 60)]),
-    st.booleans(),
+    st.sampled_from([None, "tenant", "group"]),
 )
 RUN = st.tuples(
     st.sampled_from(["job", "job", "job", "other"]),
     st.sampled_from([None, "t1", "t2"]),
-    st.sampled_from([None, "g", "g"]),
+    st.sampled_from([None, "g", "g", "h"]),
     st.sampled_from([False, False, False, False, True]),  # exclusive
 )
 ROUND = st.tuples(
@@ -137,7 +137,7 @@ def check_caps(conn: Conn, limits: Limits) -> None:
         assert len(mine) == 1 or not any(r[3] for r in mine), f"{tenant}: exclusive not alone"
 
 
-def check_rate(times: dict[str | None, list[datetime]], count: int, seconds: int) -> None:
+def check_rate(times: dict[Any, list[datetime]], count: int, seconds: int) -> None:
     """In every span of `seconds`, wherever it starts, at most `count` claims (per budget)."""
     for budget, stamps in times.items():
         stamps = sorted(stamps)
@@ -167,11 +167,11 @@ def test_no_claim_ever_admits_a_run_past_a_cap_or_a_rate(
         "max_running": limits.max_running,
         "group_limit": limits.group_limit,
         "rate": None if limits.rate is None else f"{limits.rate[0]}/{limits.rate[1]}s",
-        "rate_per": "tenant" if limits.rate is not None and limits.per_tenant else None,
+        "rate_per": limits.per if limits.rate is not None else None,
     }
     operations.set_limits(conn, "job", known=KINDS, **changes)
     held: list[lease.Claim] = []
-    times: dict[str | None, list[datetime]] = defaultdict(list)
+    times: dict[Any, list[datetime]] = defaultdict(list)
     chains = [lease.Chain() for _ in racers]
     for kept in chains[1::2]:
         kept.rated = True  # the quick statement's rated form (it records a rated kind's claims)
@@ -184,10 +184,14 @@ def test_no_claim_ever_admits_a_run_past_a_cap_or_a_rate(
         for claim in claims:
             if claim.kind == "job":
                 row = conn.execute(
-                    "SELECT started_at FROM leasework.runs WHERE id = %s", (claim.id,)
+                    'SELECT started_at, "group" FROM leasework.runs WHERE id = %s', (claim.id,)
                 ).fetchone()
                 assert row is not None
-                budget = claim.tenant if limits.per_tenant else None
+                # Each budget: rated per tenant a tenant's; per group a tenant's group's (its
+                # runs without a group: the tenant's); runs without a tenant share one.
+                budget: Any = None
+                if limits.per is not None and claim.tenant is not None:
+                    budget = (claim.tenant, row[1] if limits.per == "group" else None)
                 times[budget].append(row[0])
         held.extend(claims)
         check_caps(conn, limits)

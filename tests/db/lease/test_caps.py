@@ -319,7 +319,7 @@ def test_bad_limits_are_refused_in_one_line_and_change_nothing(conn: Conn) -> No
         ({"rate": "100/10x"}, "write COUNT/PERIOD, such as 100/10s"),
         ({"rate": "0/1s"}, "out of range"),
         ({"rate": "5/8d"}, "out of range"),
-        ({"rate_per": "key"}, "rate_per must be 'tenant'"),
+        ({"rate_per": "key"}, "rate_per must be 'tenant' or 'group'"),
         ({"rate_per": "tenant"}, "needs a rate"),
         ({"speed": 3}, "unknown limit 'speed'"),
     ]:

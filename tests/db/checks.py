@@ -319,6 +319,45 @@ def rated_kind_claims_only_its_rate(conn: Conn, tenant: str | None = None) -> No
     shift_clock(conn, 0)
 
 
+def admit_holds_each_group_to_its_rate(conn: Conn) -> None:
+    """leasework.admit for a kind rated 1 per 60 s per group, reading each window fresh: of two
+    runs of one tenant's group in one call, one is admitted; its other group and its runs without
+    a group have budgets of their own."""
+    truncate_all(conn)
+    app = make_app()
+    a, b = (app.enqueue(conn, "job", {}, tenant="t1", group="g1") for _ in range(2))
+    c = app.enqueue(conn, "job", {}, tenant="t1", group="g2")
+    d = app.enqueue(conn, "job", {}, tenant="t1")
+    operations.set_limits(
+        conn, "job", known=KINDS, rate="1/60s", rate_per="group", group_limit=100
+    )
+    row = conn.execute(
+        "SELECT leasework.admit(%s, ARRAY['job', 'job', 'job', 'job'],"
+        " ARRAY['t1', 't1', 't1', 't1'], 4, NULL, 'w')",
+        ([a, b, c, d],),
+    ).fetchone()
+    assert row == ([a, c, d],), f"admitted {row}: two runs of one group under a rate of 1 per 60 s"
+
+
+def spent_group_budget_is_passed(conn: Conn) -> None:
+    """A kind rated 1 per hour per group: a tenant's group g has spent its budget and has six
+    runs queued ahead of the tenant's one run of group h (past the four the walk reads in order);
+    the claim takes h's run."""
+    truncate_all(conn)
+    app = make_app()
+    operations.set_limits(
+        conn, "job", known=KINDS, rate="1/1h", rate_per="group", group_limit=100
+    )
+    app.enqueue(conn, "job", {}, tenant="t1", group="g")
+    (first,) = lease.claim_runs(conn, ["job"], worker="w0", lease=LEASE)
+    assert lease.finish(conn, first, "succeeded")
+    for _ in range(6):
+        app.enqueue(conn, "job", {}, tenant="t1", group="g")
+    wanted = app.enqueue(conn, "job", {}, tenant="t1", group="h")
+    got = [c.id for c in lease.claim_runs(conn, ["job"], worker="w1", lease=LEASE)]
+    assert got == [wanted], f"claimed {got}, not the run of the group with a budget left"
+
+
 def expire_worker_leases_expires_only_the_dead_workers_leases(
     conn: Conn, tenant: str | None = None
 ) -> None:

@@ -33,6 +33,7 @@ from leasework.queries import compact, parse
 from ..conftest import truncate_all
 from .checks import (
     TENANTS,
+    admit_holds_each_group_to_its_rate,
     cancel_beats_reclaim,
     capped_kind_takes_only_its_places,
     claim_order_is_priority_then_queued_at,
@@ -46,6 +47,7 @@ from .checks import (
     promotion_skips_an_open_enqueue_of_its_tenants_key,
     rated_kind_claims_only_its_rate,
     snooze_charges_no_attempt,
+    spent_group_budget_is_passed,
     sql_labels_refuse_every_unsafe_character,
     stale_owner_writes_nothing,
     unique_window_holds_finished_runs,
@@ -679,6 +681,40 @@ def test_a_rate_window_ignored_is_caught(conn: Conn, tenant: str | None) -> None
         conn, RATE_WINDOW_IGNORED, partial(rated_kind_claims_only_its_rate, tenant=tenant)
     )
     assert "claims of a kind rated 2 per 10 s within its period" in str(err), err
+
+
+# Rates per group (migration 0038): leasework.admit that never reads a group's window, and the
+# tenants' look-up group by group that does not skip a group whose budget is spent (its pick is
+# then refused by admit, and the claim takes nothing while another group has room).
+GROUP_MUTATIONS = [
+    pytest.param(
+        FunctionMutation(
+            "leasework.admit(bigint[],text[],text[],integer,bigint,text)",
+            "CONTINUE WHEN leasework.rate_used(gw, r.seconds, at) >= r.count;",
+        ),
+        admit_holds_each_group_to_its_rate,
+        "two runs of one group",
+        id="admit-ignores-the-groups-window",
+    ),
+    pytest.param(
+        FunctionMutation(
+            "leasework.tenant_group_pick(text,text,integer,boolean)",
+            "OR leasework.tenant_rate_open(tenant_group_pick.kind, tenant_group_pick.tenant, g))",
+            "OR true)",
+        ),
+        spent_group_budget_is_passed,
+        "not the run of the group with a budget left",
+        id="group-pick-takes-a-spent-group",
+    ),
+]
+
+
+@pytest.mark.parametrize(("mutation", "check", "says"), GROUP_MUTATIONS)
+def test_group_rate_mutations_are_caught(
+    conn: Conn, mutation: FunctionMutation, check: Check, says: str
+) -> None:
+    err = function_fails_with(conn, mutation, check)
+    assert says in str(err), err
 
 
 # The payload check (migration 0029): leasework.enqueue that never reads what the kind's workers

@@ -319,6 +319,20 @@ def rated_kind_claims_only_its_rate(conn: Conn, tenant: str | None = None) -> No
     shift_clock(conn, 0)
 
 
+def claim_buffers(conn: Conn, kinds: list[str]) -> int:
+    """The shared buffers one claim_runs of `kinds` (one run) reads, by EXPLAIN (ANALYZE,
+    BUFFERS): the claim is made (the run it takes is running after). A first EXPLAIN, rolled
+    back, warms the session's plans (its first ones read the catalog)."""
+    params = {"kinds": kinds, "worker": "w", "lease": LEASE, "limit": 1, "finishing": None}
+    explain = b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + lease.Q["claim_runs"]
+    with conn.transaction(force_rollback=True):
+        conn.execute(explain, params)
+    plan = conn.execute(explain, params).fetchone()
+    assert plan is not None
+    top = plan[0][0]["Plan"]
+    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
+
+
 def admit_holds_each_group_to_its_rate(conn: Conn) -> None:
     """leasework.admit for a kind rated 1 per 60 s per group, reading each window fresh: of two
     runs of one tenant's group in one call, one is admitted; its other group and its runs without

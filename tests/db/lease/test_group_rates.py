@@ -20,7 +20,7 @@ from leasework.leases import lease
 from leasework.stages.maintenance import prune_rate_windows
 
 from ...conftest import shift_clock
-from ..checks import KINDS, LEASE, make_app
+from ..checks import KINDS, LEASE, claim_buffers, make_app
 
 Conn = psycopg.Connection[Any]
 
@@ -109,15 +109,7 @@ def test_the_claim_reads_no_run_of_a_group_whose_budget_is_spent(conn: Conn) -> 
         "ANALYZE leasework.runs"
     )
     wanted = app.enqueue(conn, "job", {}, tenant="big", group="h")
-    params = {"kinds": KINDS, "worker": "w", "lease": LEASE, "limit": 1, "finishing": None}
-    with conn.transaction(force_rollback=True):  # the session's first plans read the catalog
-        conn.execute(b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + lease.Q["claim_runs"], params)
-    plan = conn.execute(
-        b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + lease.Q["claim_runs"], params
-    ).fetchone()
-    assert plan is not None
-    top = plan[0][0]["Plan"]
-    buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    buffers = claim_buffers(conn, KINDS)
     # About 300 here (the admission's windows and shards, the budget probes), whatever g holds:
     # a walk that read g's runs would visit each of them, 5,000 heap pages and more.
     assert buffers < 600, buffers

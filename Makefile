@@ -44,7 +44,7 @@ test-alone: $(STAMP)
 # every time: tests/conftest.py). A find goes in as a regression test.
 fuzz: $(STAMP)
 	for round in 1 2 3 4 5; do \
-	  LEASEWORK_HYPOTHESIS=fuzz $(VENV)/bin/pytest -q -p no:cacheprovider \
+	  HYPOTHESIS_PROFILE=fuzz $(VENV)/bin/pytest -q -p no:cacheprovider \
 	    $$(grep -rl --include='*.py' --exclude-dir=chaos '@given' tests) || exit 1; \
 	done
 

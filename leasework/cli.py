@@ -35,7 +35,7 @@ from .status import (
     tolerant,
 )
 from .tasks import EnqueueOptions
-from .text import json_visible
+from .text import json_visible, tags_text
 
 F = TypeVar("F", bound=Family)
 
@@ -1003,8 +1003,8 @@ def render_runs(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         tries = f"{r['attempts']}/{r['max_attempts']}"
         note = r["key"] or ""
-        if r.get("tags"):
-            note = f"{note}  [{', '.join(r['tags'])}]".strip()
+        if tags_text(r.get("tags")):
+            note = f"{note}  [{tags_text(r['tags'])}]".strip()
         if r.get("error"):
             first = r["error"].splitlines()[0] if r["error"].strip() else ""
             note = f"{note}  {first}".strip()
@@ -1055,7 +1055,7 @@ def render_run(run: dict[str, Any], now: Any) -> str:
         ("tenant", run["tenant"] or "-"),
         ("group", run["group"] or "-"),
         ("priority", str(run["priority"])),
-        ("tags", ", ".join(run.get("tags") or []) or "-"),
+        ("tags", tags_text(run.get("tags")) or "-"),
         ("attempts", f"{run['attempts']} of {run['max_attempts']}"),
         *(
             [("snoozes", f"{run['snoozes']} (not charged as attempts)")]

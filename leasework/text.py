@@ -71,3 +71,11 @@ def json_visible(text: str) -> str:
     if _JSON_UNSAFE.search(text) is None:
         return text
     return text.translate(_JSON_ESCAPES)
+
+
+def tags_text(tags: object) -> str:
+    """A run's tags as one line, `a, b`: what each reader shows. Elements that are not text (a
+    NULL in the array: the schema admits `{NULL}`, whoever wrote it) are left out, not fatal."""
+    if not isinstance(tags, (list, tuple)):
+        return ""
+    return ", ".join(t for t in tags if isinstance(t, str))

@@ -36,7 +36,8 @@ CHAOS_TIER = Path(__file__).resolve().parent / "chaos"
 # test five times over); a find goes in as a regression test.
 settings.register_profile("suite", derandomize=True)
 settings.register_profile("fuzz", derandomize=False)
-settings.load_profile(os.environ.get("LEASEWORK_HYPOTHESIS", "suite"))
+# Not a LEASEWORK_ variable: the CLI warns of every one that is no setting (config.loader).
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

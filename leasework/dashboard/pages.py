@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 import orjson
 
 from ..status import OTHER, held_back_lines, instant_text, number_text, rate_spec
-from ..text import UNSAFE
+from ..text import UNSAFE, tags_text
 
 
 @dataclass(frozen=True)
@@ -650,7 +650,7 @@ def run_page(run: Mapping[str, Any], *, now: datetime | None, v: View = PLAIN) -
         ("key", esc(run.get("key") or "")),
         ("tenant", esc(run.get("tenant") or "")),
         ("group", esc(run.get("group") or "")),
-        ("tags", esc(", ".join(run.get("tags") or []))),
+        ("tags", esc(tags_text(run.get("tags")))),
         ("priority", esc(run.get("priority"))),
         ("exclusive", "yes" if run.get("exclusive") else "no"),
         ("attempts", esc(f"{run.get('attempts')} of {run.get('max_attempts')}")),
@@ -1033,7 +1033,7 @@ def runs_page(
             f'<span class="error">{esc(first_line(r.get("error")))}</span>'
             if r.get("error")
             else "",
-            esc(", ".join(r.get("tags") or [])),
+            esc(tags_text(r.get("tags"))),
             *([run_actions(r, v, back=back, full=False)] if v.actions else []),
         ]
         for r in rows

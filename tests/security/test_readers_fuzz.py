@@ -405,6 +405,8 @@ REPRODUCTIONS = {
         "UPDATE leasework.runs SET lease_owner = '00000000-0000-0000-0000-000000000000'"
         " WHERE status = 'queued'",
     ],
+    # Found by the fuzz test: a NULL among a run's tags (`runs` joined them: a TypeError).
+    "tags": ["UPDATE leasework.runs SET tags = '{NULL, a}'"],
 }
 
 

@@ -3,8 +3,8 @@
 -- tenant's), kept in leasework.group_rates and written by leasework.admit under the kind's row
 -- lock like a tenant's window. The tenants' walk checks a run's group budget as it reads the
 -- tenant's first runs in order, and past them looks group by group (leasework.tenant_group_pick,
--- runs_queued_tenant_groups), so a group whose budget is spent costs one probe, not a read of its
--- queued runs. Self-contained and idempotent.
+-- runs_queued_tenant_groups, and runs_queued_tenant_exclusive for exclusive runs), so a group whose
+-- budget is spent costs one probe, not a read of its queued runs. Self-contained and idempotent.
 
 ALTER TABLE leasework.kind_limits DROP CONSTRAINT IF EXISTS kind_limits_valid;
 ALTER TABLE leasework.kind_limits ADD CONSTRAINT kind_limits_valid CHECK (
@@ -14,6 +14,14 @@ ALTER TABLE leasework.kind_limits ADD CONSTRAINT kind_limits_valid CHECK (
     AND coalesce(rate_count BETWEEN 1 AND 1000000, true)
     AND coalesce(rate_seconds >= 0.1 AND rate_seconds <= 604800, true)
     AND coalesce(rate_per IN ('tenant', 'group'), true));
+
+-- A tenant's queued exclusive runs, by group (migration 0038). Serves: tenant_group_pick for a
+-- kind rated per group, when none of the tenant's runs holds a live lease (an exclusive run may
+-- run then): its best exclusive run whose budget has room, found group by group as the runs
+-- that are not exclusive are. Only exclusive runs: no entry for any other run.
+CREATE INDEX IF NOT EXISTS runs_queued_tenant_exclusive
+    ON leasework.runs (tenant, kind, "group", priority, queued_at, id)
+    WHERE status = 'queued' AND tenant IS NOT NULL AND exclusive;
 
 -- Per kind, tenant and group, for a kind rated per group (rate_per = 'group', migration 0038):
 -- the window of a tenant's runs of one group (written by leasework.admit under the kind's row
@@ -90,9 +98,9 @@ $$;
 
 -- For a kind rated per group: the earliest time one of a tenant's budgets with queued runs of
 -- the kind has room again (now when one has), as far as the tenants' walk reaches: the
--- budgets of the tenant's first four queued runs in order (an exclusive run is taken there or
--- not at all), of its runs without a group, and of each group with queued runs (a loose scan of
--- runs_queued_tenant_groups, one look-up per group). NULL: none queued. Serves next_due.
+-- budgets of the tenant's first four queued runs in order, of its runs without a group, and of
+-- each group with queued runs (loose scans of runs_queued_tenant_groups and, for its exclusive
+-- runs, runs_queued_tenant_exclusive: one look-up per group). NULL: none queued. Serves next_due.
 CREATE OR REPLACE FUNCTION leasework.group_budgets_free_at(l leasework.kind_limits, tenant text)
 RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $$
@@ -133,6 +141,27 @@ BEGIN
           FROM leasework.runs r
          WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
            AND r.status = 'queued' AND NOT r.exclusive AND r."group" > g;
+    END LOOP;
+    -- The exclusive runs' budgets the same way (runs_queued_tenant_exclusive).
+    IF at > leasework.now() AND EXISTS (
+        SELECT 1 FROM leasework.runs r
+         WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
+           AND r.status = 'queued' AND r.exclusive AND r."group" IS NULL
+         ORDER BY r."group", r.priority, r.queued_at, r.id LIMIT 1) THEN
+        b := leasework.rate_budget(l, group_budgets_free_at.tenant, NULL);
+        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+    END IF;
+    SELECT min(r."group") INTO g
+      FROM leasework.runs r
+     WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
+       AND r.status = 'queued' AND r.exclusive AND r."group" IS NOT NULL;
+    WHILE g IS NOT NULL AND at > leasework.now() LOOP
+        b := leasework.rate_budget(l, group_budgets_free_at.tenant, g);
+        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+        SELECT min(r."group") INTO g
+          FROM leasework.runs r
+         WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
+           AND r.status = 'queued' AND r.exclusive AND r."group" > g;
     END LOOP;
     RETURN at;
 END
@@ -212,7 +241,9 @@ $$;
 -- `rated` (migration 0038: the kind is rated per group): the walk calls it whenever none of the
 -- first four may be claimed, and a budget without room in its window (the tenant's for the runs
 -- without a group, each group's own: leasework.tenant_rate_open) is skipped as a full group is,
--- in one probe.
+-- in one probe; and while none of the tenant's runs holds a live lease, its exclusive runs are
+-- looked up the same way (runs_queued_tenant_exclusive), so that one behind runs of spent
+-- budgets is not held back by them.
 DROP FUNCTION IF EXISTS leasework.tenant_group_pick(text, text, integer);
 CREATE OR REPLACE FUNCTION leasework.tenant_group_pick(
     tenant text, kind text, group_limit integer, rated boolean)
@@ -265,6 +296,53 @@ BEGIN
          WHERE r.tenant = tenant_group_pick.tenant AND r.kind = tenant_group_pick.kind
            AND r.status = 'queued' AND NOT r.exclusive AND r."group" > g;
     END LOOP;
+    -- Rated per group, while none of the tenant's runs holds a live lease (an exclusive run may
+    -- run then): its exclusive runs too, the same way (runs_queued_tenant_exclusive), each group
+    -- whose budget has room.
+    IF tenant_group_pick.rated AND NOT EXISTS (
+        SELECT 1 FROM leasework.runs o
+         WHERE o.tenant = tenant_group_pick.tenant AND o.status = 'running'
+           AND o.lease_expires_at >= leasework.now()) THEN
+        SELECT r.id, r.priority, r.queued_at INTO cand
+          FROM leasework.runs r
+         WHERE r.tenant = tenant_group_pick.tenant AND r.kind = tenant_group_pick.kind
+           AND r.status = 'queued' AND r.exclusive AND r."group" IS NULL
+           AND r.queued_at <= leasework.now()
+           AND leasework.tenant_rate_open(tenant_group_pick.kind, tenant_group_pick.tenant, NULL)
+         ORDER BY r."group", r.priority, r.queued_at, r.id
+         LIMIT 1;
+        IF cand.id IS NOT NULL AND (best.id IS NULL
+            OR (cand.priority, cand.queued_at, cand.id) < (best.priority, best.queued_at, best.id))
+        THEN
+            best := cand;
+        END IF;
+        SELECT min(r."group") INTO g
+          FROM leasework.runs r
+         WHERE r.tenant = tenant_group_pick.tenant AND r.kind = tenant_group_pick.kind
+           AND r.status = 'queued' AND r.exclusive AND r."group" IS NOT NULL;
+        WHILE g IS NOT NULL LOOP
+            IF leasework.tenant_rate_open(tenant_group_pick.kind, tenant_group_pick.tenant, g) THEN
+                SELECT r.id, r.priority, r.queued_at INTO cand
+                  FROM leasework.runs r
+                 WHERE r.tenant = tenant_group_pick.tenant AND r.kind = tenant_group_pick.kind
+                   AND r.status = 'queued' AND r.exclusive
+                   AND r."group" >= g AND r."group" <= g
+                   AND r.queued_at <= leasework.now()
+                 ORDER BY r."group", r.priority, r.queued_at, r.id
+                 LIMIT 1;
+                IF cand.id IS NOT NULL AND (best.id IS NULL
+                    OR (cand.priority, cand.queued_at, cand.id)
+                       < (best.priority, best.queued_at, best.id))
+                THEN
+                    best := cand;
+                END IF;
+            END IF;
+            SELECT min(r."group") INTO g
+              FROM leasework.runs r
+             WHERE r.tenant = tenant_group_pick.tenant AND r.kind = tenant_group_pick.kind
+               AND r.status = 'queued' AND r.exclusive AND r."group" > g;
+        END LOOP;
+    END IF;
     RETURN best.id;
 END
 $$;

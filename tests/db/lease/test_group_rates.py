@@ -131,6 +131,22 @@ def test_an_exclusive_run_counts_against_its_groups_budget(conn: Conn) -> None:
     assert b not in drain(conn)
 
 
+def test_an_exclusive_run_behind_a_spent_groups_backlog_is_taken(conn: Conn) -> None:
+    # Past the four runs read in order (all of g, whose budget is spent), the exclusive run of
+    # group h is found group by group once nothing of its tenant runs.
+    app = make_app()
+    per_group(conn, rate="1/1h")
+    first = app.enqueue(conn, "job", {}, tenant="t1", group="g")
+    (claim,) = lease.claim_runs(conn, KINDS, worker="w", lease=LEASE)
+    assert claim.id == first
+    for _ in range(5):
+        app.enqueue(conn, "job", {}, tenant="t1", group="g")
+    wanted = app.enqueue(conn, "job", {}, tenant="t1", group="h", exclusive=True)
+    assert lease.claim_runs(conn, KINDS, worker="w", lease=LEASE) == []  # g's run still runs
+    assert lease.finish(conn, claim, "succeeded")
+    assert [c.id for c in lease.claim_runs(conn, KINDS, worker="w", lease=LEASE)] == [wanted]
+
+
 def test_an_idle_worker_sleeps_until_a_groups_budget_frees_and_show_says_why(
     conn: Conn,
 ) -> None:

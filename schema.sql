@@ -2726,6 +2726,18 @@ BEGIN
 END
 $$;
 
+-- When that budget (leasework.rate_budget) has room for one more claim again: now when it has.
+CREATE OR REPLACE FUNCTION leasework.budget_free_at(l leasework.kind_limits, tenant text, grp text)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    b record;
+BEGIN
+    b := leasework.rate_budget(l, budget_free_at.tenant, budget_free_at.grp);
+    RETURN leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now());
+END
+$$;
+
 -- Whether a tenant's run of `kind` in group `grp` has room in its budget for one more claim, in
 -- the claim's snapshot (the walk's hint, run by run for a kind rated per group; leasework.admit
 -- decides). True when the kind has no rate per tenant or group, and for a run without a tenant.
@@ -2757,7 +2769,6 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     at timestamptz;
     g text;
-    b record;
     w record;
 BEGIN
     FOR w IN
@@ -2766,8 +2777,7 @@ BEGIN
          ORDER BY r.priority, r.queued_at, r.id
          LIMIT 4
     LOOP
-        b := leasework.rate_budget(l, group_budgets_free_at.tenant, w."group");
-        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+        at := least(at, leasework.budget_free_at(l, group_budgets_free_at.tenant, w."group"));
     END LOOP;
     IF at IS NULL OR at <= leasework.now() THEN
         RETURN at;
@@ -2776,16 +2786,14 @@ BEGIN
                 WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
                   AND r.status = 'queued' AND NOT r.exclusive AND r."group" IS NULL
                 ORDER BY r."group", r.priority, r.queued_at, r.id LIMIT 1) THEN
-        b := leasework.rate_budget(l, group_budgets_free_at.tenant, NULL);
-        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+        at := least(at, leasework.budget_free_at(l, group_budgets_free_at.tenant, NULL));
     END IF;
     SELECT min(r."group") INTO g
       FROM leasework.runs r
      WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
        AND r.status = 'queued' AND NOT r.exclusive AND r."group" IS NOT NULL;
     WHILE g IS NOT NULL AND at > leasework.now() LOOP
-        b := leasework.rate_budget(l, group_budgets_free_at.tenant, g);
-        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+        at := least(at, leasework.budget_free_at(l, group_budgets_free_at.tenant, g));
         SELECT min(r."group") INTO g
           FROM leasework.runs r
          WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
@@ -2797,16 +2805,14 @@ BEGIN
          WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
            AND r.status = 'queued' AND r.exclusive AND r."group" IS NULL
          ORDER BY r."group", r.priority, r.queued_at, r.id LIMIT 1) THEN
-        b := leasework.rate_budget(l, group_budgets_free_at.tenant, NULL);
-        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+        at := least(at, leasework.budget_free_at(l, group_budgets_free_at.tenant, NULL));
     END IF;
     SELECT min(r."group") INTO g
       FROM leasework.runs r
      WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
        AND r.status = 'queued' AND r.exclusive AND r."group" IS NOT NULL;
     WHILE g IS NOT NULL AND at > leasework.now() LOOP
-        b := leasework.rate_budget(l, group_budgets_free_at.tenant, g);
-        at := least(at, leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now()));
+        at := least(at, leasework.budget_free_at(l, group_budgets_free_at.tenant, g));
         SELECT min(r."group") INTO g
           FROM leasework.runs r
          WHERE r.tenant = group_budgets_free_at.tenant AND r.kind = l.kind
@@ -2825,8 +2831,6 @@ RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     l leasework.kind_limits;
-    t leasework.tenant_rates;
-    r record;
 BEGIN
     SELECT * INTO l FROM leasework.kind_limits x WHERE x.kind = rate_free_at.kind;
     IF l.rate_count IS NULL THEN
@@ -2844,10 +2848,7 @@ BEGIN
         -- Rated per group: the tenant's earliest budget with room (migration 0038).
         RETURN leasework.group_budgets_free_at(l, rate_free_at.tenant);
     END IF;
-    SELECT * INTO t FROM leasework.tenant_rates x
-     WHERE x.kind = rate_free_at.kind AND x.tenant = rate_free_at.tenant;
-    r := leasework.tenant_rate(l, t);
-    RETURN leasework.rate_window_free_at(t.win, r.count, r.seconds, leasework.now());
+    RETURN leasework.budget_free_at(l, rate_free_at.tenant, NULL);
 END
 $$;
 
@@ -2859,14 +2860,12 @@ RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     l leasework.kind_limits;
-    b record;
 BEGIN
     SELECT * INTO l FROM leasework.kind_limits x WHERE x.kind = rate_free_at.kind;
     IF l.rate_count IS NULL OR l.rate_per IS DISTINCT FROM 'group' OR rate_free_at.tenant IS NULL THEN
         RETURN leasework.rate_free_at(rate_free_at.kind, rate_free_at.tenant);
     END IF;
-    b := leasework.rate_budget(l, rate_free_at.tenant, rate_free_at.grp);
-    RETURN leasework.rate_window_free_at(b.win, b.count, b.seconds, leasework.now());
+    RETURN leasework.budget_free_at(l, rate_free_at.tenant, rate_free_at.grp);
 END
 $$;
 

@@ -28,12 +28,13 @@ from ..db import DatabaseUnavailable
 from ..errors import ConfigError, SchemaMissing, is_transient
 from ..workers.context import describe_error
 from ..workers.worker import Application, Worker
-from .liveness import CHANGE_GAP, MIN_BEAT_GAP, beat_line, encode_error, write_nowait
+from .liveness import CHANGE_GAP, MIN_BEAT_GAP, Board, beat_line, encode_error, write_nowait
 from .policy import ChildExit
 
 if TYPE_CHECKING:
     from ..config import Config
     from ..workers.context import Context
+    from ..workers.keeper import Held
 
 PR_SET_PDEATHSIG = 1
 # After a fast stop (QUIT, or the parent died) the child gets this long to give its run back
@@ -62,16 +63,23 @@ class BeatSender:
     the parent hears about the run from its claim on whether or not the handler cooperates. Also
     where the child notices its parent is gone and recycles itself. Thread-safe.
 
-    A new run claimed, or a run that must stop, goes out at once: the handler may next hold the
-    GIL in a C call for ever, and the parent must know which run to kill it for. Any other change
-    (a finish, jobs done, a renewal) goes out at once unless a beat went out less than CHANGE_GAP
-    ago; then it waits for the end of that gap, sent by the next call after it or by a flusher
-    thread at its end, whichever is first. So a busy child sends one beat per run, not three, and
-    the parent hears of every change within CHANGE_GAP: far inside anything its watchdog acts on
-    (seconds)."""
+    Every change is written at once to the child's board (liveness.Board, memory shared with the
+    parent: a store, no system call), which the parent reads at each of its passes: the handler
+    may next hold the GIL in a C call for ever, and the parent must know which run to kill it for.
+    On the pipe, a run that must stop goes out at once; any other change (a new run, a finish,
+    jobs done, a renewal) goes out at once unless a beat went out less than `gap` ago, and then
+    waits for the end of that gap, sent by the next call after it or by a flusher thread at its
+    end, whichever is first. The gap is MIN_BEAT_GAP with a board (the pipe only wakes the parent
+    to read it; a write per run and the parent's pass for it cost a one-at-a-time host a tenth
+    of its throughput: bench/README.md, issue 30) and CHANGE_GAP without one, when a new run goes
+    out on the pipe at once too. Either way the parent hears of every change within the gap: far
+    inside anything its watchdog acts on (seconds)."""
 
-    def __init__(self, fd: int, parent_pid: int, max_jobs: int) -> None:
+    def __init__(self, fd: int, parent_pid: int, max_jobs: int, board: Board | None = None) -> None:
         self.fd = fd
+        self.board = board
+        self._gap = CHANGE_GAP if board is None else MIN_BEAT_GAP
+        self._posted: tuple[object, ...] = ()  # the state last written to the board
         self.parent_pid = parent_pid
         self.max_jobs = max_jobs
         self._last: tuple[object, ...] = ()
@@ -114,14 +122,24 @@ class BeatSender:
             state = (held.claim.id, held.renewed, held.signal.reason, jobs, runs)
         since = now - self._sent_at
         last = self._last or (None, None, None, None, None)
+        board, posted = self.board, False
+        if board is not None and state != self._posted:
+            self._post(board, now, held, jobs, runs)
+            self._posted, posted = state, True
         if state == self._last:
             if since < MIN_BEAT_GAP:
                 return
-        elif since < CHANGE_GAP and (state[0] is None or state[0] == last[0]) and state[2] == last[2]:
+        elif (
+            since < self._gap
+            and (board is not None or state[0] is None or state[0] == last[0])
+            and state[2] == last[2]
+        ):
             if self._pending is None:  # else the flusher is already waiting for the gap's end
                 self._pending = worker
                 self._flush_later()
             return
+        if board is not None and not posted:
+            self._post(board, now, held, jobs, runs)  # the beat's time too: as fresh as the pipe
         if held is None:
             line = beat_line(now, None, None, None, jobs)
         else:
@@ -146,6 +164,26 @@ class BeatSender:
         except OSError:  # EPIPE: the read end is closed, so the parent is gone
             self._orphan(worker, "liveness pipe closed")
 
+    @staticmethod
+    def _post(board: Board, now: float, held: Held | None, jobs: int, runs: int | None) -> None:
+        if held is None:
+            board.write(now, None, None, None, jobs)
+            return
+        claim, reason = held.claim, held.signal.reason
+        board.write(
+            now,
+            claim.id,
+            held.renewed,
+            claim.lease_seconds,
+            jobs,
+            owner=claim.owner.bytes,
+            attempt=claim.attempts,
+            timeout_at=held.deadline,
+            abort=reason,
+            abort_at=None if reason is None else (held.tripped_at or now),
+            runs=runs,
+        )
+
     def _flush_later(self) -> None:
         """Have the flusher send the pending change at the end of the gap (the lock is held):
         woken once per gap, not per change (a thread switch per run would cost more than the
@@ -169,7 +207,7 @@ class BeatSender:
                     self._due.wait()
                     self._flusher_idle = False
                     continue
-                wait = self._sent_at + CHANGE_GAP - time.monotonic()
+                wait = self._sent_at + self._gap - time.monotonic()
                 if wait > 0:
                     self._due.wait(wait)
                     continue
@@ -229,14 +267,16 @@ def child_main(
     inherited_fds: Iterable[int],
     pool: str | None = None,
     wake_fd: int | None = None,
+    board: Board | None = None,
 ) -> NoReturn:
     """Entry point right after fork. Exits with a `ChildExit` code; never returns. `pool`: the
     pool (config `pools`) whose kinds this child claims; None: every kind. `wake_fd`: the read
-    end of its wake pipe, where the parent relays NOTIFYs (wakeup.py)."""
+    end of its wake pipe, where the parent relays NOTIFYs (wakeup.py). `board`: where its beat
+    stands in memory shared with the parent (liveness.Board)."""
     code = int(ChildExit.CRASH)
     try:
         code = int(
-            _run(app, config, worker_id, beat_fd, parent_pid, inherited_fds, pool, wake_fd)
+            _run(app, config, worker_id, beat_fd, parent_pid, inherited_fds, pool, wake_fd, board)
         )
     except BaseException as exc:
         with contextlib.suppress(BaseException):
@@ -258,10 +298,11 @@ def _run(
     inherited_fds: Iterable[int],
     pool: str | None = None,
     wake_fd: int | None = None,
+    board: Board | None = None,
 ) -> ChildExit:
     set_parent_death_signal(signal.SIGQUIT)
     _close_fds(inherited_fds)
-    beacon = BeatSender(beat_fd, parent_pid, config.max_jobs_per_child)
+    beacon = BeatSender(beat_fd, parent_pid, config.max_jobs_per_child, board)
     worker = Worker(
         app,
         config,

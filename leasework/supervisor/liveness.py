@@ -1,6 +1,7 @@
 """The liveness pipe between a child and its parent: one JSON line per beat (time, the run being
 executed from its claim on: id, owner, lease, last renewal, timeout, abort reason; jobs done), or
-one line carrying a boot error.
+one line carrying a boot error; and the child's board, the same beat in memory shared with the
+parent (Board), where a change is written at once and read at the parent's next pass.
 
 The parent decodes with the standard library; the child encodes with orjson (leasework's JSON
 library, loaded by its worker anyway): a busy child sends a beat per run, and the standard
@@ -12,7 +13,11 @@ database.
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import os
+import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,3 +184,102 @@ def write_nowait(fd: int, data: bytes) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+# A board's record: seq, t, run, renewed, lease, jobs, owner (16 bytes), attempt, timeout_at,
+# abort_at, runs, abort (UTF-8, NUL-padded), then the CRC-32 of all of it. None is NaN for a time,
+# 0 for a count or an id (run ids, attempts and runs start at 1), 16 zero bytes for an owner.
+_RECORD = struct.Struct("<QdqddQ16sqddq16s")
+_CRC = struct.Struct("<I")
+_NO_OWNER = bytes(16)
+
+
+def _time(x: float | None) -> float:
+    return math.nan if x is None else x
+
+
+def _maybe(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+class Board:
+    """One child's latest beat in a page of memory shared with its parent (an anonymous shared
+    mapping made before fork). The child writes a change there at once: a store, no system call
+    and no wake-up of the parent, which reads it at its next pass (and after the child's exit).
+    So a new run need not go out on the pipe at once for the parent to know which run to kill
+    the child for when its handler then holds the GIL for ever: the board has it already. The
+    pipe still carries beats (coalesced, child.BeatSender), which wake the parent, and boot
+    errors.
+
+    Each record carries a sequence number (the parent sees whether anything was written since
+    its last reading) and its CRC-32: a reading torn by a write in progress fails the check and is
+    read again, or left for the next pass. Nothing here blocks or takes a lock."""
+
+    SIZE = _RECORD.size + _CRC.size
+
+    def __init__(self) -> None:
+        self._mm = mmap.mmap(-1, mmap.PAGESIZE)
+        self._seq = 0
+
+    def write(
+        self,
+        t: float,
+        run_id: int | None,
+        renewed: float | None,
+        lease: float | None,
+        jobs: int,
+        *,
+        owner: bytes | None = None,
+        attempt: int | None = None,
+        timeout_at: float | None = None,
+        abort: str | None = None,
+        abort_at: float | None = None,
+        runs: int | None = None,
+    ) -> None:
+        """The child's side: `owner` is the claim's token as its 16 bytes (uuid.UUID.bytes)."""
+        self._seq += 1
+        body = _RECORD.pack(
+            self._seq,
+            t,
+            run_id or 0,
+            _time(renewed),
+            _time(lease),
+            max(0, jobs),
+            owner or _NO_OWNER,
+            attempt or 0,
+            _time(timeout_at),
+            _time(abort_at),
+            runs or 0,
+            (abort or "").encode()[:16],
+        )
+        self._mm[: self.SIZE] = body + _CRC.pack(zlib.crc32(body))
+
+    def read(self, tries: int = 3) -> tuple[int, Beat] | None:
+        """The parent's side: (seq, beat) of the latest record; None before the first one, or when
+        every reading was torn by a write in progress."""
+        for _ in range(tries):
+            data = self._mm[: self.SIZE]
+            body = data[: _RECORD.size]
+            if _CRC.unpack_from(data, _RECORD.size)[0] != zlib.crc32(body):
+                continue
+            (seq, t, run_id, renewed, lease, jobs, owner, attempt, timeout_at, abort_at, runs,
+             abort) = _RECORD.unpack(body)  # fmt: skip
+            if seq == 0:
+                return None
+            return seq, Beat(
+                t=t,
+                run_id=run_id or None,
+                renewed=_maybe(renewed),
+                lease=_maybe(lease),
+                jobs=jobs,
+                owner=None if owner == _NO_OWNER else owner.hex(),
+                attempt=attempt or None,
+                timeout_at=_maybe(timeout_at),
+                abort=abort.rstrip(b"\0").decode(errors="replace") or None,
+                abort_at=_maybe(abort_at),
+                runs=runs or None,
+            )
+        return None
+
+    def close(self) -> None:
+        self._mm.close()

@@ -35,7 +35,7 @@ from ..workers.worker import Application
 from . import policy, wakeup
 from .child import child_main
 from .hostdb import HostDB, Killed, Row
-from .liveness import Beat, LineBuffer, latest
+from .liveness import Beat, Board, LineBuffer, latest
 from .policy import Candidate, ExitMeaning, Liveness, Verdict
 from .wakeup import Relay
 
@@ -98,6 +98,27 @@ class Forked:
     kill_run: Killed | None = None  # the run it was killed for, whose outcome the parent writes
     pool: presence.PoolRow = (None, None)  # its pool and kinds, as its workers row records them
     wake_fd: int = -1  # the parent's end of its wake pipe (wakeup.py), -1 without one
+    board: Board | None = None  # its beat in shared memory (liveness.Board), written at once
+    board_seq: int = 0  # the board's record last read
+
+    def heard(self, beat: Beat) -> None:
+        """Take `beat` as the child's state unless the one held is newer (a beat read from the
+        board may be newer than the pipe's last line, never the other way round for long)."""
+        if self.beat is None or beat.t >= self.beat.t:
+            self.beat = beat
+
+    def look(self, now: float) -> None:
+        """Read the child's board: a change it wrote since the last reading (a new run, the
+        last of a frozen child's claims) is its state, and the child was alive when it wrote
+        it (its time, CLOCK_MONOTONIC, is the parent's clock too)."""
+        if self.board is None:
+            return
+        read = self.board.read()
+        if read is None or read[0] == self.board_seq:
+            return
+        self.board_seq, beat = read
+        self.last_beat = max(self.last_beat, min(now, beat.t))
+        self.heard(beat)
 
     @property
     def busy(self) -> bool:
@@ -257,6 +278,8 @@ class Supervisor:
             except queue.Empty:
                 break
             self._dispatch(signum, now)
+        for child in self.children.values():
+            child.look(now)
         self._reap(now)
         self._check_cancels(now)
         self._watchdog(now)
@@ -339,7 +362,7 @@ class Supervisor:
             if error is not None:
                 child.error = error
             if beat is not None:
-                child.beat = beat
+                child.heard(beat)
                 child.last_beat = now
                 if not child.booted:
                     child.booted = True
@@ -391,6 +414,7 @@ class Supervisor:
         suffix = uuid.uuid4().hex[:8]
         read_fd, write_fd = os.pipe()
         wake_r, wake_w = os.pipe() if self.relay.enabled else (-1, -1)
+        board = Board()
         sys.stdout.flush()
         sys.stderr.flush()
         # Block signals around fork so that the child never runs the parent's handlers; it
@@ -412,6 +436,7 @@ class Supervisor:
                     inherited_fds=[fd for fd in inherited if fd >= 0],
                     pool=slot.pool,
                     wake_fd=None if wake_r < 0 else wake_r,
+                    board=board,
                 )
         finally:
             if os.getpid() == self.pid:
@@ -431,6 +456,7 @@ class Supervisor:
             last_beat=now,
             pool=presence.pool_of(self.config, slot.pool),
             wake_fd=wake_w,
+            board=board,
         )
         slot.child = child
         self.children[pid] = child
@@ -453,6 +479,9 @@ class Supervisor:
 
     def _exited(self, child: Forked, meaning: ExitMeaning, now: float) -> None:
         self._read(child, now)  # a boot error may still be in the pipe
+        child.look(now)  # its last state: what it ran when it died
+        if child.board is not None:
+            child.board.close()
         os.close(child.fd)
         if child.wake_fd >= 0:
             os.close(child.wake_fd)

@@ -45,6 +45,14 @@ HANDLERS = textwrap.dedent(
         return {"done": True}
 
 
+    @app.task("busy_then_gil")
+    def busy_then_gil(ctx, payload):
+        if payload.get("stick"):
+            _started(ctx)
+            sum(range(10**10))
+        return None
+
+
     @app.task("gil_timeout", timeout=2, max_attempts=1)
     def gil_timeout(ctx, payload):
         _started(ctx)
@@ -213,6 +221,34 @@ def test_a_cancel_kills_a_handler_stuck_in_a_c_call_holding_the_gil(
     killed = sup.wait_event("child_killed_by_watchdog", lambda e: e["pid"] == pid)
     assert (killed["reason"], killed["why"], killed["run_id"]) == ("abort", "cancelled", run_id)
     wait_for(lambda: not alive(pid), timeout=5)
+
+
+def test_a_busy_childs_new_run_is_known_to_its_parent_before_its_handler_sticks(
+    supervise: Any, pconn: Any, app_dir: Path
+) -> None:
+    """A child draining quick runs writes no pipe line per run (its beats wait for the gap); the
+    run it claims next and whose handler then holds the GIL for ever reaches the parent through
+    the child's board all the same, so a cancel of that run still kills the child for it."""
+    add_handlers(app_dir)
+    sup = supervise(processes=1, **LONG_LEASE)
+    sup.wait_children(1)
+    app = App()
+    app.task("busy_then_gil")(lambda ctx, p: None)
+    with pconn.transaction():  # all queued at once: the child claims them back to back
+        for _ in range(400):
+            app.enqueue(pconn, "busy_then_gil", {})
+        run_id = app.enqueue(pconn, "busy_then_gil", {"stick": True})
+    wait_for(lambda: starts(app_dir, run_id), timeout=30)
+    pid = holder_pid(get_run(pconn, run_id)["lease_worker"])
+    App().cancel(pconn, run_id)
+    done = wait_for(lambda: (r := get_run(pconn, run_id))["status"] == "cancelled" and r, 20)
+    assert "abort_grace" in done["error"]
+    killed = sup.wait_event("child_killed_by_watchdog", lambda e: e["pid"] == pid)
+    assert (killed["reason"], killed["why"], killed["run_id"]) == ("abort", "cancelled", run_id)
+    left = pconn.execute(
+        "SELECT count(*) FROM leasework.runs WHERE kind = 'busy_then_gil' AND status <> 'succeeded'"
+    ).fetchone()
+    assert left is not None and left[0] == 1  # the quick ones all ran; only the stuck one did not
 
 
 def test_a_timeout_kills_a_handler_stuck_in_a_c_call_holding_the_gil(

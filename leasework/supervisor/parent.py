@@ -482,6 +482,7 @@ class Supervisor:
         child.look(now)  # its last state: what it ran when it died
         if child.board is not None:
             child.board.close()
+            child.board = None
         os.close(child.fd)
         if child.wake_fd >= 0:
             os.close(child.wake_fd)
